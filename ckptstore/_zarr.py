@@ -1,0 +1,198 @@
+"""The thin layer between ckptstore and zarr: opening stores, the commit record, locks.
+
+The commit record of a store is the consolidated metadata in its root
+``zarr.json``: a snapshot of every committed node (group or array) with the
+shape it had at the last commit. Writing that one key is the commit; it is a
+single atomic put (zarr's LocalStore writes a temporary file and renames it;
+object stores replace keys atomically). Readers, including plain
+``xr.open_zarr``, open the root through its consolidated metadata and so see
+exactly the committed state, whatever a running writer has put beyond it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import zarr
+import zarr.storage
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+
+from ckptstore.errors import NotAStoreError, StoreLockedError, StoreNotFoundError
+
+ROOT_KEY = "zarr.json"
+
+try:  # the Rust codec pipeline: 2-3x faster chunk I/O (bench/store.py)
+    import zarrs  # noqa: F401
+
+    _ZARRS = True
+except ImportError:  # pragma: no cover - zarrs ships wheels for common platforms
+    _ZARRS = False
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """True for fsspec URLs such as ``memory://run.zarr`` or ``s3://bucket/run.zarr``."""
+    return "://" in str(path) and not str(path).startswith("file://")
+
+
+def local_path(path: str | os.PathLike[str]) -> Path | None:
+    """The filesystem path of a local store, or None for a remote URL."""
+    text = str(path)
+    if text.startswith("file://"):
+        text = text.removeprefix("file://")
+    return None if is_url(text) else Path(text)
+
+
+def open_zarr_store(
+    path: str | os.PathLike[str], *, read_only: bool, storage_options: dict[str, Any] | None = None
+) -> zarr.abc.store.Store:
+    """Return the zarr Store object for a local path or an fsspec URL."""
+    local = local_path(path)
+    if local is not None:
+        return zarr.storage.LocalStore(local, read_only=read_only)
+    return zarr.storage.FsspecStore.from_url(str(path), storage_options=storage_options, read_only=read_only)
+
+
+def pipeline_context(store: zarr.abc.store.Store) -> contextlib.AbstractContextManager[Any]:
+    """Config under which arrays are opened: the zarrs pipeline for local stores.
+
+    Measured on a 10.6M-parameter state_dict (bench/store.py): zarr's Python
+    pipeline writes a checkpoint in ~0.10-0.17 s, zarrs in ~0.04-0.05 s, on par
+    with ``torch.save``. It is scoped to our own arrays so that a user's global
+    zarr configuration is left alone.
+    """
+    if _ZARRS and isinstance(store, zarr.storage.LocalStore):
+        return zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
+    return contextlib.nullcontext()
+
+
+def read_json(store: zarr.abc.store.Store, key: str) -> dict[str, Any] | None:
+    """The JSON document at ``key``, or None when the key does not exist."""
+    buffer = sync(store.get(key, prototype=default_buffer_prototype()))
+    if buffer is None:
+        return None
+    return json.loads(buffer.to_bytes())
+
+
+def write_json(store: zarr.abc.store.Store, key: str, document: dict[str, Any]) -> None:
+    """Write ``document`` at ``key`` in one put (atomic on every zarr store we use)."""
+    data = json.dumps(document, indent=1, allow_nan=False).encode()
+    sync(store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+
+
+def node_json(node: zarr.Array | zarr.Group) -> dict[str, Any]:
+    """The ``zarr.json`` document of an open node, exactly as zarr would write it."""
+    buffers = node.metadata.to_buffer_dict(default_buffer_prototype())
+    return json.loads(buffers[ROOT_KEY].to_bytes())
+
+
+def empty_group_json(attributes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A group's metadata document, as it appears inside a consolidated snapshot."""
+    return {
+        "attributes": attributes or {},
+        "zarr_format": 3,
+        "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": {}},
+        "node_type": "group",
+    }
+
+
+def root_document(attributes: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The root ``zarr.json``: the store's attributes plus the snapshot of committed nodes."""
+    return {
+        "attributes": attributes,
+        "zarr_format": 3,
+        "consolidated_metadata": {
+            "kind": "inline",
+            "must_understand": False,
+            "metadata": dict(sorted(nodes.items())),
+        },
+        "node_type": "group",
+    }
+
+
+def read_root(
+    store: zarr.abc.store.Store, where: str
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Read the root attributes and the committed snapshot, or say why this is no store."""
+    try:
+        document = read_json(store, ROOT_KEY)
+    except (FileNotFoundError, NotADirectoryError):
+        document = None
+    if document is None:
+        local = local_path(where)
+        if local is not None and not local.exists():
+            msg = f"no store at {where}: the path does not exist"
+            raise StoreNotFoundError(msg)
+        msg = f"{where} is not a ckpt store (it has no zarr.json); create one with ckptstore.create() or `ckpt import`"
+        raise NotAStoreError(msg)
+    if document.get("node_type") != "group" or document.get("zarr_format") != 3:
+        msg = f"{where} is not a ckpt store: its root is not a zarr v3 group"
+        raise NotAStoreError(msg)
+    consolidated = document.get("consolidated_metadata") or {}
+    return document.get("attributes", {}), dict(consolidated.get("metadata") or {})
+
+
+def open_root_group(store: zarr.abc.store.Store) -> zarr.Group:
+    """Open the root group through its consolidated snapshot (the committed state)."""
+    with pipeline_context(store):
+        return zarr.open_group(store, mode="r", use_consolidated=True)
+
+
+class WriterLock:
+    """An advisory, process-wide lock so that one writer at a time appends to a local store.
+
+    ``flock`` is released by the kernel when the holder dies, so a crashed
+    writer never leaves a stale lock behind. Remote stores get no lock: the
+    caller must make sure only one process writes (documented).
+    """
+
+    def __init__(self, root: Path | None) -> None:
+        # The lock is taken on the store's directory itself: a lock file inside
+        # it would show up as a stray node to zarr, and zarr.json is replaced
+        # (renamed over) at every commit, so it cannot carry a lock.
+        self._path = root
+        self._fd: int | None = None
+
+    def acquire(self, where: str) -> None:
+        if self._path is None:
+            return
+        import fcntl
+
+        fd = os.open(self._path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            msg = f"another process is writing to {where}; wait for it to finish (one writer at a time)"
+            raise StoreLockedError(msg) from None
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@contextlib.contextmanager
+def translated_read_errors(describe: str) -> Iterator[None]:
+    """Turn zarr/zarrs decoding failures into :class:`CorruptChunkError` naming ``describe``."""
+    from ckptstore.errors import CorruptChunkError
+
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except (ValueError, RuntimeError, OSError) as exc:
+        # Reading a committed chunk has no other failure mode than bad bytes:
+        # zarr raises ValueError on a checksum mismatch, zarrs RuntimeError.
+        text = str(exc)
+        msg = (
+            f"corrupt data in {describe}: {text}. The bytes on disk fail their crc32c checksum; "
+            "restore the store from a copy (or re-import the checkpoint)"
+        )
+        raise CorruptChunkError(msg) from None

@@ -1,0 +1,82 @@
+"""Constants and small rules of store format v1 (see docs/store-format.md).
+
+Everything that defines the on-disk layout lives here so that the reader, the
+writer and the format document can be checked against one place.
+"""
+
+from __future__ import annotations
+
+import re
+
+FORMAT_NAME = "ckpt-store"
+"""Value of ``attrs["ckpt"]["format"]`` in the root group of every store."""
+
+FORMAT_VERSION = 1
+"""The format version this code writes. Readers refuse any other major version."""
+
+ROOT_ATTR = "ckpt"
+"""Key of the ckpt metadata inside the root group's attributes."""
+
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics"
+DATA = "data"
+ANALYSES = "analyses"
+LABELS = "labels"
+STEP = "step"
+TOP_LEVEL_GROUPS = (CHECKPOINTS, METRICS, DATA, ANALYSES)
+
+DATA_VARIABLES = ("inputs", "targets", "mask", "text")
+"""Arrays a data split may hold directly; labels live in the ``labels/`` subgroup."""
+
+STEP_FILL_VALUE = -1
+"""Fill value of ``step`` arrays: steps are non-negative, so -1 never is a real step."""
+
+# dtypes that numpy (and so zarr v3) cannot hold natively. They are stored as
+# unsigned integers of the same width (their bit patterns, lossless) and the
+# array attribute ``ckpt.dtype`` names the logical dtype.
+ENCODED_DTYPES: dict[str, str] = {
+    "bfloat16": "uint16",
+    "float8_e4m3fn": "uint8",
+    "float8_e4m3fnuz": "uint8",
+    "float8_e5m2": "uint8",
+    "float8_e5m2fnuz": "uint8",
+}
+
+NATIVE_DTYPES = frozenset(
+    {
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    }
+)
+
+_RESERVED_NAMES = {STEP, ".", ".."}
+_NAME_RE = re.compile(r"^[^/\x00]+$")
+
+
+def check_name(name: object, what: str) -> str | None:
+    """Return why ``name`` cannot be used as a node name, or None when it can.
+
+    Zarr v3 node names may not contain ``/``, be ``.``/``..`` or start with
+    ``__``; ``step`` is the coordinate of the checkpoint and metric groups.
+    """
+    if not isinstance(name, str) or not name:
+        return f"{what} names must be non-empty strings, got {name!r}"
+    if not _NAME_RE.match(name):
+        return f"{what} name {name!r} contains '/' or a NUL byte; join nested names with '.'"
+    if name.startswith("__"):
+        return f"{what} name {name!r} starts with '__', which zarr reserves"
+    if name in _RESERVED_NAMES:
+        return f"{what} name {name!r} is reserved by the store format"
+    return None

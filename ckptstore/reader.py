@@ -1,0 +1,468 @@
+"""Read access to a checkpoint store: :class:`Store`.
+
+A Store shows the committed state of a run (see :mod:`ckptstore._zarr` for the
+commit record). It never sees a checkpoint that is still being written, and
+:meth:`Store.refresh` picks up checkpoints committed since it was opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xarray as xr
+import zarr
+from zarr.core.sync import sync
+
+from ckptstore import _zarr
+from ckptstore.arrays import decode_numpy, decode_torch
+from ckptstore.errors import (
+    NotAStoreError,
+    SplitNotFoundError,
+    StepNotFoundError,
+    StoreError,
+    StoreNotFoundError,
+    UnsupportedFormatError,
+)
+from ckptstore.format import (
+    ANALYSES,
+    CHECKPOINTS,
+    DATA,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    LABELS,
+    METRICS,
+    ROOT_ATTR,
+    STEP,
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to rebuild the model of a run: an importable factory and its JSON config."""
+
+    factory: str
+    """``"package.module:function"``; called as ``function(**config)``."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the factory (JSON-serialisable)."""
+
+    def build(self) -> Any:
+        """Import the factory and call it with the config; returns the model."""
+        module_name, _, attr = self.factory.partition(":")
+        try:
+            factory: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            msg = f"cannot import the model factory {self.factory!r} ({exc}); install the package that defines it"
+            raise StoreError(msg) from exc
+        return factory(**self.config)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Name, shape and dtype of one tensor of the checkpoint schema."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    """Logical dtype name (``bfloat16`` even though the bits are stored as uint16)."""
+    nbytes: int
+    """Bytes of one checkpoint of this tensor."""
+
+
+def _logical_dtype(node: dict[str, Any]) -> str:
+    return node.get("attributes", {}).get(ROOT_ATTR, {}).get("dtype") or str(node["data_type"])
+
+
+class _ChunkSource:
+    """Array-like handed to ``dask.array.from_array``: reads a region, names what was corrupt."""
+
+    def __init__(self, array: zarr.Array, name: str, steps: np.ndarray) -> None:
+        self.array = array
+        self.name = name
+        self.steps = steps
+        self.shape = array.shape
+        self.dtype = array.dtype
+        self.ndim = array.ndim
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        step_key = key[0] if isinstance(key, tuple) else key
+        steps = self.steps[step_key]
+        where = f"tensor {self.name!r} at step {np.atleast_1d(steps).tolist()}"
+        with _zarr.translated_read_errors(where):
+            return self.array[key]
+
+
+def open_zarr_store(
+    where: str, *, read_only: bool, storage_options: dict[str, Any] | None = None
+) -> Any:
+    """Open the zarr store at ``where``, saying clearly when a local path does not exist."""
+    local = _zarr.local_path(where)
+    if local is not None and not local.exists():
+        msg = f"no store at {where}: the path does not exist"
+        raise StoreNotFoundError(msg)
+    return _zarr.open_zarr_store(where, read_only=read_only, storage_options=storage_options)
+
+
+def check_format(attrs: dict[str, Any], where: str) -> None:
+    """Raise unless ``attrs`` are the root attributes of a store in a format we read."""
+    meta = attrs.get(ROOT_ATTR)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        msg = f"{where} is a zarr group but not a ckpt store (no attrs['ckpt']['format'] == {FORMAT_NAME!r})"
+        raise NotAStoreError(msg)
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        newer = isinstance(version, int) and version > FORMAT_VERSION
+        hint = "upgrade ckpt (pip install -U ckpt)" if newer else "convert it with the ckpt version that wrote it"
+        msg = f"{where} uses store format v{version}; this ckpt reads v{FORMAT_VERSION} only: {hint}"
+        raise UnsupportedFormatError(msg)
+
+
+class Store:
+    """A checkpoint store opened for reading.
+
+    Use :func:`ckptstore.open`; attributes reflect the state committed when
+    the store was opened or last refreshed.
+
+    Examples
+    --------
+    >>> s = ckptstore.open("run.zarr")            # doctest: +SKIP
+    >>> s.steps, s.tensors(s.steps[-1])["fc.weight"].shape  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> None:
+        self._where = str(path)
+        self._storage_options = storage_options
+        self._zstore = open_zarr_store(self._where, read_only=True, storage_options=storage_options)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read the commit record, making newly committed checkpoints visible."""
+        attrs, _ = _zarr.read_root(self._zstore, self._where)
+        check_format(attrs, self._where)
+        root = _zarr.open_root_group(self._zstore)
+        consolidated = root.metadata.consolidated_metadata
+        self._root = root
+        self._attrs = dict(root.attrs.asdict())
+        check_format(self._attrs, self._where)
+        self._nodes = {
+            key: node.to_dict() for key, node in (consolidated.flattened_metadata.items() if consolidated else [])
+        }
+        self._load_index()
+
+    def _load_index(self) -> None:
+        step_path = f"{CHECKPOINTS}/{STEP}"
+        steps = self._root[step_path][:] if step_path in self._nodes else np.zeros(0, np.int64)
+        self._steps = np.asarray(steps, dtype=np.int64)
+        self._step_index = {int(s): i for i, s in enumerate(self._steps)}
+        prefix = f"{CHECKPOINTS}/"
+        schema = {}
+        for key, node in self._nodes.items():
+            if not key.startswith(prefix) or node.get("node_type") != "array":
+                continue
+            name = key[len(prefix) :]
+            if name == STEP or "/" in name:
+                continue
+            shape = tuple(int(n) for n in node["shape"][1:])
+            dtype = _logical_dtype(node)
+            itemsize = 2 if dtype == "bfloat16" else 1 if dtype.startswith("float8") else np.dtype(dtype).itemsize
+            schema[name] = TensorInfo(name, shape, dtype, int(np.prod(shape, dtype=np.int64)) * itemsize)
+        self._schema = schema
+
+    # -- metadata --------------------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """The path or URL the store was opened from."""
+        return self._where
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The run metadata (``attrs["ckpt"]`` of the root group), as a dict."""
+        return dict(self._attrs[ROOT_ATTR])
+
+    @property
+    def format_version(self) -> int:
+        """Store format version (1)."""
+        return int(self.metadata["format_version"])
+
+    @property
+    def framework(self) -> str | None:
+        """Training framework that wrote the run (``"torch"``, ``"jax"``, ...), if given."""
+        return self.metadata.get("framework")
+
+    @property
+    def model(self) -> ModelSpec | None:
+        """The model spec (factory + config), or None when the run did not record one."""
+        spec = self.metadata.get("model")
+        return None if spec is None else ModelSpec(spec["factory"], dict(spec.get("config") or {}))
+
+    @property
+    def objective(self) -> str | None:
+        """Name of the per-datapoint loss the run was trained with, if given."""
+        return self.metadata.get("objective")
+
+    @property
+    def created(self) -> str:
+        """ISO 8601 UTC time the store was created."""
+        return str(self.metadata.get("created"))
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """What was done to the store, oldest first (create, append, import, repair ...)."""
+        return list(self.metadata.get("history", []))
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """Free-form user metadata given at creation (``attrs=`` of :func:`ckptstore.create`)."""
+        return dict(self.metadata.get("attrs") or {})
+
+    # -- checkpoints -----------------------------------------------------------------------
+    @property
+    def steps(self) -> np.ndarray:
+        """Committed checkpoint steps, increasing (int64 array)."""
+        return self._steps.copy()
+
+    @property
+    def schema(self) -> dict[str, TensorInfo]:
+        """Every tensor of a checkpoint: name -> :class:`TensorInfo`."""
+        return dict(self._schema)
+
+    @property
+    def tensor_names(self) -> list[str]:
+        """Tensor names in stored order."""
+        return list(self._schema)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def __repr__(self) -> str:
+        span = f"steps {self._steps[0]}..{self._steps[-1]}" if len(self._steps) else "no checkpoints"
+        return f"<ckptstore.Store {self._where!r}: {len(self._steps)} checkpoints ({span}), {len(self._schema)} tensors>"
+
+    def _index_of(self, step: int) -> int:
+        try:
+            return self._step_index[int(step)]
+        except (KeyError, TypeError, ValueError):
+            if len(self._steps):
+                have = f"it has {len(self._steps)} checkpoints, steps {self._steps[0]}..{self._steps[-1]}"
+            else:
+                have = "it has no checkpoints yet"
+            msg = f"step {step!r} is not a committed checkpoint of {self._where}; {have}"
+            raise StepNotFoundError(msg) from None
+
+    def _check_names(self, names: Iterable[str] | None) -> list[str]:
+        if names is None:
+            return list(self._schema)
+        names = [names] if isinstance(names, str) else list(names)
+        unknown = [n for n in names if n not in self._schema]
+        if unknown:
+            msg = f"no tensor named {unknown[0]!r} in {self._where}; tensors are: {', '.join(self._schema)}"
+            raise StepNotFoundError(msg)
+        return names
+
+    def _array(self, name: str) -> zarr.Array:
+        with _zarr.pipeline_context(self._zstore):
+            return self._root[f"{CHECKPOINTS}/{name}"]
+
+    def tensors(
+        self,
+        step: int,
+        names: Iterable[str] | None = None,
+        *,
+        framework: str = "numpy",
+        device: Any = None,
+    ) -> dict[str, Any]:
+        """Load the tensors of one checkpoint.
+
+        Parameters
+        ----------
+        step
+            A committed step (see :attr:`steps`).
+        names
+            Tensors to load; all by default.
+        framework
+            ``"numpy"`` (bfloat16/float8 as ml_dtypes arrays) or ``"torch"``.
+        device
+            Torch device to put the tensors on; implies ``framework="torch"``.
+
+        Returns
+        -------
+        dict
+            Tensor name -> array, in schema order.
+        """
+        index = self._index_of(step)
+        names = self._check_names(names)
+        arrays = [self._array(n)._async_array for n in names]
+
+        async def read_all() -> list[np.ndarray]:
+            return await asyncio.gather(*(a.getitem(index) for a in arrays))
+
+        with _zarr.translated_read_errors(f"a tensor of step {step} ({len(names)} tensors read)"):
+            try:
+                values = sync(read_all())
+            except (ValueError, RuntimeError, OSError):
+                values = None
+        if values is None:  # find and name the corrupt tensor
+            values = []
+            for name, array in zip(names, arrays, strict=True):
+                with _zarr.translated_read_errors(f"tensor {name!r} at step {step}"):
+                    values.append(sync(array.getitem(index)))
+        if device is not None:
+            framework = "torch"
+        if framework == "torch":
+            return {
+                n: decode_torch(np.asarray(v), self._schema[n].dtype, device)
+                for n, v in zip(names, values, strict=True)
+            }
+        if framework != "numpy":
+            msg = f"framework must be 'numpy' or 'torch', got {framework!r}"
+            raise ValueError(msg)
+        return {n: decode_numpy(np.asarray(v), self._schema[n].dtype) for n, v in zip(names, values, strict=True)}
+
+    def read_tensor(self, name: str, steps: Sequence[int] | None = None) -> np.ndarray:
+        """One tensor across checkpoints, stacked on a leading step axis (all steps by default)."""
+        (name,) = self._check_names([name])
+        array = self._array(name)
+        indices = slice(None) if steps is None else [self._index_of(s) for s in steps]
+        where = f"tensor {name!r} (steps {'all' if steps is None else list(steps)})"
+        with _zarr.translated_read_errors(where):
+            values = array[indices] if isinstance(indices, slice) else array.get_orthogonal_selection(indices)
+        return decode_numpy(np.asarray(values), self._schema[name].dtype)
+
+    @property
+    def checkpoints(self) -> xr.Dataset:
+        """All checkpoints as a lazy, dask-backed :class:`xarray.Dataset` on dim ``step``.
+
+        One dask chunk per (tensor, step); nothing is read until computed. A
+        corrupt chunk raises :class:`~ckptstore.errors.CorruptChunkError`
+        naming the tensor and step.
+        """
+        import dask.array as da
+
+        variables = {}
+        for name, info in self._schema.items():
+            array = self._array(name)
+            dims = tuple(self._nodes[f"{CHECKPOINTS}/{name}"].get("dimension_names") or ()) or (
+                STEP,
+                *(f"{name}.{k}" for k in range(len(info.shape))),
+            )
+            data = da.from_array(
+                _ChunkSource(array, name, self._steps),
+                chunks=(1, *info.shape),
+                name=f"ckpt-{self._where}-{name}-{len(self._steps)}",
+                asarray=False,
+                fancy=False,
+            )
+            if info.dtype != str(array.dtype):
+                data = data.map_blocks(decode_numpy, info.dtype, dtype=decode_numpy(np.zeros(0, array.dtype), info.dtype).dtype)
+            variables[name] = (dims, data, {"dtype": info.dtype})
+        return xr.Dataset(variables, coords={STEP: (STEP, self._steps)}, attrs={"store": self._where})
+
+    # -- metrics, data, analyses -------------------------------------------------------------
+    @property
+    def metrics(self) -> xr.Dataset:
+        """Scalars logged by training (loss, lr, ...) on their own ``step`` coordinate."""
+        prefix = f"{METRICS}/"
+        names = [k[len(prefix) :] for k in self._nodes if k.startswith(prefix) and k != f"{METRICS}/{STEP}"]
+        step_path = f"{METRICS}/{STEP}"
+        steps = np.asarray(self._root[step_path][:]) if step_path in self._nodes else np.zeros(0, np.int64)
+        variables = {n: (STEP, np.asarray(self._root[f"{prefix}{n}"][:])) for n in names}
+        return xr.Dataset(variables, coords={STEP: steps})
+
+    @property
+    def splits(self) -> list[str]:
+        """Names of the committed data splits."""
+        prefix = f"{DATA}/"
+        return sorted(
+            k[len(prefix) :]
+            for k, node in self._nodes.items()
+            if k.startswith(prefix) and "/" not in k[len(prefix) :] and node.get("node_type") == "group"
+        )
+
+    def data(self, split: str) -> xr.Dataset:
+        """The evaluation data of ``split``: ``inputs``, ``targets``, ``mask``, ``text`` and labels.
+
+        Labels appear as variables named after the label (``ds["carry"]``) and
+        are listed in ``ds.attrs["labels"]``. The split's content hash is
+        ``ds.attrs["sha256"]``.
+        """
+        if split not in self.splits:
+            msg = f"no data split {split!r} in {self._where}; splits are: {', '.join(self.splits) or '(none)'}"
+            raise SplitNotFoundError(msg)
+        base = f"{DATA}/{split}"
+        group_attrs = self._nodes[base].get("attributes", {}).get(ROOT_ATTR, {})
+        variables: dict[str, Any] = {}
+        labels = []
+        for key, node in self._nodes.items():
+            if not key.startswith(base + "/") or node.get("node_type") != "array":
+                continue
+            rel = key[len(base) + 1 :]
+            name = rel.removeprefix(f"{LABELS}/")
+            if name != rel:
+                labels.append(name)
+            with _zarr.translated_read_errors(f"data split {split!r} array {rel!r}"):
+                values = np.asarray(self._root[key][...])
+            variables[name] = (tuple(node["dimension_names"]), values)
+        attrs = {"split": split, "labels": sorted(labels), **group_attrs}
+        return xr.Dataset(variables, attrs=attrs)
+
+    @property
+    def analyses(self) -> list[str]:
+        """Names of the analyses stored in ``analyses/``."""
+        prefix = f"{ANALYSES}/"
+        return sorted(
+            k[len(prefix) :]
+            for k, node in self._nodes.items()
+            if k.startswith(prefix) and "/" not in k[len(prefix) :] and node.get("node_type") == "group"
+        )
+
+    def analysis(self, name: str) -> xr.Dataset:
+        """A stored analysis result as a lazy :class:`xarray.Dataset` (no analyzer code imported)."""
+        if name not in self.analyses:
+            msg = f"no analysis {name!r} in {self._where}; stored analyses: {', '.join(self.analyses) or '(none)'}"
+            raise StoreError(msg)
+        return xr.open_zarr(self._zstore, group=f"{ANALYSES}/{name}", consolidated=True)
+
+    # -- summary ---------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """A JSON-able summary: metadata, steps, tensors, data splits and analyses."""
+        steps = self._steps
+        return {
+            "path": self._where,
+            "format_version": self.format_version,
+            "framework": self.framework,
+            "model": None if self.model is None else {"factory": self.model.factory, "config": self.model.config},
+            "objective": self.objective,
+            "created": self.created,
+            "checkpoints": {
+                "count": len(steps),
+                "first": int(steps[0]) if len(steps) else None,
+                "last": int(steps[-1]) if len(steps) else None,
+            },
+            "tensors": [
+                {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes} for t in self._schema.values()
+            ],
+            "parameters": int(sum(int(np.prod(t.shape, dtype=np.int64)) for t in self._schema.values())),
+            "bytes_per_checkpoint": int(sum(t.nbytes for t in self._schema.values())),
+            "metrics": [k.split("/", 1)[1] for k in self._nodes if k.startswith(f"{METRICS}/") and k != f"{METRICS}/{STEP}"],
+            "splits": {s: self._split_summary(s) for s in self.splits},
+            "analyses": self.analyses,
+            "history": self.history,
+        }
+
+    def _split_summary(self, split: str) -> dict[str, Any]:
+        attrs = self._nodes[f"{DATA}/{split}"].get("attributes", {}).get(ROOT_ATTR, {})
+        return {"examples": attrs.get("examples"), "datapoints": attrs.get("datapoints"), "labels": attrs.get("labels", [])}
+
+    def close(self) -> None:
+        """Release the store (a no-op for readers; writers release their lock)."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

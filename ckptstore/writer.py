@@ -1,0 +1,772 @@
+"""Writing checkpoints: :class:`Writer`, :func:`create` and appending with ``open(mode="a")``.
+
+Commit protocol (docs/store-format.md, "Commit protocol"): the data of a
+checkpoint is written first, into rows beyond the committed length of every
+array; then the root ``zarr.json`` is rewritten with the new committed shapes.
+That single atomic put is the commit. A crash before it leaves the previous
+commit record in place, so readers never see a partial checkpoint and every
+earlier checkpoint is untouched: checkpoint chunks are written once and never
+rewritten. The next writer trims what a crashed one left beyond the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import hashlib
+import json
+import os
+import socket
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
+from zarr.core.sync import sync
+
+from ckptstore import _zarr
+from ckptstore.arrays import count_nonfinite, to_numpy
+from ckptstore.errors import (
+    DataError,
+    InvalidNameError,
+    NonFiniteError,
+    ReadOnlyError,
+    SchemaMismatchError,
+    StepOrderError,
+    StoreExistsError,
+    StoreNotFoundError,
+    UnsupportedTensorError,
+)
+from ckptstore.format import (
+    ANALYSES,
+    CHECKPOINTS,
+    DATA,
+    DATA_VARIABLES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    LABELS,
+    METRICS,
+    ROOT_ATTR,
+    STEP,
+    STEP_FILL_VALUE,
+    TOP_LEVEL_GROUPS,
+    check_name,
+)
+from ckptstore.reader import Store, check_format, open_zarr_store
+
+STEP_CHUNK = 4096
+"""Rows per chunk of ``step`` and metric arrays (rewritten, atomically, at each commit)."""
+INITIAL_CAPACITY = 16
+"""Rows allocated in checkpoint arrays before the first growth (grown by doubling)."""
+DATA_CHUNK_BYTES = 8 << 20
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _version() -> str:
+    from ckptstore import __version__
+
+    return __version__
+
+
+def _history_entry(event: str, **details: Any) -> dict[str, Any]:
+    return {"event": event, "time": _now(), "ckpt": _version(), "host": socket.gethostname(), **details}
+
+
+def _compressors(compressor: str | None) -> list[Any]:
+    if compressor is None:
+        # fp32 weights compress by only ~7-12% (ARCHITECTURE.md); not worth the CPU by default
+        return [Crc32cCodec()]
+    if compressor == "zstd":
+        return [ZstdCodec(level=1), Crc32cCodec()]
+    msg = f"compressor must be None or 'zstd', got {compressor!r}"
+    raise ValueError(msg)
+
+
+def _as_tensor_mapping(tensors: Any) -> Mapping[str, Any]:
+    if isinstance(tensors, Mapping):
+        return tensors
+    state_dict = getattr(tensors, "state_dict", None)
+    if callable(state_dict):  # a torch nn.Module (or anything with a state_dict)
+        return state_dict()
+    msg = f"tensors must be a mapping name -> array or an nn.Module, got {type(tensors).__name__}"
+    raise UnsupportedTensorError(msg)
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, int | np.integer):
+        msg = f"step must be a non-negative integer, got {step!r} ({type(step).__name__})"
+        raise StepOrderError(msg)
+    if step < 0:
+        msg = f"step must be a non-negative integer, got {step}"
+        raise StepOrderError(msg)
+    return int(step)
+
+
+def _check_metrics(metrics: Mapping[str, Any] | None, step: int) -> dict[str, float]:
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        msg = f"metrics must be a mapping name -> number, got {type(metrics).__name__}"
+        raise DataError(msg)
+    checked = {}
+    for name, value in metrics.items():
+        problem = check_name(name, "metric")
+        if problem:
+            raise InvalidNameError(problem)
+        try:
+            checked[name] = float(value)
+        except (TypeError, ValueError):
+            msg = f"metric {name!r} at step {step} must be a number, got {value!r}"
+            raise DataError(msg) from None
+    return checked
+
+
+class Writer:
+    """A checkpoint store opened for writing.
+
+    Create one with :func:`ckptstore.create` or ``ckptstore.open(path, mode="a")``.
+    Use it as a context manager, or call :meth:`close` when done. One writer
+    at a time holds a local store (an advisory ``flock``, released by the
+    kernel if the process dies). :meth:`reader` gives a :class:`Store` view of
+    what has been committed.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        storage_options: dict[str, Any] | None = None,
+        reject_nonfinite: bool = False,
+        compressor: str | None = None,
+        _history: dict[str, Any] | None = None,
+    ) -> None:
+        self._where = str(path)
+        self._storage_options = storage_options
+        self._reject_nonfinite = reject_nonfinite
+        self._compressors = _compressors(compressor)
+        self._zstore = open_zarr_store(self._where, read_only=False, storage_options=storage_options)
+        self._lock = _zarr.WriterLock(_zarr.local_path(self._where))
+        self._lock.acquire(self._where)
+        self._closed = False
+        try:
+            self._attrs, self._nodes = _zarr.read_root(self._zstore, self._where)
+            check_format(self._attrs, self._where)
+            self._open_arrays()
+            repaired = self._repair()
+            entry = _history or _history_entry("open")
+            if repaired:
+                entry["repaired"] = repaired
+            self._attrs[ROOT_ATTR]["history"].append(entry)
+            self._commit()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    # -- state -----------------------------------------------------------------------------
+    def _group(self) -> zarr.Group:
+        return zarr.open_group(self._zstore, mode="r+", use_consolidated=False)
+
+    def _open_arrays(self) -> None:
+        """Open every committed checkpoint/metric array for writing, with its real shape."""
+        self._ckpt_arrays: dict[str, zarr.AsyncArray] = {}
+        self._metric_arrays: dict[str, zarr.AsyncArray] = {}
+        for key, node in self._nodes.items():
+            if node.get("node_type") != "array":
+                continue
+            group, _, name = key.partition("/")
+            if "/" in name or group not in (CHECKPOINTS, METRICS):
+                continue
+            if group == CHECKPOINTS:
+                self._ckpt_arrays[name] = self._open_array(key, rewritten=name == STEP)
+            else:
+                self._metric_arrays[name] = self._open_array(key, rewritten=True)
+        self._count = int(self._nodes[f"{CHECKPOINTS}/{STEP}"]["shape"][0])
+        self._metric_count = int(self._nodes[f"{METRICS}/{STEP}"]["shape"][0])
+        self._capacity = min(int(a.shape[0]) for a in self._ckpt_arrays.values())
+        self._metric_capacity = min(int(a.shape[0]) for a in self._metric_arrays.values())
+        self._steps_cache = self._read_steps(CHECKPOINTS, self._count)
+        self._metric_steps_cache = self._read_steps(METRICS, self._metric_count)
+
+    def _open_array(self, key: str, *, rewritten: bool) -> zarr.AsyncArray:
+        # Checkpoint chunks are written once, so the fast zarrs pipeline is safe
+        # for them. Arrays whose chunks are rewritten at every commit (step,
+        # metrics) go through zarr's own pipeline, whose puts are atomic renames.
+        context = _zarr.pipeline_context(self._zstore) if not rewritten else _zarr.contextlib.nullcontext()
+        with context:
+            return zarr.open_array(self._zstore, path=key, mode="r+", zarr_format=3)._async_array
+
+    def _read_steps(self, group: str, count: int) -> list[int]:
+        return [int(s) for s in sync(self._ckpt_or_metric(group, STEP).getitem(slice(0, count)))]
+
+    def _ckpt_or_metric(self, group: str, name: str) -> zarr.AsyncArray:
+        return (self._ckpt_arrays if group == CHECKPOINTS else self._metric_arrays)[name]
+
+    def _repair(self) -> dict[str, Any]:
+        """Remove what a crashed writer left beyond the commit record; returns what was removed.
+
+        Nodes under ``checkpoints/``, ``metrics/`` and ``data/`` that are not in
+        the record are deleted, and every array is trimmed to its committed
+        length (deleting rows of a checkpoint whose commit never happened).
+        ``analyses/`` belongs to the engine and is left alone.
+        """
+        root = self._group()
+        committed = set(self._nodes)
+        stray = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # foreign files are not ours to judge
+            for name in (CHECKPOINTS, METRICS, DATA):
+                members = root[name].members(max_depth=None)
+                stray += [f"{name}/{path}" for path, _ in members if f"{name}/{path}" not in committed]
+        stray.sort()
+        removed = [p for p in stray if not any(p.startswith(q + "/") for q in stray)]
+        for path in removed:
+            sync(self._zstore.delete_dir(path))
+        for arrays, count in ((self._ckpt_arrays, self._count), (self._metric_arrays, self._metric_count)):
+            for array in arrays.values():
+                if array.shape[0] != count:
+                    sync(array.resize((count, *array.shape[1:])))
+        self._capacity = self._count
+        self._metric_capacity = self._metric_count
+        return {"removed": removed} if removed else {}
+
+    def _commit(self) -> None:
+        _zarr.write_json(self._zstore, _zarr.ROOT_KEY, _zarr.root_document(self._attrs, self._nodes))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = f"the writer of {self._where} is closed; reopen with ckptstore.open(path, mode='a')"
+            raise ReadOnlyError(msg)
+
+    # -- what has been committed -------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """The path or URL of the store."""
+        return self._where
+
+    @property
+    def steps(self) -> np.ndarray:
+        """Committed checkpoint steps (int64 array)."""
+        return np.asarray(self._steps_cache, dtype=np.int64)
+
+    @property
+    def tensor_names(self) -> list[str]:
+        """Names of the tensors of a checkpoint (empty before the first one)."""
+        return [n for n in self._ckpt_arrays if n != STEP]
+
+    def reader(self) -> Store:
+        """A read-only :class:`Store` on the state committed so far."""
+        return Store(self._where, storage_options=self._storage_options)
+
+    def __repr__(self) -> str:
+        return f"<ckptstore.Writer {self._where!r}: {self._count} checkpoints committed>"
+
+    # -- checkpoints -----------------------------------------------------------------------
+    @property
+    def last_step(self) -> int | None:
+        """The last committed checkpoint step, or None before the first one."""
+        return self._steps_cache[-1] if self._steps_cache else None
+
+    def write(
+        self,
+        step: int,
+        tensors: Mapping[str, Any] | Any,
+        metrics: Mapping[str, Any] | None = None,
+        *,
+        reject_nonfinite: bool | None = None,
+    ) -> None:
+        """Write and commit one checkpoint.
+
+        Parameters
+        ----------
+        step
+            Training step of the checkpoint; must exceed every committed step.
+        tensors
+            Mapping name -> array-like (numpy, torch on any device, JAX, ``__array__``
+            or DLPack objects), or a torch ``nn.Module`` (its ``state_dict()``).
+        metrics
+            Scalars logged at this step (``{"loss": 0.7}``), stored in ``metrics/``.
+        reject_nonfinite
+            Refuse tensors holding NaN or inf (default: the writer's setting).
+
+        Raises
+        ------
+        StepOrderError, SchemaMismatchError, NonFiniteError, UnsupportedTensorError, InvalidNameError
+            Before anything is written: the store is unchanged.
+        """
+        self._check_open()
+        step = _check_step(step)
+        last = self.last_step
+        if last is not None and step <= last:
+            kind = "is already committed" if step in self._steps_cache else "comes before the last committed step"
+            msg = f"checkpoint step {step} {kind}; steps must strictly increase (last committed step: {last})"
+            raise StepOrderError(msg)
+        checked_metrics = _check_metrics(metrics, step)
+        if checked_metrics:
+            self._check_metric_step(step)
+        arrays = self._convert(step, _as_tensor_mapping(tensors))
+        reject = self._reject_nonfinite if reject_nonfinite is None else reject_nonfinite
+        if reject:
+            for name, (array, logical) in arrays.items():
+                bad = count_nonfinite(array, logical)
+                if bad:
+                    msg = f"tensor {name!r} at step {step} holds {bad} NaN/inf values of {array.size}; expected finite values"
+                    raise NonFiniteError(msg)
+        if len(self._ckpt_arrays) == 1:  # only `step`: the first checkpoint defines the schema
+            self._create_tensor_arrays(arrays)
+        else:
+            self._check_schema(step, arrays)
+        index = self._count
+        self._ensure_capacity(CHECKPOINTS, index + 1)
+        values = {name: array for name, (array, _) in arrays.items()}
+        values[STEP] = np.asarray(step, dtype=np.int64)
+        self._write_rows(self._ckpt_arrays, index, values)
+        self._count = index + 1
+        self._steps_cache.append(step)
+        for name in self._ckpt_arrays:
+            self._nodes[f"{CHECKPOINTS}/{name}"]["shape"][0] = self._count
+        if checked_metrics:
+            self._stage_metrics(step, checked_metrics)
+        self._commit()
+
+    def _convert(self, step: int, tensors: Mapping[str, Any]) -> dict[str, tuple[np.ndarray, str]]:
+        if not tensors:
+            msg = f"checkpoint at step {step} has no tensors"
+            raise SchemaMismatchError(msg)
+        converted = {}
+        for name, value in tensors.items():
+            problem = check_name(name, "tensor")
+            if problem:
+                raise InvalidNameError(f"{problem} (step {step})")
+            try:
+                converted[name] = to_numpy(value)
+            except UnsupportedTensorError as exc:
+                raise UnsupportedTensorError(f"tensor {name!r} at step {step}: {exc}") from None
+        return converted
+
+    def _check_schema(self, step: int, arrays: Mapping[str, tuple[np.ndarray, str]]) -> None:
+        expected = {n: a for n, a in self._ckpt_arrays.items() if n != STEP}
+        missing = [n for n in expected if n not in arrays]
+        extra = [n for n in arrays if n not in expected]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing tensor(s) {', '.join(map(repr, missing[:5]))}")
+            if extra:
+                parts.append(f"unexpected tensor(s) {', '.join(map(repr, extra[:5]))}")
+            msg = (
+                f"checkpoint at step {step} has {' and '.join(parts)}; every checkpoint must hold the same "
+                f"{len(expected)} tensors as the first one"
+            )
+            raise SchemaMismatchError(msg)
+        for name, (array, logical) in arrays.items():
+            node = self._nodes[f"{CHECKPOINTS}/{name}"]
+            shape = tuple(node["shape"][1:])
+            want = node["attributes"][ROOT_ATTR]["dtype"]
+            if array.shape != shape:
+                msg = f"tensor {name!r} at step {step} has shape {array.shape}; expected {shape} as in the first checkpoint"
+                raise SchemaMismatchError(msg)
+            if logical != want:
+                msg = f"tensor {name!r} at step {step} has dtype {logical}; expected {want} as in the first checkpoint"
+                raise SchemaMismatchError(msg)
+
+    def _create_tensor_arrays(self, arrays: Mapping[str, tuple[np.ndarray, str]]) -> None:
+        capacity = max(self._capacity, INITIAL_CAPACITY)
+        with _zarr.pipeline_context(self._zstore), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name, (array, logical) in arrays.items():
+                key = f"{CHECKPOINTS}/{name}"
+                created = zarr.create_array(
+                    self._zstore,
+                    name=key,
+                    shape=(capacity, *array.shape),
+                    chunks=(1, *array.shape),
+                    dtype=array.dtype,
+                    fill_value=0,
+                    compressors=self._compressors,
+                    dimension_names=(STEP, *(f"{name}.{k}" for k in range(array.ndim))),
+                    attributes={ROOT_ATTR: {"dtype": logical}},
+                    config={"write_empty_chunks": True},
+                    overwrite=True,
+                    zarr_format=3,
+                )
+                node = _zarr.node_json(created)
+                node["shape"][0] = self._count
+                self._nodes[key] = node
+                self._ckpt_arrays[name] = created._async_array
+        self._capacity = min(capacity, self._capacity) if self._capacity else capacity
+        self._ensure_capacity(CHECKPOINTS, capacity)
+
+    def _ensure_capacity(self, group: str, rows: int) -> None:
+        arrays = self._ckpt_arrays if group == CHECKPOINTS else self._metric_arrays
+        capacity = self._capacity if group == CHECKPOINTS else self._metric_capacity
+        short = [a for a in arrays.values() if a.shape[0] < rows]
+        if not short:
+            return
+        # grow by doubling: one metadata write per array every so often, not every step
+        target = max(rows, 2 * capacity, INITIAL_CAPACITY)
+
+        async def grow() -> None:
+            await asyncio.gather(*(a.resize((target, *a.shape[1:])) for a in short))
+
+        sync(grow())
+        if group == CHECKPOINTS:
+            self._capacity = target
+        else:
+            self._metric_capacity = target
+
+    @staticmethod
+    def _write_rows(arrays: Mapping[str, zarr.AsyncArray], index: int, values: Mapping[str, Any]) -> None:
+        async def write_all() -> None:
+            await asyncio.gather(*(arrays[name].setitem(index, value) for name, value in values.items()))
+
+        sync(write_all())
+
+    # -- metrics ---------------------------------------------------------------------------
+    def _check_metric_step(self, step: int) -> None:
+        if self._metric_steps_cache and step <= self._metric_steps_cache[-1]:
+            msg = (
+                f"metrics step {step} is not after the last logged metrics step "
+                f"{self._metric_steps_cache[-1]}; log each step once, in increasing order"
+            )
+            raise StepOrderError(msg)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Log scalar metrics at ``step`` without a checkpoint (steps strictly increase)."""
+        self._check_open()
+        step = _check_step(step)
+        checked = _check_metrics(metrics, step)
+        if not checked:
+            return
+        self._check_metric_step(step)
+        self._stage_metrics(step, checked)
+        self._commit()
+
+    def _stage_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        index = self._metric_count
+        for name in metrics:
+            if name not in self._metric_arrays:
+                self._create_metric_array(name)
+        self._ensure_capacity(METRICS, index + 1)
+        row: dict[str, Any] = {name: np.float64(metrics.get(name, np.nan)) for name in self._metric_arrays}
+        row[STEP] = np.int64(step)
+        self._write_rows(self._metric_arrays, index, row)
+        self._metric_count = index + 1
+        self._metric_steps_cache.append(step)
+        for name in self._metric_arrays:
+            self._nodes[f"{METRICS}/{name}"]["shape"][0] = self._metric_count
+
+    def _create_metric_array(self, name: str) -> None:
+        key = f"{METRICS}/{name}"
+        created = zarr.create_array(
+            self._zstore,
+            name=key,
+            shape=(self._metric_capacity,),
+            chunks=(STEP_CHUNK,),
+            dtype="float64",
+            fill_value=float("nan"),
+            compressors=[Crc32cCodec()],
+            dimension_names=(STEP,),
+            config={"write_empty_chunks": True},
+            overwrite=True,
+            zarr_format=3,
+        )
+        node = _zarr.node_json(created)
+        node["shape"][0] = self._metric_count
+        self._nodes[key] = node
+        # rows logged before this metric existed read as NaN, the fill value
+        self._metric_arrays[name] = created._async_array
+
+    # -- data ------------------------------------------------------------------------------
+    def add_data(
+        self,
+        split: str,
+        inputs: Any,
+        targets: Any = None,
+        mask: Any = None,
+        labels: Mapping[str, Any] | None = None,
+        text: Sequence[str] | None = None,
+        *,
+        overwrite: bool = False,
+    ) -> None:
+        """Store an evaluation data set under ``data/<split>``.
+
+        Parameters
+        ----------
+        split
+            Name of the split (``"eval"``, ``"train"``, ...).
+        inputs
+            Model inputs, first dim = examples.
+        targets
+            Targets, first dim = examples (``[N]`` class labels or ``[N, seq]`` tokens).
+        mask
+            Boolean, same shape as ``targets``: which tokens are datapoints.
+        labels
+            Name -> per-example ``[N]`` or per-token (shape of ``mask``/``targets``) values.
+        text
+            One string per example.
+        overwrite
+            Replace an existing split of that name.
+
+        Raises
+        ------
+        DataError, InvalidNameError
+            Before anything is written.
+        """
+        self._check_open()
+        problem = check_name(split, "split")
+        if problem:
+            raise InvalidNameError(problem)
+        base = f"{DATA}/{split}"
+        if base in self._nodes and not overwrite:
+            msg = f"data split {split!r} already exists in {self._where}; pass overwrite=True to replace it"
+            raise DataError(msg)
+        variables = self._check_data(split, inputs, targets, mask, labels or {}, text)
+        digest = hashlib.sha256()
+        for name in sorted(variables):
+            array = variables[name][0]
+            digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
+            digest.update(array.tobytes() if array.dtype.kind != "O" else json.dumps(array.tolist()).encode())
+        n = len(variables["inputs"][0])
+        token_mask = variables.get("mask", (None,))[0]
+        datapoints = int(token_mask.sum()) if token_mask is not None else n
+        group_attrs = {
+            ROOT_ATTR: {
+                "examples": n,
+                "datapoints": datapoints,
+                "labels": sorted(k.removeprefix(f"{LABELS}/") for k in variables if k.startswith(f"{LABELS}/")),
+                "sha256": digest.hexdigest(),
+                "created": _now(),
+            }
+        }
+        if overwrite and base in self._nodes:
+            for key in [k for k in self._nodes if k == base or k.startswith(base + "/")]:
+                del self._nodes[key]
+            self._commit()
+            sync(self._zstore.delete_dir(base))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # zarr: variable-length strings are not in the v3 core spec yet
+            group = zarr.open_group(self._zstore, path=base, mode="w", zarr_format=3, attributes=group_attrs)
+            nodes = {base: _zarr.empty_group_json(group_attrs)}
+            for name, (array, dims) in variables.items():
+                if name.startswith(f"{LABELS}/") and f"{base}/{LABELS}" not in nodes:
+                    group.create_group(LABELS)
+                    nodes[f"{base}/{LABELS}"] = _zarr.empty_group_json()
+                row_bytes = max(1, array[:1].nbytes if array.dtype.kind != "O" else 64)
+                rows = int(max(1, min(len(array), DATA_CHUNK_BYTES // row_bytes)))
+                created = group.create_array(
+                    name,
+                    shape=array.shape,
+                    chunks=(rows, *array.shape[1:]),
+                    dtype=str if array.dtype.kind in "OU" else array.dtype,
+                    compressors=[Crc32cCodec()] if array.dtype.kind not in "OU" else None,
+                    dimension_names=dims,
+                )
+                created[...] = array
+                nodes[f"{base}/{name}"] = _zarr.node_json(created)
+        self._nodes.update(nodes)
+        self._commit()
+
+    def _check_data(
+        self,
+        split: str,
+        inputs: Any,
+        targets: Any,
+        mask: Any,
+        labels: Mapping[str, Any],
+        text: Sequence[str] | None,
+    ) -> dict[str, tuple[np.ndarray, tuple[str, ...]]]:
+        def convert(value: Any, what: str) -> np.ndarray:
+            try:
+                array, logical = to_numpy(value)
+            except UnsupportedTensorError as exc:
+                raise DataError(f"data split {split!r}: {what}: {exc}") from None
+            if logical != array.dtype.name:
+                msg = f"data split {split!r}: {what} has dtype {logical}; store data as float32 or integers"
+                raise DataError(msg)
+            if array.ndim == 0:
+                raise DataError(f"data split {split!r}: {what} must have a first dimension of examples")
+            return array
+
+        arrays: dict[str, np.ndarray] = {"inputs": convert(inputs, "inputs")}
+        n = len(arrays["inputs"])
+        if targets is not None:
+            arrays["targets"] = convert(targets, "targets")
+        if mask is not None:
+            m = convert(mask, "mask")
+            if m.dtype != np.bool_:
+                if not np.isin(m, (0, 1)).all():
+                    raise DataError(f"data split {split!r}: mask must be boolean (or 0/1), got dtype {m.dtype}")
+                m = m.astype(bool)
+            ref = arrays.get("targets", arrays["inputs"])
+            if m.shape != ref.shape[: m.ndim] or m.ndim < 1:
+                which = "targets" if "targets" in arrays else "inputs"
+                msg = f"data split {split!r}: mask has shape {m.shape}; expected the leading shape of {which} {ref.shape}"
+                raise DataError(msg)
+            arrays["mask"] = m
+        if text is not None:
+            if isinstance(text, str) or not all(isinstance(t, str) for t in text):
+                raise DataError(f"data split {split!r}: text must be a sequence of strings, one per example")
+            arrays["text"] = np.array(list(text), dtype=object)
+        for name, value in labels.items():
+            problem = check_name(name, "label")
+            if problem:
+                raise InvalidNameError(problem)
+            if name in DATA_VARIABLES:
+                raise InvalidNameError(f"label name {name!r} clashes with the data variable of that name")
+            arrays[f"{LABELS}/{name}"] = convert(value, f"label {name!r}")
+        for name, array in arrays.items():
+            if len(array) != n:
+                msg = f"data split {split!r}: {name} has {len(array)} examples; expected {n} like inputs"
+                raise DataError(msg)
+        token_shape = arrays["mask"].shape[1:] if "mask" in arrays else arrays.get("targets", np.zeros(n)).shape[1:]
+        result = {}
+        for name, array in arrays.items():
+            short = name.removeprefix(f"{LABELS}/")
+            dims = ["example"]
+            k = len(token_shape)
+            if k and array.shape[1 : 1 + k] == token_shape:
+                dims += ["position"] + [f"position.{j}" for j in range(1, k)]
+            dims += [f"{short}.{j}" for j in range(len(dims), array.ndim)]
+            result[name] = (array, tuple(dims))
+        return result
+
+    # -- closing ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Trim over-allocated rows (so non-consolidated readers agree), record, release the lock."""
+        if self._closed:
+            return
+        try:
+            for arrays, count in ((self._ckpt_arrays, self._count), (self._metric_arrays, self._metric_count)):
+
+                async def trim(arrays: Mapping[str, zarr.AsyncArray] = arrays, count: int = count) -> None:
+                    await asyncio.gather(
+                        *(a.resize((count, *a.shape[1:])) for a in arrays.values() if a.shape[0] != count)
+                    )
+
+                sync(trim())
+            self._commit()
+        finally:
+            self._closed = True
+            self._lock.release()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def create(
+    path: str | os.PathLike[str],
+    *,
+    model: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    objective: str | None = None,
+    framework: str | None = None,
+    attrs: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    reject_nonfinite: bool = False,
+    compressor: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Writer:
+    """Create a new checkpoint store and return its :class:`Writer`.
+
+    Parameters
+    ----------
+    path
+        Local directory (``"run.zarr"``) or fsspec URL (``"memory://run.zarr"``, ``"s3://..."``).
+    model
+        Model factory as ``"package.module:function"``; analyzers rebuild the model with it.
+    config
+        JSON-serialisable keyword arguments of the factory.
+    objective
+        Name of the per-datapoint loss (``"cross-entropy"``, ``"token-cross-entropy"``).
+    framework
+        Framework that trains the run (``"torch"``, ``"jax"``, ...), informative.
+    attrs
+        Free-form JSON metadata of the run (seed, hyper-parameters ...).
+    overwrite
+        Replace whatever is at ``path``.
+    reject_nonfinite
+        Make :meth:`Writer.write` refuse tensors with NaN/inf.
+    compressor
+        ``None`` (checksums only, fastest) or ``"zstd"``.
+    storage_options
+        Passed to fsspec for URLs.
+
+    Raises
+    ------
+    StoreExistsError
+        When ``path`` exists and ``overwrite`` is false.
+    """
+    if model is not None and (not isinstance(model, str) or ":" not in model):
+        msg = f"model must be an importable factory 'package.module:function', got {model!r}"
+        raise InvalidNameError(msg)
+    try:
+        config_json = json.loads(json.dumps(dict(config or {}), allow_nan=False))
+        attrs_json = json.loads(json.dumps(dict(attrs or {}), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        msg = f"config and attrs must be JSON-serialisable: {exc}"
+        raise DataError(msg) from None
+    where = str(path)
+    local = _zarr.local_path(where)
+    zstore = _zarr.open_zarr_store(where, read_only=False, storage_options=storage_options)
+    exists = local.exists() and any(local.iterdir()) if local is not None and local.is_dir() else bool(
+        local is not None and local.exists()
+    )
+    if local is None:
+        exists = _zarr.read_json(zstore, _zarr.ROOT_KEY) is not None
+    if exists and not overwrite:
+        msg = (
+            f"{where} already exists; append to it with ckptstore.open({where!r}, mode='a'), "
+            "choose another path, or pass overwrite=True to replace it"
+        )
+        raise StoreExistsError(msg)
+    if local is not None and not local.parent.exists():
+        msg = f"cannot create {where}: the folder {local.parent} does not exist"
+        raise StoreNotFoundError(msg)
+    meta = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "framework": framework,
+        "model": None if model is None else {"factory": model, "config": config_json},
+        "objective": objective,
+        "created": _now(),
+        "attrs": attrs_json,
+        "history": [],
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        root = zarr.open_group(zstore, mode="w", zarr_format=3, attributes={ROOT_ATTR: meta})
+        nodes: dict[str, dict[str, Any]] = {}
+        for name in TOP_LEVEL_GROUPS:
+            root.create_group(name)
+            nodes[name] = _zarr.empty_group_json()
+        for group in (CHECKPOINTS, METRICS):
+            step = root[group].create_array(
+                STEP,
+                shape=(0,),
+                chunks=(STEP_CHUNK,),
+                dtype="int64",
+                fill_value=STEP_FILL_VALUE,
+                compressors=[Crc32cCodec()],
+                dimension_names=(STEP,),
+                config={"write_empty_chunks": True},
+            )
+            nodes[f"{group}/{STEP}"] = _zarr.node_json(step)
+    _zarr.write_json(zstore, _zarr.ROOT_KEY, _zarr.root_document({ROOT_ATTR: meta}, nodes))
+    return Writer(
+        where,
+        storage_options=storage_options,
+        reject_nonfinite=reject_nonfinite,
+        compressor=compressor,
+        _history=_history_entry("create"),
+    )
+
+
+__all__ = ["Writer", "create"]
