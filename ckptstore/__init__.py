@@ -12,6 +12,7 @@ Examples
 >>> w.write(0, model.state_dict(), metrics={"loss": 0.7})              # doctest: +SKIP
 >>> w.close()                                                           # doctest: +SKIP
 >>> s = ckptstore.open("run.zarr")                                      # doctest: +SKIP
+
 """
 
 from __future__ import annotations
@@ -51,14 +52,12 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 
 @overload
-def open(  # noqa: A001 - the public name mirrors zarr.open / xarray.open_dataset
-    path: str | os.PathLike[str], mode: Literal["r"] = "r", **kwargs: Any
-) -> Store: ...
+def open(path: str | os.PathLike[str], mode: Literal["r"] = "r", **kwargs: Any) -> Store: ...
 @overload
 def open(path: str | os.PathLike[str], mode: Literal["a"], **kwargs: Any) -> Writer: ...
 
 
-def open(path: str | os.PathLike[str], mode: str = "r", **kwargs: Any) -> Store | Writer:  # noqa: A001
+def open(path: str | os.PathLike[str], mode: str = "r", **kwargs: Any) -> Store | Writer:
     """Open an existing checkpoint store.
 
     Parameters
@@ -75,6 +74,7 @@ def open(path: str | os.PathLike[str], mode: str = "r", **kwargs: Any) -> Store 
     Raises
     ------
     StoreNotFoundError, NotAStoreError, UnsupportedFormatError, StoreLockedError
+
     """
     if mode == "r":
         return Store(path, **kwargs)

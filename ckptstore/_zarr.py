@@ -115,9 +115,7 @@ def root_document(attributes: dict[str, Any], nodes: dict[str, dict[str, Any]]) 
     }
 
 
-def read_root(
-    store: zarr.abc.store.Store, where: str
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def read_root(store: zarr.abc.store.Store, where: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Read the root attributes and the committed snapshot, or say why this is no store."""
     try:
         document = read_json(store, ROOT_KEY)

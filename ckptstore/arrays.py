@@ -67,6 +67,7 @@ def to_numpy(value: Any) -> tuple[np.ndarray, str]:
     ------
     UnsupportedTensorError
         When the value cannot be converted or its dtype cannot be stored.
+
     """
     if isinstance(value, np.ndarray):
         array = value

@@ -97,9 +97,7 @@ class _ChunkSource:
             return self.array[key]
 
 
-def open_zarr_store(
-    where: str, *, read_only: bool, storage_options: dict[str, Any] | None = None
-) -> Any:
+def open_zarr_store(where: str, *, read_only: bool, storage_options: dict[str, Any] | None = None) -> Any:
     """Open the zarr store at ``where``, saying clearly when a local path does not exist."""
     local = _zarr.local_path(where)
     if local is not None and not local.exists():
@@ -132,6 +130,7 @@ class Store:
     --------
     >>> s = ckptstore.open("run.zarr")            # doctest: +SKIP
     >>> s.steps, s.tensors(s.steps[-1])["fc.weight"].shape  # doctest: +SKIP
+
     """
 
     def __init__(self, path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> None:
@@ -171,7 +170,9 @@ class Store:
             dtype = _logical_dtype(node)
             itemsize = 2 if dtype == "bfloat16" else 1 if dtype.startswith("float8") else np.dtype(dtype).itemsize
             schema[name] = TensorInfo(name, shape, dtype, int(np.prod(shape, dtype=np.int64)) * itemsize)
-        self._schema = schema
+        order = self._nodes.get(CHECKPOINTS, {}).get("attributes", {}).get(ROOT_ATTR, {}).get("tensors", [])
+        self._schema = {name: schema[name] for name in order if name in schema}
+        self._schema.update({name: info for name, info in schema.items() if name not in self._schema})
 
     # -- metadata --------------------------------------------------------------------------
     @property
@@ -241,7 +242,9 @@ class Store:
 
     def __repr__(self) -> str:
         span = f"steps {self._steps[0]}..{self._steps[-1]}" if len(self._steps) else "no checkpoints"
-        return f"<ckptstore.Store {self._where!r}: {len(self._steps)} checkpoints ({span}), {len(self._schema)} tensors>"
+        return (
+            f"<ckptstore.Store {self._where!r}: {len(self._steps)} checkpoints ({span}), {len(self._schema)} tensors>"
+        )
 
     def _index_of(self, step: int) -> int:
         try:
@@ -293,6 +296,7 @@ class Store:
         -------
         dict
             Tensor name -> array, in schema order.
+
         """
         index = self._index_of(step)
         names = self._check_names(names)
@@ -358,7 +362,9 @@ class Store:
                 fancy=False,
             )
             if info.dtype != str(array.dtype):
-                data = data.map_blocks(decode_numpy, info.dtype, dtype=decode_numpy(np.zeros(0, array.dtype), info.dtype).dtype)
+                data = data.map_blocks(
+                    decode_numpy, info.dtype, dtype=decode_numpy(np.zeros(0, array.dtype), info.dtype).dtype
+                )
             variables[name] = (dims, data, {"dtype": info.dtype})
         return xr.Dataset(variables, coords={STEP: (STEP, self._steps)}, attrs={"store": self._where})
 
@@ -444,11 +450,14 @@ class Store:
                 "last": int(steps[-1]) if len(steps) else None,
             },
             "tensors": [
-                {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes} for t in self._schema.values()
+                {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
+                for t in self._schema.values()
             ],
             "parameters": int(sum(int(np.prod(t.shape, dtype=np.int64)) for t in self._schema.values())),
             "bytes_per_checkpoint": int(sum(t.nbytes for t in self._schema.values())),
-            "metrics": [k.split("/", 1)[1] for k in self._nodes if k.startswith(f"{METRICS}/") and k != f"{METRICS}/{STEP}"],
+            "metrics": [
+                k.split("/", 1)[1] for k in self._nodes if k.startswith(f"{METRICS}/") and k != f"{METRICS}/{STEP}"
+            ],
             "splits": {s: self._split_summary(s) for s in self.splits},
             "analyses": self.analyses,
             "history": self.history,
@@ -456,7 +465,11 @@ class Store:
 
     def _split_summary(self, split: str) -> dict[str, Any]:
         attrs = self._nodes[f"{DATA}/{split}"].get("attributes", {}).get(ROOT_ATTR, {})
-        return {"examples": attrs.get("examples"), "datapoints": attrs.get("datapoints"), "labels": attrs.get("labels", [])}
+        return {
+            "examples": attrs.get("examples"),
+            "datapoints": attrs.get("datapoints"),
+            "labels": attrs.get("labels", []),
+        }
 
     def close(self) -> None:
         """Release the store (a no-op for readers; writers release their lock)."""

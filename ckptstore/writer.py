@@ -40,7 +40,6 @@ from ckptstore.errors import (
     UnsupportedTensorError,
 )
 from ckptstore.format import (
-    ANALYSES,
     CHECKPOINTS,
     DATA,
     DATA_VARIABLES,
@@ -297,6 +296,7 @@ class Writer:
         ------
         StepOrderError, SchemaMismatchError, NonFiniteError, UnsupportedTensorError, InvalidNameError
             Before anything is written: the store is unchanged.
+
         """
         self._check_open()
         step = _check_step(step)
@@ -314,7 +314,10 @@ class Writer:
             for name, (array, logical) in arrays.items():
                 bad = count_nonfinite(array, logical)
                 if bad:
-                    msg = f"tensor {name!r} at step {step} holds {bad} NaN/inf values of {array.size}; expected finite values"
+                    msg = (
+                        f"tensor {name!r} at step {step} holds {bad} NaN/inf values of {array.size}; "
+                        "expected finite values"
+                    )
                     raise NonFiniteError(msg)
         if len(self._ckpt_arrays) == 1:  # only `step`: the first checkpoint defines the schema
             self._create_tensor_arrays(arrays)
@@ -368,7 +371,10 @@ class Writer:
             shape = tuple(node["shape"][1:])
             want = node["attributes"][ROOT_ATTR]["dtype"]
             if array.shape != shape:
-                msg = f"tensor {name!r} at step {step} has shape {array.shape}; expected {shape} as in the first checkpoint"
+                msg = (
+                    f"tensor {name!r} at step {step} has shape {array.shape}; "
+                    f"expected {shape} as in the first checkpoint"
+                )
                 raise SchemaMismatchError(msg)
             if logical != want:
                 msg = f"tensor {name!r} at step {step} has dtype {logical}; expected {want} as in the first checkpoint"
@@ -398,6 +404,14 @@ class Writer:
                 node["shape"][0] = self._count
                 self._nodes[key] = node
                 self._ckpt_arrays[name] = created._async_array
+        # the tensor order of the first checkpoint (a state_dict's order) is part of the schema
+        group = _zarr.empty_group_json({ROOT_ATTR: {"tensors": list(arrays)}})
+        _zarr.write_json(
+            self._zstore,
+            f"{CHECKPOINTS}/{_zarr.ROOT_KEY}",
+            {k: v for k, v in group.items() if k != "consolidated_metadata"},
+        )
+        self._nodes[CHECKPOINTS] = group
         self._capacity = min(capacity, self._capacity) if self._capacity else capacity
         self._ensure_capacity(CHECKPOINTS, capacity)
 
@@ -516,6 +530,7 @@ class Writer:
         ------
         DataError, InvalidNameError
             Before anything is written.
+
         """
         self._check_open()
         problem = check_name(split, "split")
@@ -605,7 +620,9 @@ class Writer:
             ref = arrays.get("targets", arrays["inputs"])
             if m.shape != ref.shape[: m.ndim] or m.ndim < 1:
                 which = "targets" if "targets" in arrays else "inputs"
-                msg = f"data split {split!r}: mask has shape {m.shape}; expected the leading shape of {which} {ref.shape}"
+                msg = (
+                    f"data split {split!r}: mask has shape {m.shape}; expected the leading shape of {which} {ref.shape}"
+                )
                 raise DataError(msg)
             arrays["mask"] = m
         if text is not None:
@@ -703,6 +720,7 @@ def create(
     ------
     StoreExistsError
         When ``path`` exists and ``overwrite`` is false.
+
     """
     if model is not None and (not isinstance(model, str) or ":" not in model):
         msg = f"model must be an importable factory 'package.module:function', got {model!r}"
@@ -716,8 +734,10 @@ def create(
     where = str(path)
     local = _zarr.local_path(where)
     zstore = _zarr.open_zarr_store(where, read_only=False, storage_options=storage_options)
-    exists = local.exists() and any(local.iterdir()) if local is not None and local.is_dir() else bool(
-        local is not None and local.exists()
+    exists = (
+        local.exists() and any(local.iterdir())
+        if local is not None and local.is_dir()
+        else bool(local is not None and local.exists())
     )
     if local is None:
         exists = _zarr.read_json(zstore, _zarr.ROOT_KEY) is not None

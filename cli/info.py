@@ -1,0 +1,109 @@
+"""``ckpt info`` and ``ckpt verify``: inspecting a store."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+
+def _size(nbytes: int) -> str:
+    value = float(nbytes)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def _format_info(info: dict[str, Any], show_tensors: int) -> str:
+    lines = [f"{info['path']}  (ckpt store, format v{info['format_version']})"]
+
+    def row(key: str, value: Any) -> None:
+        lines.append(f"  {key:<12} {value}")
+
+    row("framework", info["framework"] or "-")
+    model = info["model"]
+    row("model", "-" if model is None else f"{model['factory']}  {json.dumps(model['config'])}")
+    row("objective", info["objective"] or "-")
+    row("created", info["created"])
+    ckpts = info["checkpoints"]
+    span = f"steps {ckpts['first']} .. {ckpts['last']}" if ckpts["count"] else "none yet"
+    row("checkpoints", f"{ckpts['count']} ({span})")
+    tensors = info["tensors"]
+    row(
+        "tensors",
+        f"{len(tensors)}, {info['parameters']:,} parameters, {_size(info['bytes_per_checkpoint'])} per checkpoint",
+    )
+    if tensors and show_tensors:
+        width = max(len(t["name"]) for t in tensors[:show_tensors])
+        for t in tensors[:show_tensors]:
+            shape = "(" + ", ".join(map(str, t["shape"])) + ")"
+            lines.append(f"      {t['name']:<{width}}  {shape:<16} {t['dtype']:<9} {_size(t['bytes']):>9}")
+        if len(tensors) > show_tensors:
+            lines.append(f"      ... {len(tensors) - show_tensors} more (--tensors all)")
+    row("metrics", ", ".join(info["metrics"]) or "-")
+    if info["splits"]:
+        for i, (name, split) in enumerate(info["splits"].items()):
+            labels = ", ".join(split["labels"]) or "none"
+            text = f"{name}: {split['examples']} examples, {split['datapoints']} datapoints, labels: {labels}"
+            row("data" if i == 0 else "", text)
+    else:
+        row("data", "-")
+    row("analyses", ", ".join(info["analyses"]) or "-")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("store", metavar="STORE")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--tensors",
+    "tensors",
+    default="20",
+    show_default=True,
+    metavar="N|all",
+    help="How many tensors to list (all: every tensor).",
+)
+def info(store: str, as_json: bool, tensors: str) -> None:
+    """Show a store's metadata, checkpoints, tensors, data splits and analyses."""
+    import ckptstore
+
+    if tensors != "all" and not tensors.isdigit():
+        raise click.BadParameter(f"expected a number or 'all', got {tensors!r}", param_hint="--tensors")
+    summary = ckptstore.open(store).info()
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(_format_info(summary, len(summary["tensors"]) if tensors == "all" else int(tensors)))
+
+
+@click.command()
+@click.argument("store", metavar="STORE")
+def verify(store: str) -> None:
+    """Read every chunk of a store and check its checksum; exits 1 naming what is corrupt."""
+    import ckptstore
+    from ckptstore.errors import CorruptChunkError
+
+    s = ckptstore.open(store)
+    bad = []
+    with click.progressbar(s.steps, label="checking checkpoints", file=click.get_text_stream("stderr")) as steps:
+        for step in steps:
+            for name in s.tensor_names:
+                try:
+                    s.tensors(int(step), [name])
+                except CorruptChunkError:
+                    bad.append(f"tensor {name!r} at step {int(step)}")
+    for split in s.splits:
+        try:
+            s.data(split)
+        except CorruptChunkError as exc:
+            bad.append(str(exc).split(":")[0])
+    if bad:
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        msg = f"{len(bad)} corrupt chunk(s) in {store}: {shown}"
+        raise CorruptChunkError(msg)
+    click.echo(
+        f"{store}: {len(s.steps)} checkpoints x {len(s.tensor_names)} tensors and {len(s.splits)} data splits OK"
+    )
