@@ -39,7 +39,7 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     if tensors and show_tensors:
         width = max(len(t["name"]) for t in tensors[:show_tensors])
         for t in tensors[:show_tensors]:
-            shape = "(" + ", ".join(map(str, t["shape"])) + ")"
+            shape = str(tuple(t["shape"]))
             lines.append(f"      {t['name']:<{width}}  {shape:<16} {t['dtype']:<9} {_size(t['bytes']):>9}")
         if len(tensors) > show_tensors:
             lines.append(f"      ... {len(tensors) - show_tensors} more (--tensors all)")
@@ -83,12 +83,15 @@ def info(store: str, as_json: bool, tensors: str) -> None:
 @click.argument("store", metavar="STORE")
 def verify(store: str) -> None:
     """Read every chunk of a store and check its checksum; exits 1 naming what is corrupt."""
+    from tqdm import tqdm
+
     import ckptstore
     from ckptstore.errors import CorruptChunkError
 
     s = ckptstore.open(store)
     bad = []
-    with click.progressbar(s.steps, label="checking checkpoints", file=click.get_text_stream("stderr")) as steps:
+    # disable=None: a progress bar on a terminal, nothing when piped
+    with tqdm(s.steps, desc="verifying", unit="ckpt", leave=False, disable=None) as steps:
         for step in steps:
             for name in s.tensor_names:
                 try:

@@ -156,6 +156,19 @@ def test_hf_shard_index_naming_a_missing_file_fails_before_creating(tmp_path: Pa
     assert not (tmp_path / "run.zarr").exists()
 
 
+def test_hf_folders_with_other_names_need_a_step_pattern(tmp_path: Path) -> None:
+    expected = {100: state_dict(0), 200: state_dict(1)}
+    for step, sd in expected.items():
+        (tmp_path / "out" / f"step_{step}").mkdir(parents=True)
+        save_file(sd, tmp_path / "out" / f"step_{step}" / "model.safetensors")
+    (tmp_path / "out" / "logs").mkdir()  # no weights: not a checkpoint
+    with pytest.raises(ImportFormatError, match="no checkpoints found"):
+        discover(tmp_path / "out", format="hf")
+    report = import_checkpoints(tmp_path / "out", tmp_path / "run.zarr", format="hf", step_pattern=r"step_(\d+)")
+    assert report.steps == [100, 200]
+    assert_store_holds(tmp_path / "run.zarr", expected)
+
+
 def test_hf_checkpoint_folder_without_weights(tmp_path: Path) -> None:
     (tmp_path / "out" / "checkpoint-1").mkdir(parents=True)
     (tmp_path / "out" / "checkpoint-1" / "adapter_config.json").write_text("{}")
@@ -351,6 +364,29 @@ def test_truncated_file_leaves_no_destination(tmp_path: Path) -> None:
     assert not (tmp_path / "run.zarr").exists()
 
 
+def test_garbage_and_non_state_dict_files_are_named(tmp_path: Path) -> None:
+    src = write_files(tmp_path / "src", {"step_0.pt": state_dict(0)})
+    (src / "step_1.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ImportFormatError, match=r"cannot load .*step_1\.pt: it is corrupt or not a torch checkpoint"):
+        import_checkpoints(src, tmp_path / "run.zarr")
+    torch.save([torch.zeros(2)], src / "step_1.pt")
+    with pytest.raises(ImportFormatError, match=r"step_1\.pt holds a list, not a state_dict"):
+        import_checkpoints(src, tmp_path / "run.zarr")
+    assert not (tmp_path / "run.zarr").exists()
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_any_writer_error_becomes_import_error_and_leaves_no_destination(tmp_path: Path) -> None:
+    src = write_files(tmp_path / "src", {"step_0.pt": {"a/b": torch.zeros(2)}})
+    with pytest.raises(ImportFormatError, match=r"step_0\.pt: tensor name 'a/b'"):
+        import_checkpoints(src, tmp_path / "run.zarr")
+    assert not (tmp_path / "run.zarr").exists()
+    write_files(src, {"step_0.pt": {"a": torch.zeros(2, dtype=torch.complex32)}})
+    with pytest.raises(ImportFormatError, match=r"step_0\.pt"):
+        import_checkpoints(src, tmp_path / "run.zarr")
+    assert not (tmp_path / "run.zarr").exists()
+
+
 def test_corrupt_safetensors_leaves_no_destination(tmp_path: Path) -> None:
     src = write_files(tmp_path / "src", {"s0.safetensors": state_dict(0)}, save_safetensors)
     (src / "s1.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
@@ -374,3 +410,15 @@ def test_progress_is_called_once_per_checkpoint_in_step_order(tmp_path: Path) ->
     calls: list[tuple[int, int, int]] = []
     import_checkpoints(src, tmp_path / "run.zarr", progress=lambda *args: calls.append(args))
     assert calls == [(1, 3, 9), (2, 3, 10), (3, 3, 100)]
+
+
+def test_interrupt_removes_the_destination_and_propagates(tmp_path: Path) -> None:
+    src = write_files(tmp_path / "src", {f"step_{s}.pt": state_dict(s) for s in (1, 2, 3)})
+
+    def interrupt(done: int, total: int, step: int) -> None:
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        import_checkpoints(src, tmp_path / "run.zarr", progress=interrupt)
+    assert not (tmp_path / "run.zarr").exists()
