@@ -37,7 +37,11 @@ def _torch_to_numpy(tensor: Any) -> tuple[np.ndarray, str]:
         tensor = tensor.view(carrier)
     if tensor.is_conj():
         tensor = tensor.resolve_conj()
-    array = tensor.cpu().numpy()
+    try:
+        array = tensor.cpu().numpy()
+    except TypeError as exc:  # complex32, float8_e8m0fnu, bits8 ...: numpy has no equivalent
+        msg = f"dtype {tensor.dtype} cannot be stored ({exc})"
+        raise UnsupportedTensorError(msg) from None
     if logical in ENCODED_DTYPES:
         array = array.view(ENCODED_DTYPES[logical])
     return array, logical

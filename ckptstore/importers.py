@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptstore import _zarr
-from ckptstore.errors import CkptError, ImportFormatError, StoreNotFoundError
+from ckptstore.errors import ImportFormatError, StoreNotFoundError
 from ckptstore.writer import create
 
 FORMATS = ("torch", "safetensors", "hf")
@@ -126,7 +126,7 @@ def _step_of(path: Path, compiled: tuple[re.Pattern[str], int | str] | None) -> 
     pattern, group = compiled
     match = pattern.search(path.name)
     value = match.group(group) if match else None
-    if value is None or not value.isdigit():
+    if value is None or not value.isdecimal():
         found = "does not match" if match is None else f"gives {value!r}, not an integer, for"
         msg = f"cannot tell the step of {path}: its name {found} the step pattern '{pattern.pattern}'"
         raise ImportFormatError(f"{msg}; fix the pattern or move the file out of the folder")
@@ -199,7 +199,9 @@ def discover(
     else:
         found = [(p, (p,)) for p in _files(folder, fmt)]
     if not found:
-        expected = "checkpoint-N subfolders" if fmt == "hf" else "/".join(f"*{s}" for s in _SUFFIXES[fmt])
+        expected = (
+            "checkpoint-N subfolders (or --step-pattern)" if fmt == "hf" else "/".join(f"*{s}" for s in _SUFFIXES[fmt])
+        )
         raise ImportFormatError(f"no checkpoints found in {src}: expected {expected} ({fmt} format)")
     by_step: dict[int, CheckpointSource] = {}
     for path, files in found:
@@ -229,7 +231,9 @@ def _state_dict(obj: Any, file: Path, key: str | None) -> dict[str, Any]:
         return dict(obj[key])
     if _is_state_dict(obj):
         return dict(obj)
-    candidates = [k for k in _STATE_DICT_KEYS if isinstance(obj, Mapping) and _is_state_dict(obj.get(k))]
+    if not isinstance(obj, Mapping):
+        raise ImportFormatError(f"{file} holds a {type(obj).__name__}, not a state_dict (a mapping name -> tensor)")
+    candidates = [k for k in _STATE_DICT_KEYS if _is_state_dict(obj.get(k))]
     if len(candidates) == 1:
         return dict(obj[candidates[0]])
     msg = f"{file} is not a state_dict, nor holds one under a single key among {', '.join(_STATE_DICT_KEYS)}"
@@ -246,12 +250,15 @@ def _load_file(file: Path, key: str | None) -> dict[str, Any]:
             return load_file(file, device="cpu")
         # mmap leaves the pages on disk until the writer reads them; legacy (non-zip) files cannot be mapped
         obj = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
-    except pickle.UnpicklingError as exc:  # weights_only refuses objects whose unpickling could run code
-        found = re.search(r"GLOBAL (\S+)", str(exc))
-        what = f" ({found.group(1)})" if found else ""
-        msg = f"cannot load {file} safely: it holds Python objects besides tensors and plain containers{what}"
-        raise ImportFormatError(f"{msg}; re-save the model's state_dict alone") from exc
-    except Exception as exc:  # zip, pickle and safetensors failures have many types; all mean "unreadable"
+    except pickle.UnpicklingError as exc:  # weights_only refuses what could run code, and fails on garbage
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        if found:
+            msg = f"cannot load {file} safely: it holds a Python object ({found.group(1)}) besides tensors"
+            raise ImportFormatError(f"{msg} and plain containers; re-save the model's state_dict alone") from exc
+        detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(exc))
+        why = detail.group(1).strip() if detail else str(exc).strip().split("\n")[0]
+        raise ImportFormatError(f"cannot load {file}: it is corrupt or not a torch checkpoint ({why})") from exc
+    except Exception as exc:  # zip and safetensors failures have many types; all mean "unreadable"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ImportFormatError(f"cannot load {file}: {first}") from exc
     return _state_dict(obj, file, key)
@@ -379,9 +386,9 @@ def import_checkpoints(
         with contextlib.suppress(Exception):  # the store is deleted next; the original error is what matters
             writer.close()
         _remove(where)
-        if isinstance(exc, CkptError | OSError):
-            # load errors already name the file; writer errors (schema, disk) name the step only
-            msg = str(exc) if isinstance(exc, ImportFormatError) else f"cannot import {current.path}: {exc}"
-            raise ImportFormatError(f"{msg}; the destination {where} was not created") from exc
-        raise  # a bug or an interrupt: keep the original traceback
+        if not isinstance(exc, Exception):
+            raise  # an interrupt: nothing to explain
+        # load errors name the file already; writer errors (schema, names, disk) name the step only
+        msg = str(exc) if isinstance(exc, ImportFormatError) else f"cannot import {current.path}: {exc}"
+        raise ImportFormatError(f"{msg}; the destination {where} was not created") from exc
     return ImportReport(where, fmt, [s.step for s in sources], tensors, bytes_read)

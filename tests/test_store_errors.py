@@ -91,10 +91,16 @@ def test_nonfinite_rejected_only_when_asked(tmp_path: Path) -> None:
         ({"step": np.zeros(1)}, errors.InvalidNameError, "tensor name 'step' is reserved"),
         ({"__x": np.zeros(1)}, errors.InvalidNameError, "starts with '__'"),
         ({"s": np.array(["a"])}, errors.UnsupportedTensorError, "tensor 's' at step 30: dtype <U1"),
+        (
+            {"c": torch.zeros(2, dtype=torch.complex32)},
+            errors.UnsupportedTensorError,
+            "tensor 'c' at step 30: dtype torch.complex32 cannot be stored",
+        ),
         ({}, errors.SchemaMismatchError, "checkpoint at step 30 has no tensors"),
         ([1, 2], errors.UnsupportedTensorError, "tensors must be a mapping name -> array or an nn.Module"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_bad_tensors(writer, small_store: Path, tensors, error_type, message: str) -> None:
     error = _unchanged(small_store, lambda: writer.write(30, tensors))
     assert isinstance(error, error_type)

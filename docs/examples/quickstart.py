@@ -28,6 +28,7 @@ def make_data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def main(path: str) -> None:
+    """Train the model, writing checkpoints, metrics and eval data to ``path``."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
