@@ -81,7 +81,8 @@ def read_json(store: zarr.abc.store.Store, key: str) -> dict[str, Any] | None:
 
 def write_json(store: zarr.abc.store.Store, key: str, document: dict[str, Any]) -> None:
     """Write ``document`` at ``key`` in one put (atomic on every zarr store we use)."""
-    data = json.dumps(document, indent=1, allow_nan=False).encode()
+    # compact: with indent, json falls back to its pure-Python encoder (5x slower on the root record)
+    data = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
     sync(store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
 
 
@@ -141,39 +142,78 @@ def open_root_group(store: zarr.abc.store.Store) -> zarr.Group:
         return zarr.open_group(store, mode="r", use_consolidated=True)
 
 
-class WriterLock:
-    """An advisory, process-wide lock so that one writer at a time appends to a local store.
+class DirectoryLock:
+    """An advisory ``flock`` on a directory of a local store (no-op for remote stores).
 
     ``flock`` is released by the kernel when the holder dies, so a crashed
-    writer never leaves a stale lock behind. Remote stores get no lock: the
-    caller must make sure only one process writes (documented).
+    process never leaves a stale lock behind. Directories, not lock files,
+    carry the locks: a file inside the store would show up as a stray node to
+    zarr, and ``zarr.json`` is renamed over at every commit.
+
+    Two locks exist (docs/store-format.md, "One writer at a time"): the
+    *writer lock* on ``checkpoints/``, held by a checkpoint writer for its
+    whole session, and the *commit lock* on the store's root, held for the
+    milliseconds of a read-merge-write of the root ``zarr.json``.
     """
 
-    def __init__(self, root: Path | None) -> None:
-        # The lock is taken on the store's directory itself: a lock file inside
-        # it would show up as a stray node to zarr, and zarr.json is replaced
-        # (renamed over) at every commit, so it cannot carry a lock.
-        self._path = root
+    def __init__(self, directory: Path | None) -> None:
+        self._path = directory
         self._fd: int | None = None
 
-    def acquire(self, where: str) -> None:
+    def acquire(self, *, blocking: bool, busy_message: str = "") -> None:
+        """Take the lock; when not ``blocking``, raise StoreLockedError(busy_message) if it is held."""
         if self._path is None:
             return
         import fcntl
 
         fd = os.open(self._path, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
             os.close(fd)
-            msg = f"another process is writing to {where}; wait for it to finish (one writer at a time)"
-            raise StoreLockedError(msg) from None
+            raise StoreLockedError(busy_message) from None
         self._fd = fd
 
     def release(self) -> None:
+        """Release the lock (idempotent)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def __enter__(self) -> DirectoryLock:
+        self.acquire(blocking=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def is_analysis_node(path: str) -> bool:
+    """True for nodes below ``analyses/``, which the engine (not the checkpoint writer) commits."""
+    return path.startswith("analyses/")
+
+
+def commit(
+    store: zarr.abc.store.Store,
+    where: str,
+    *,
+    attributes: dict[str, Any] | None,
+    nodes: dict[str, dict[str, Any]],
+    owns: Any,
+) -> None:
+    """Merge ``nodes`` into the commit record and write it, under the commit lock.
+
+    The record on disk is re-read so that concurrent committers (a training
+    run and an analysis) never drop each other's nodes: every entry for which
+    ``owns(path)`` is true is replaced by ``nodes``; the others are kept.
+    ``attributes`` replaces the root attributes unless it is None.
+    """
+    local = local_path(where)
+    with DirectoryLock(local):
+        disk_attributes, disk_nodes = read_root(store, where)
+        merged = {k: v for k, v in disk_nodes.items() if not owns(k)}
+        merged.update({k: v for k, v in nodes.items() if owns(k)})
+        write_json(store, ROOT_KEY, root_document(disk_attributes if attributes is None else attributes, merged))
 
 
 @contextlib.contextmanager

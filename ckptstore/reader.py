@@ -154,6 +154,7 @@ class Store:
         self._load_index()
 
     def _load_index(self) -> None:
+        self._arrays: dict[str, zarr.Array] = {}
         step_path = f"{CHECKPOINTS}/{STEP}"
         steps = self._root[step_path][:] if step_path in self._nodes else np.zeros(0, np.int64)
         self._steps = np.asarray(steps, dtype=np.int64)
@@ -268,8 +269,13 @@ class Store:
         return names
 
     def _array(self, name: str) -> zarr.Array:
-        with _zarr.pipeline_context(self._zstore):
-            return self._root[f"{CHECKPOINTS}/{name}"]
+        # opened once per refresh: opening costs a round trip to zarr's event loop
+        # thread, ~0.3 ms per tensor, as much as reading it (bench/store.py)
+        array = self._arrays.get(name)
+        if array is None:
+            with _zarr.pipeline_context(self._zstore):
+                array = self._arrays[name] = self._root[f"{CHECKPOINTS}/{name}"]
+        return array
 
     def tensors(
         self,

@@ -127,7 +127,7 @@ def test_import_refuses_an_existing_destination(tmp_path: Path, small_store: Pat
 
 
 def test_corrupt_chunk_through_the_cli(small_store: Path) -> None:
-    chunk = small_store / "checkpoints" / "block.0.fc.weight" / "c" / "2" / "0" / "0"
+    chunk = small_store / "checkpoints" / "block.0.fc.weight" / "c.2.0.0"
     data = bytearray(chunk.read_bytes())
     data[3] ^= 0xFF
     chunk.write_bytes(bytes(data))

@@ -1,0 +1,245 @@
+"""Benchmark of the checkpoint store against plain ``torch.save`` / ``torch.load`` files.
+
+Run by hand (not a test), from the repository root::
+
+    python bench/store.py                 # 20 checkpoints, 3 repetitions (~1-3 minutes)
+    python bench/store.py --quick         # 2-checkpoint smoke run
+    python bench/store.py --checkpoints 50 --repeat 5 --dir /fast/disk
+
+What it measures, all in one run, each ratio against a baseline measured in the same run:
+
+1. Write throughput of a sequence of T state_dicts of a ~11M-parameter GPT-like
+   model (fp32, then the same weights in bf16): ``torch.save`` of one ``.pt``
+   file per checkpoint vs ``Writer.write`` into one fresh store. Only the
+   writing is timed; ``create()`` + ``close()`` are reported apart as a one-time
+   cost. Both run alternately, in fresh directories; the median over the
+   repetitions is reported. Neither side fsyncs, so page-cache effects are
+   included for both alike; an untimed ``os.sync()`` before each run keeps one
+   side's dirty pages from slowing the other down.
+2. Bytes read to load ONE tensor across all T steps (``Store.read_tensor``),
+   counted twice: by a ``zarr.storage.WrapperStore`` that counts every byte the
+   zarr store hands out (zarr's Python codec pipeline, since the wrapper is no
+   LocalStore) and by the process's ``rchar`` in ``/proc/self/io`` around a read
+   through the normal store (the zarrs Rust pipeline, which bypasses Python stores).
+3. Read throughput: ``Store.tensors(step)`` for every step vs ``torch.load`` of every file.
+
+Everything is written under one temporary directory, removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from zarr.storage import WrapperStore
+
+import ckptstore
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.ModuleDict({"qkv": nn.Linear(d, 3 * d), "out": nn.Linear(d, d)})
+        self.mlp = nn.ModuleDict({"fc": nn.Linear(d, 4 * d), "proj": nn.Linear(4 * d, d)})
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 1000, d: int = 384, layers: int = 6, context: int = 128) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+
+
+def state_dicts(n: int, dtype: torch.dtype) -> list[dict[str, torch.Tensor]]:
+    """n checkpoints of one model, its weights nudged a little between them."""
+    torch.manual_seed(0)
+    model, out = GPT(), []
+    for _ in range(n):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p), alpha=1e-3)
+        out.append({k: v.detach().to(dtype).clone() for k, v in model.state_dict().items()})
+    return out
+
+
+def write_torch(root: Path, seq: list[dict]) -> list[float]:
+    root.mkdir()
+    times = []
+    for i, sd in enumerate(seq):
+        t0 = time.perf_counter()
+        torch.save(sd, root / f"step_{i}.pt")
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def write_ckpt(root: Path, seq: list[dict]) -> tuple[list[float], float, float]:
+    """Seconds of each ``write``, and of ``create`` and ``close``."""
+    t0 = time.perf_counter()
+    w = ckptstore.create(root, overwrite=True, framework="torch")
+    created = time.perf_counter() - t0
+    times = []
+    for i, sd in enumerate(seq):
+        t0 = time.perf_counter()
+        w.write(i, sd)
+        times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    w.close()
+    return times, created, time.perf_counter() - t0
+
+
+def bench_write(base: Path, seq: list[dict], repeat: int, label: str) -> dict:
+    """torch.save and ckpt alternately (order flipped every repetition), each in a fresh directory.
+
+    ``os.sync()`` before each timed run (untimed) so that neither pays for the
+    other's dirty pages; within a run nothing is synced, for both alike.
+    """
+    runs: dict[str, list] = {"torch": [], "ckpt": [], "create": [], "close": []}
+    for r in range(repeat):
+        for which in ("torch", "ckpt") if r % 2 == 0 else ("ckpt", "torch"):
+            os.sync()
+            if which == "torch":
+                runs["torch"].append(write_torch(base / f"{label}_torch_{r}", seq))
+            else:
+                times, created, closed = write_ckpt(base / f"{label}_ckpt_{r}.zarr", seq)
+                runs["ckpt"].append(times)
+                runs["create"].append(created)
+                runs["close"].append(closed)
+    per_ckpt = {k: statistics.median(sum(t) / len(t) for t in runs[k]) for k in ("torch", "ckpt")}
+    return {
+        "label": label,
+        "bytes": sum(t.nbytes for t in seq[0].values()),
+        "torch_s": per_ckpt["torch"],
+        "ckpt_s": per_ckpt["ckpt"],
+        "ckpt_first_s": statistics.median(t[0] for t in runs["ckpt"]),
+        "ckpt_steady_s": statistics.median(x for t in runs["ckpt"] for x in t[1:]) if len(seq) > 1 else float("nan"),
+        "create_s": statistics.median(runs["create"]),
+        "close_s": statistics.median(runs["close"]),
+        "dirs": (base / f"{label}_torch_0", base / f"{label}_ckpt_0.zarr"),
+    }
+
+
+class CountingStore(WrapperStore):
+    """Counts the bytes of every value the wrapped zarr store returns."""
+
+    nbytes = 0
+
+    async def get(self, key, prototype, byte_range=None):
+        buf = await self._store.get(key, prototype, byte_range)
+        CountingStore.nbytes += 0 if buf is None else len(buf)
+        return buf
+
+    async def get_partial_values(self, prototype, key_ranges):
+        bufs = await self._store.get_partial_values(prototype, key_ranges)
+        CountingStore.nbytes += sum(len(b) for b in bufs if b is not None)
+        return bufs
+
+
+def rchar() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def bench_bytes(path: Path, name: str) -> dict:
+    plain = ckptstore.open(path)
+    plain.read_tensor(name)  # warm-up: imports, thread pools
+    probe = -(rchar() - rchar())  # what reading /proc/self/io itself adds to rchar
+    before = rchar()
+    plain.read_tensor(name)
+    os_bytes = rchar() - before - probe
+    counted = ckptstore.open(path)
+    counted._zstore = CountingStore(counted._zstore)
+    counted.refresh()
+    CountingStore.nbytes = 0
+    counted.read_tensor(name)
+    tensor = plain.schema[name].nbytes * len(plain.steps)
+    return {"name": name, "tensor": tensor, "store": CountingStore.nbytes, "os": os_bytes}
+
+
+def bench_read(torch_dir: Path, store: Path, steps: int, repeat: int) -> tuple[float, float]:
+    """Seconds per checkpoint: torch.load of every file vs ckptstore.open + Store.tensors of every step."""
+    times: dict[str, list[float]] = {"torch": [], "ckpt": []}
+    for r in range(repeat):
+        for which in ("torch", "ckpt") if r % 2 == 0 else ("ckpt", "torch"):
+            t0 = time.perf_counter()
+            if which == "torch":
+                for i in range(steps):
+                    torch.load(torch_dir / f"step_{i}.pt")
+            else:
+                s = ckptstore.open(store)
+                for step in s.steps:
+                    s.tensors(int(step), framework="torch")
+            times[which].append((time.perf_counter() - t0) / steps)
+    return statistics.median(times["torch"]), statistics.median(times["ckpt"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoints", type=int, default=20, help="checkpoints per run (T)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions of each measurement")
+    parser.add_argument("--dir", default=None, help="where to write (default: a fresh temp dir)")
+    parser.add_argument("--quick", action="store_true", help="2-checkpoint, 1-repetition smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.checkpoints, args.repeat = 2, 1
+    n = args.checkpoints
+    base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
+    try:
+        fp32 = state_dicts(n, torch.float32)
+        n_params = sum(t.numel() for t in fp32[0].values())
+        what = f"{n_params / 1e6:.2f}M parameters, {len(fp32[0])} tensors"
+        print(f"model: {what}; T={n} checkpoints, repeat={args.repeat}; torch {torch.__version__}; dir {base}")
+        writes = [bench_write(base, fp32, args.repeat, "fp32")]
+        bf16 = [{k: v.to(torch.bfloat16) for k, v in sd.items()} for sd in fp32]
+        writes.append(bench_write(base, bf16, args.repeat, "bf16"))
+        del bf16
+        torch_dir, store = writes[0]["dirs"]
+        reads = [bench_bytes(store, name) for name in ("blocks.0.mlp.fc.weight", "blocks.0.ln1.bias")]
+        r_torch, r_ckpt = bench_read(torch_dir, store, n, args.repeat)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    rows = [("measure", "baseline", "ckpt", "ratio", "target")]
+    for w in writes:
+        label, mb = w["label"], w["bytes"] / 1e6
+        speed_t, speed_c = mb / w["torch_s"], mb / w["ckpt_s"]
+        base_cell = f"torch.save {w['torch_s']:.4f} ({speed_t:.0f} MB/s)"
+        ckpt_cell = f"{w['ckpt_s']:.4f} ({speed_c:.0f} MB/s)"
+        ratio = f"{speed_c / speed_t:.2f}x"
+        rows.append((f"write {label} s/ckpt ({mb:.1f} MB)", base_cell, ckpt_cell, ratio, ">= 1.0x"))
+        rows.append((f"  {label}: 1st write / later writes", "", f"{w['ckpt_first_s']:.4f} / {w['ckpt_steady_s']:.4f}"))
+        rows.append((f"  {label}: create() / close(), once", "", f"{w['create_s']:.4f} / {w['close_s']:.4f}"))
+    for r in reads:
+        for how, what in (("store", "zarr store"), ("os", "/proc rchar")):
+            got, want = r[how], r["tensor"]
+            cells = (f"tensor {want}", f"{got} (+{got - want})", f"{got / want:.4f}x", "1.0x")
+            rows.append((f"read_tensor {r['name']} bytes, {what}", *cells))
+    mb = writes[0]["bytes"] / 1e6
+    base_cell = f"torch.load {r_torch:.4f} ({mb / r_torch:.0f} MB/s)"
+    ckpt_cell = f"{r_ckpt:.4f} ({mb / r_ckpt:.0f} MB/s)"
+    rows.append(("read every step, fp32 s/ckpt", base_cell, ckpt_cell, f"{r_torch / r_ckpt:.2f}x"))
+    rows = [(*row, "", "")[:5] for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    print()
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print(f"""
+write: median over {args.repeat} runs of (seconds of the {n} writes) / {n}; ratio = ckpt MB/s / torch.save MB/s.
+  Neither side fsyncs: page-cache effects are included for both alike (os.sync() runs between runs, untimed).
+  ckpt's first write creates the {len(fp32[0])} arrays (schema); create()/close() are one-time costs, not in s/ckpt.
+read_tensor: bytes for all {n} steps of one tensor. "zarr store": what a counting WrapperStore returned
+  (zarr's Python pipeline); "/proc rchar": what the process read() during the call (the zarrs pipeline, the default).
+  The overhead is the 4-byte crc32c of each chunk; metadata comes from the consolidated root, read at open.
+read every step: ratio = ckpt throughput / torch.load throughput; ckpt's time includes ckptstore.open().""")
+
+
+if __name__ == "__main__":
+    main()

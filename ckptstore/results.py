@@ -1,0 +1,128 @@
+"""Saving analysis results into ``analyses/<name>`` and committing them.
+
+Results are xarray Datasets written with xarray's own Zarr encoding, then
+committed into the store's commit record like everything else
+(docs/store-format.md, section 4): a result, or a block of steps appended to
+one, becomes visible in a single atomic write of the root ``zarr.json``. An
+analysis interrupted mid-write leaves the previously committed result intact;
+the next write trims the leftovers before appending. Commits of results and
+of checkpoints merge, so an analysis may run while training writes.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import xarray as xr
+import zarr
+from zarr.core.sync import sync
+
+from ckptstore import _zarr
+from ckptstore.errors import InvalidNameError
+from ckptstore.format import ANALYSES, STEP, check_name
+from ckptstore.reader import check_format, open_zarr_store
+
+
+def _prefix(name: str) -> str:
+    return f"{ANALYSES}/{name}"
+
+
+def _owned_by(name: str) -> Any:
+    prefix = _prefix(name)
+    return lambda path: path == prefix or path.startswith(prefix + "/")
+
+
+def _disk_nodes(zstore: Any, name: str) -> dict[str, dict[str, Any]]:
+    """Metadata documents of the result's nodes as they are on disk now."""
+    prefix = _prefix(name)
+    group = zarr.open_group(zstore, path=prefix, mode="r", use_consolidated=False)
+    nodes = {prefix: _zarr.empty_group_json(dict(group.attrs.asdict()))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for path, node in group.members(max_depth=None):
+            document = _zarr.node_json(node)
+            if isinstance(node, zarr.Group):
+                document = _zarr.empty_group_json(document.get("attributes"))
+            nodes[f"{prefix}/{path}"] = document
+    return nodes
+
+
+def _trim_to_committed(zstore: Any, name: str, committed: dict[str, dict[str, Any]]) -> None:
+    """Undo what an interrupted write left: uncommitted nodes and rows beyond the committed shapes."""
+    owned = _owned_by(name)
+    disk = _disk_nodes(zstore, name)
+    for path in sorted(p for p in disk if p not in committed and owned(p)):
+        sync(zstore.delete_dir(path))
+    for path, node in committed.items():
+        if not owned(path) or node.get("node_type") != "array":
+            continue
+        array = zarr.open_array(zstore, path=path, mode="r+", zarr_format=3)
+        if list(array.shape) != list(node["shape"]):
+            array.resize(tuple(node["shape"]))
+
+
+def write_analysis(
+    path: str | os.PathLike[str],
+    name: str,
+    dataset: xr.Dataset,
+    *,
+    append_dim: str | None = None,
+    attrs: dict[str, Any] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> None:
+    """Write an analysis result to ``analyses/<name>`` and commit it.
+
+    Parameters
+    ----------
+    path
+        The store.
+    name
+        Analyzer name (a valid node name).
+    dataset
+        The (computed) result.
+    append_dim
+        ``None`` replaces any stored result; ``"step"`` appends ``dataset``
+        along that dimension to the committed result.
+    attrs
+        Group attributes to set (provenance); replaces the stored ones.
+    storage_options
+        fsspec options for URLs.
+    """
+    problem = check_name(name, "analysis")
+    if problem:
+        raise InvalidNameError(problem)
+    where = str(path)
+    zstore = open_zarr_store(where, read_only=False, storage_options=storage_options)
+    root_attrs, committed = _zarr.read_root(zstore, where)
+    check_format(root_attrs, where)
+    prefix = _prefix(name)
+    owned = _owned_by(name)
+    exists = prefix in committed
+    dataset = dataset.copy()
+    dataset.attrs = dict(attrs if attrs is not None else dataset.attrs)
+    with warnings.catch_warnings():
+        # zarr: string/vlen dtypes and consolidated metadata are not in the v3 core spec yet
+        warnings.simplefilter("ignore")
+        if append_dim is not None and exists:
+            _trim_to_committed(zstore, name, committed)
+            dataset.to_zarr(zstore, group=prefix, mode="a", append_dim=append_dim, consolidated=False, zarr_format=3)
+            zarr.open_group(zstore, path=prefix, mode="r+", use_consolidated=False).attrs.put(dataset.attrs)
+        else:
+            if exists:  # readers must stop seeing the old result before it is deleted
+                _zarr.commit(zstore, where, attributes=None, nodes={}, owns=owned)
+            sync(zstore.delete_dir(prefix))
+            dataset.to_zarr(zstore, group=prefix, mode="w", consolidated=False, zarr_format=3)
+    _zarr.commit(zstore, where, attributes=None, nodes=_disk_nodes(zstore, name), owns=owned)
+
+
+def delete_analysis(path: str | os.PathLike[str], name: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Remove ``analyses/<name>`` from the commit record, then from the store."""
+    where = str(path)
+    zstore = open_zarr_store(where, read_only=False, storage_options=storage_options)
+    _zarr.commit(zstore, where, attributes=None, nodes={}, owns=_owned_by(name))
+    sync(zstore.delete_dir(_prefix(name)))
+
+
+__all__ = ["STEP", "delete_analysis", "write_analysis"]
