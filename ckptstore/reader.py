@@ -395,6 +395,13 @@ class Store:
             if k.startswith(prefix) and "/" not in k[len(prefix) :] and node.get("node_type") == "group"
         )
 
+    def split_hash(self, split: str) -> str:
+        """The SHA-256 content hash of a data split (``attrs["ckpt"]["sha256"]`` of its group)."""
+        if split not in self.splits:
+            msg = f"no data split {split!r} in {self._where}; splits are: {', '.join(self.splits) or '(none)'}"
+            raise SplitNotFoundError(msg)
+        return str(self._nodes[f"{DATA}/{split}"].get("attributes", {}).get(ROOT_ATTR, {}).get("sha256"))
+
     def data(self, split: str) -> xr.Dataset:
         """The evaluation data of ``split``: ``inputs``, ``targets``, ``mask``, ``text`` and labels.
 

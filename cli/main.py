@@ -72,9 +72,11 @@ def cli() -> None:
 
 def _register_commands() -> None:
     # one module per command group; imported here, not at package import
-    from cli import info, io
+    from cli import analyze, info, io
 
-    for command in (info.info, info.verify, io.import_command, io.repair):
+    commands = (info.info, info.verify, io.import_command, io.repair)
+    commands += (analyze.analyze, analyze.plugins_command, analyze.show)
+    for command in commands:
         cli.add_command(command)
 
 

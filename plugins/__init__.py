@@ -1,5 +1,26 @@
-"""The plugin host of ckpt: hookspecs, the plugin manager, the Analyzer base and the engine.
+"""The plugin host of ckpt: hookspecs, the plugin manager, the Analyzer API and the engine.
 
-Depends on :mod:`ckptstore` only. Built by the engine issue; this package is
-a placeholder so that the layers exist from the start.
+Plugin authors need only what is exported here::
+
+    from plugins import Analyzer, AnalysisContext, Option, Worker, hookimpl
+
+Notebooks run analyzers with :func:`analyze`. Depends on :mod:`ckptstore` only.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+from plugins.analyzer import AnalysisContext, AnalysisError, Analyzer, Option
+from plugins.hookspecs import hookimpl, hookspec
+from plugins.runtime import Worker
+
+
+def analyze(name: str, store: Any, **kwargs: Any) -> Any:
+    """Run analyzer ``name`` on ``store`` (see :func:`plugins.engine.analyze`)."""
+    from plugins.engine import analyze as _analyze
+
+    return _analyze(name, store, **kwargs)
+
+
+__all__ = ["AnalysisContext", "AnalysisError", "Analyzer", "Option", "Worker", "analyze", "hookimpl", "hookspec"]

@@ -16,10 +16,15 @@ import ckptstore
 CKPT = Path(sys.executable).with_name("ckpt")
 
 
-def run_ckpt(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_ckpt(
+    *args: str, cwd: Path | None = None, timeout: float = 120, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the installed ``ckpt`` console script, as a user would."""
     command = [str(CKPT)] if CKPT.exists() else [sys.executable, "-m", "cli"]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # the repository root on the path: stores in tests name model factories like tests.models:mlp
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path, **(extra_env or {})}
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env, check=False
     )
@@ -59,3 +64,30 @@ def small_store(tmp_path: Path) -> Path:
             labels={"parity": np.arange(6) % 2},
         )
     return path
+
+
+def write_mlp_run(path: Path, steps: int = 6, *, examples: int = 50, seed: int = 0) -> Path:
+    """A real (small) training run of ``tests.models:mlp`` with an eval split, as users write one."""
+    import torch
+
+    from tests.models import mlp
+
+    torch.manual_seed(seed)
+    model = mlp()
+    inputs, targets = torch.randn(examples, 3), torch.randint(0, 4, (examples,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    with ckptstore.create(path, model="tests.models:mlp", config={}, objective="cross-entropy") as writer:
+        writer.add_data("eval", inputs=inputs, targets=targets, labels={"odd": targets % 2})
+        for step in range(steps):
+            writer.write(step, model)
+            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return path
+
+
+@pytest.fixture
+def mlp_store(tmp_path: Path) -> Path:
+    """A 6-checkpoint run of a tiny MLP classifier with 50 eval examples."""
+    return write_mlp_run(tmp_path / "mlp.zarr")

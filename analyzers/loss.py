@@ -1,0 +1,72 @@
+"""``loss``: the exact loss of every datapoint at every checkpoint (Hidden Breakthroughs, section 3).
+
+The model is rebuilt from the store's model spec and evaluated functionally
+with each checkpoint's tensors; the store's objective turns outputs into one
+loss per datapoint (one example, or one selected token). One Dask task per
+(checkpoint, block of examples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import xarray as xr
+
+from plugins import AnalysisContext, Analyzer, Option, Worker, hookimpl
+from plugins.runtime import datapoint_index
+
+
+def datapoint_losses(
+    worker: Worker, step: int, *, split: str, objective: str | None, batch_size: int, examples: slice
+) -> dict[str, np.ndarray]:
+    """Losses of the datapoints of ``examples`` at ``step`` (runs on a worker)."""
+    losses = worker.losses(step, split, examples, objective=objective, batch_size=batch_size)
+    return {"loss": losses}
+
+
+class Loss(Analyzer):
+    """Exact loss per datapoint at every checkpoint, and its mean over the split."""
+
+    name = "loss"
+    version = "1"
+    description = "Exact loss of every datapoint (example or token) at every checkpoint."
+
+    split = Option(str, "eval", "Data split to evaluate on.")
+    objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
+    batch_size = Option(int, 1024, "Examples per forward pass.")
+    block_examples = Option(int, 8192, "Examples per Dask task (bounds a task's memory).")
+
+    def compute(self, ctx: AnalysisContext) -> xr.Dataset:
+        """Per-datapoint losses for ``ctx.steps``, lazily."""
+        example, position = datapoint_index(ctx.store, self.split, self.objective)
+        blocks = ctx.datapoint_blocks(self.split, self.objective, self.block_examples)
+        result = ctx.map_checkpoints(
+            datapoint_losses,
+            {"loss": (("datapoint",), np.float64)},
+            sizes={"datapoint": len(example)},
+            coords={"example": ("datapoint", example), "position": ("datapoint", position)},
+            datapoint_blocks=blocks,
+            split=self.split,
+            objective=self.objective,
+            batch_size=self.batch_size,
+        )
+        result["loss"].attrs.update(long_name="loss", description=f"per-datapoint loss on split {self.split!r}")
+        result["mean_loss"] = result["loss"].mean("datapoint")
+        result["mean_loss"].attrs.update(long_name="mean loss", description=f"mean over the {self.split!r} split")
+        return result
+
+    def summarize(self, result: xr.Dataset) -> str:
+        """Mean loss at the first, a few middle, and the last steps."""
+        mean = result["mean_loss"].values
+        steps = result["step"].values
+        picks = sorted({0, *np.linspace(0, len(steps) - 1, 6).astype(int).tolist()}) if len(steps) else []
+        rows = [f"  {'step':>10}  mean loss"] + [f"  {steps[i]:>10}  {mean[i]:.5f}" for i in picks]
+        datapoints = result.sizes["datapoint"]
+        return f"  {datapoints} datapoints, {len(steps)} checkpoints\n" + "\n".join(rows)
+
+
+@hookimpl
+def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
+    """Register the ``loss`` analyzer."""
+    register(Loss)

@@ -1,0 +1,159 @@
+"""``ckpt analyze``, ``ckpt plugins`` and ``ckpt show``: running and reading analyzers.
+
+``ckpt analyze`` is a group with one subcommand per registered analyzer, whose
+options are generated from the analyzer's declared :class:`plugins.Option` s.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+import click
+
+_REGISTRY: Any = None
+
+ENGINE_OPTIONS = ("scheduler", "address", "workers", "device", "force", "progress")
+
+
+def registry() -> Any:
+    """The plugin registry, loaded once; a broken plugin is one ``Warning:`` line, not a crash."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        from plugins.manager import PluginWarning, load_registry
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PluginWarning)
+            _REGISTRY = load_registry()
+        for warning in caught:
+            if issubclass(warning.category, PluginWarning):
+                click.echo(f"Warning: {' '.join(str(warning.message).split())}", err=True)
+    return _REGISTRY
+
+
+_TYPES = {int: click.INT, float: click.FLOAT, str: click.STRING}
+
+
+def _click_option(name: str, option: Any) -> click.Option:
+    flag = "--" + name.replace("_", "-")
+    if option.type is bool:
+        return click.Option(
+            [f"{flag}/--no-{name.replace('_', '-')}"], default=bool(option.default), help=option.help, show_default=True
+        )
+    kind = click.Choice([str(c) for c in option.choices]) if option.choices else _TYPES.get(option.type, click.STRING)
+    return click.Option([flag, name], type=kind, default=option.default, help=option.help, show_default=True)
+
+
+def _engine_options() -> list[click.Option]:
+    return [
+        click.Option(
+            ["--scheduler"],
+            type=click.Choice(["threads", "processes", "sync"]),
+            default="threads",
+            show_default=True,
+            help="Local Dask scheduler.",
+        ),
+        click.Option(["--address"], metavar="TCP://HOST:PORT", help="Run on a running distributed scheduler."),
+        click.Option(
+            ["--workers"],
+            type=click.IntRange(min=1),
+            help="Start a LocalCluster of N worker processes (or N local ones).",
+        ),
+        click.Option(
+            ["--device"], default="cpu", show_default=True, metavar="cpu|cuda|auto", help="Torch device of the workers."
+        ),
+        click.Option(["--force"], is_flag=True, help="Recompute even when a stored result matches."),
+        click.Option(["--progress/--no-progress"], default=True, show_default=True, help="Show a progress bar."),
+    ]
+
+
+def _make_command(name: str, analyzer: Any) -> click.Command:
+    def callback(store: str, **values: Any) -> None:
+        from plugins.engine import run
+
+        engine = {k: values.pop(k) for k in ENGINE_OPTIONS}
+        options = {k: v for k, v in values.items() if v is not None}
+        report = run(name, store, registry=registry(), **engine, **options)
+        for dependency in report.dependencies:
+            click.echo(_report_line(dependency))
+        click.echo(_report_line(report))
+        click.echo(f"result: analyses/{name} in {store} (ckpt show {store} {name})")
+
+    params: list[click.Parameter] = [click.Argument(["store"], metavar="STORE")]
+    params += [_click_option(key, option) for key, option in analyzer.option_spec().items()]
+    params += _engine_options()
+    requires = f"\n\nRequires: {', '.join(analyzer.requires)}." if analyzer.requires else ""
+    return click.Command(
+        name,
+        callback=callback,
+        params=params,
+        help=f"{analyzer.description}{requires}",
+        short_help=analyzer.description,
+    )
+
+
+def _report_line(report: Any) -> str:
+    computed, reused = report.computed_steps, report.reused_steps
+    return f"{report.name}: computed {len(computed)} step(s), reused {len(reused)} stored"
+
+
+class AnalyzeGroup(click.Group):
+    """One subcommand per registered analyzer."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:  # noqa: D102
+        return sorted(registry().analyzers)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:  # noqa: D102
+        analyzers = registry().analyzers
+        if cmd_name not in analyzers:
+            known = ", ".join(sorted(analyzers)) or "none"
+            msg = f"unknown analyzer {cmd_name!r}; registered analyzers: {known}"
+            raise click.UsageError(msg, ctx)
+        return _make_command(cmd_name, analyzers[cmd_name])
+
+
+@click.group("analyze", cls=AnalyzeGroup)
+def analyze() -> None:
+    """Run an analyzer over a store: ckpt analyze NAME STORE [OPTIONS].
+
+    Results are saved in STORE under analyses/NAME; a rerun reuses them and
+    computes only new checkpoints.
+    """
+
+
+@click.command("plugins")
+def plugins_command() -> None:
+    """List the analyzers, objectives, importers and tasks, with the package providing each."""
+    reg = registry()
+    for kind in ("analyzers", "objectives", "importers", "tasks"):
+        items = getattr(reg, kind)
+        click.echo(f"{kind}:")
+        if not items:
+            click.echo("  (none)")
+        for name in sorted(items):
+            item = items[name]
+            provider = reg.provider(kind, name)
+            description = getattr(item, "description", "") or ""
+            click.echo(f"  {name:<22} {provider.package} {provider.version:<10} {description}")
+
+
+@click.command("show")
+@click.argument("store", metavar="STORE")
+@click.argument("name", metavar="NAME")
+def show(store: str, name: str) -> None:
+    """Summarize a stored analysis result: provenance and the analyzer's own summary."""
+    import ckptstore
+    from plugins.analyzer import Analyzer
+
+    result = ckptstore.open(store).analysis(name)
+    provenance = dict(result.attrs.get("ckpt") or {})
+    steps = provenance.get("steps") or []
+    click.echo(f"{name} in {store}")
+    click.echo(f"  analyzer     {provenance.get('analyzer', name)} v{provenance.get('version', '?')}")
+    click.echo(f"  options      {json.dumps(provenance.get('options', {}))}")
+    span = f"{len(steps)} ({steps[0]} .. {steps[-1]})" if steps else "-"
+    click.echo(f"  steps        {span}")
+    click.echo(f"  computed     {provenance.get('created', '?')} by ckpt {provenance.get('ckpt_version', '?')}")
+    cls = registry().analyzers.get(name, Analyzer)
+    click.echo(cls.summarize(cls.__new__(cls), result.load()))

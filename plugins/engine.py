@@ -1,0 +1,312 @@
+"""The engine: resolve dependencies, reuse what is stored, run the Dask graph, save results.
+
+:func:`analyze` is what ``ckpt analyze`` and notebooks call. For an analyzer
+and its options it
+
+1. runs the analyzers it requires first (each through this same function);
+2. compares the stored result's provenance (analyzer version, options, data
+   hash, results of requirements) with the request; on a match it reuses the
+   stored steps and computes only the missing ones (new checkpoints = new work
+   only), otherwise it recomputes everything;
+3. asks the analyzer for a lazy Dataset over the missing steps and computes it
+   in blocks of steps on the chosen scheduler, committing each block to
+   ``analyses/<name>`` as it finishes, so that a run killed mid-way resumes
+   where it stopped;
+4. returns the stored result, lazily read back from the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xarray as xr
+
+import ckptstore
+from ckptstore.results import write_analysis
+from plugins.analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, AnalysisContext, AnalysisError, Analyzer, TaskSpec
+
+SCHEDULERS = ("threads", "processes", "sync")
+
+
+@dataclass
+class RunReport:
+    """What one :func:`run` did."""
+
+    name: str
+    computed_steps: list[int] = field(default_factory=list)
+    """Steps (or first steps of pairs) computed in this run."""
+    reused_steps: list[int] = field(default_factory=list)
+    """Steps taken from the stored result."""
+    dependencies: list[RunReport] = field(default_factory=list)
+    dataset: xr.Dataset | None = None
+    """The complete stored result (lazy)."""
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def data_hash(store: ckptstore.Store) -> str:
+    """One hash over the content hashes of every data split of the store."""
+    digests = {split: store.split_hash(split) for split in store.splits}
+    return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+
+
+def _identity(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a provenance record that decides whether a stored result can be reused."""
+    return {k: provenance.get(k) for k in ("analyzer", "version", "options", "data_sha256", "requires")}
+
+
+def stored_provenance(store: ckptstore.Store, name: str) -> dict[str, Any] | None:
+    """The provenance attributes of a stored result, or None when there is none."""
+    if name not in store.analyses:
+        return None
+    return dict(store.analysis(name).attrs.get("ckpt") or {})
+
+
+def _wanted_steps(analyzer: Analyzer, store: ckptstore.Store) -> list[int]:
+    steps = [int(s) for s in store.steps]
+    if analyzer.per == PER_PAIR:
+        return steps[:-1]
+    return steps
+
+
+@contextlib.contextmanager
+def compute_settings(
+    scheduler: str = "threads",
+    address: str | None = None,
+    workers: int | None = None,
+    device: str = "cpu",
+) -> Iterator[tuple[dict[str, Any], int]]:
+    """Yield the keyword arguments of ``.compute()`` for the chosen scheduler, and its worker count.
+
+    ``address`` connects to a running ``distributed`` scheduler; ``workers``
+    starts a ``LocalCluster`` of that many single-threaded worker processes
+    (with ``device="cuda"`` and dask-cuda installed, one worker per GPU);
+    otherwise the local ``threads`` (default), ``processes`` or ``sync``
+    scheduler is used, with ``workers`` threads/processes.
+    """
+    if scheduler not in SCHEDULERS:
+        msg = f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}"
+        raise AnalysisError(msg)
+    if address is not None:
+        from distributed import Client
+
+        try:
+            client = Client(address, timeout="10s")
+        except OSError as exc:
+            msg = f"cannot reach a dask scheduler at {address} ({exc}); start one with `dask scheduler`"
+            raise AnalysisError(msg) from None
+        with client:
+            yield {"scheduler": client}, max(1, len(client.scheduler_info()["workers"]))
+        return
+    if workers is not None and workers < 1:
+        msg = f"--workers must be at least 1, got {workers}"
+        raise AnalysisError(msg)
+    if workers is not None and scheduler == "threads":
+        from distributed import Client, LocalCluster
+
+        cluster_cls: Any = LocalCluster
+        kwargs: dict[str, Any] = {"n_workers": workers, "threads_per_worker": 1, "processes": True}
+        if device.startswith("cuda"):
+            with contextlib.suppress(ImportError):
+                from dask_cuda import LocalCUDACluster
+
+                cluster_cls, kwargs = LocalCUDACluster, {"n_workers": workers, "threads_per_worker": 1}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "port 8787 is already in use" and friends
+            cluster = cluster_cls(dashboard_address=None, **kwargs)
+        with cluster, Client(cluster) as client:
+            yield {"scheduler": client}, workers
+        return
+    if scheduler == "processes":
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        count = workers or os.cpu_count() or 1
+        # one pool for the whole run, so models and data stay cached in its processes
+        with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
+            yield {"scheduler": "processes", "pool": pool}, count
+        return
+    count = 1 if scheduler == "sync" else workers or os.cpu_count() or 1
+    settings: dict[str, Any] = {"scheduler": scheduler}
+    if scheduler == "threads":
+        settings["num_workers"] = count
+    yield settings, count
+
+
+def _check_lazy(name: str, dataset: Any) -> None:
+    if not isinstance(dataset, xr.Dataset):
+        msg = f"analyzer {name!r} returned {type(dataset).__name__}, not an xarray.Dataset"
+        raise AnalysisError(msg)
+    eager = [v for v, variable in dataset.data_vars.items() if variable.chunks is None]
+    if eager:
+        msg = (
+            f"analyzer {name!r} computed {eager[0]!r} while building its graph; return dask-backed "
+            "variables (AnalysisContext.map_checkpoints / map_pairs) so that the engine runs them"
+        )
+        raise AnalysisError(msg)
+
+
+def run(
+    name: str,
+    store: str | os.PathLike[str],
+    *,
+    scheduler: str = "threads",
+    address: str | None = None,
+    workers: int | None = None,
+    device: str = "cpu",
+    force: bool = False,
+    progress: bool = False,
+    block_steps: int | None = None,
+    registry: Any = None,
+    storage_options: dict[str, Any] | None = None,
+    _active: tuple[str, ...] = (),
+    **options: Any,
+) -> RunReport:
+    """Run analyzer ``name`` on ``store``, computing only what is missing; see :func:`analyze`."""
+    from plugins.manager import load_registry
+
+    registry = registry if registry is not None else load_registry()
+    if name not in registry.analyzers:
+        known = ", ".join(sorted(registry.analyzers)) or "none"
+        msg = f"unknown analyzer {name!r}; registered analyzers: {known} (see `ckpt plugins`)"
+        raise AnalysisError(msg)
+    if name in _active:
+        msg = f"analyzers require each other in a cycle: {' -> '.join([*_active, name])}"
+        raise AnalysisError(msg)
+    analyzer: Analyzer = registry.analyzers[name](**options)
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = {
+        "scheduler": scheduler,
+        "address": address,
+        "workers": workers,
+        "device": device,
+        "progress": progress,
+        "block_steps": block_steps,
+        "registry": registry,
+        "storage_options": storage_options,
+    }
+    report = RunReport(name)
+    results: dict[str, xr.Dataset] = {}
+    requirements: dict[str, Any] = {}
+    dependency_options = analyzer.dependency_options()
+    for dependency in analyzer.requires:
+        sub = run(dependency, store, _active=(*_active, name), **engine, **dependency_options.get(dependency, {}))
+        report.dependencies.append(sub)
+        assert sub.dataset is not None
+        results[dependency] = sub.dataset
+        requirements[dependency] = _identity(sub.dataset.attrs.get("ckpt", {}))
+
+    where = str(store)
+    opened = ckptstore.open(where, storage_options=storage_options)
+    provenance = {**analyzer.provenance(), "data_sha256": data_hash(opened), "requires": requirements}
+    wanted = _wanted_steps(analyzer, opened)
+    stored = stored_provenance(opened, name)
+    covered: list[int] = []
+    if stored is not None and not force and _identity(stored) == _identity(provenance):
+        covered = [int(s) for s in stored.get("steps", [])]
+        if analyzer.per == PER_RUN and covered != wanted:
+            covered = []
+    missing = [s for s in wanted if s not in set(covered)]
+    if covered and missing and min(missing) < max(covered):
+        covered, missing = [], wanted  # a hole in the middle: never expected, but never wrong to redo
+    report.reused_steps = [s for s in wanted if s in set(covered)]
+    if missing or (not covered and analyzer.per == PER_RUN):
+        _compute(analyzer, where, opened, missing, covered, provenance, results, engine)
+        report.computed_steps = missing
+    report.dataset = ckptstore.open(where, storage_options=storage_options).analysis(name)
+    return report
+
+
+def _compute(
+    analyzer: Analyzer,
+    where: str,
+    store: ckptstore.Store,
+    missing: Sequence[int],
+    covered: Sequence[int],
+    provenance: dict[str, Any],
+    results: dict[str, xr.Dataset],
+    engine: dict[str, Any],
+) -> None:
+    from tqdm import tqdm
+
+    spec = TaskSpec(where, engine["device"], engine["storage_options"])
+    context = AnalysisContext(store, missing, spec, results)
+    dataset = analyzer.compute(context)
+    _check_lazy(analyzer.name, dataset)
+    per_step = analyzer.per in (PER_CHECKPOINT, PER_PAIR) and "step" in dataset.dims
+    with compute_settings(engine["scheduler"], engine["address"], engine["workers"], engine["device"]) as (
+        settings,
+        count,
+    ):
+        if not per_step:
+            computed = dataset.compute(**settings)
+            attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
+            attrs["ckpt"]["created"] = _now()
+            write_analysis(where, analyzer.name, computed, attrs=attrs, storage_options=engine["storage_options"])
+            return
+        # Blocks of steps: each is committed when done (resume after a kill), and
+        # large enough to keep every worker busy and the per-commit cost small.
+        block = engine["block_steps"] or max(count, math.ceil(len(missing) / 10))
+        done = list(covered)
+        with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None) as bar:
+            for start in range(0, len(missing), block):
+                part = dataset.isel(step=slice(start, start + block)).compute(**settings)
+                steps = [int(s) for s in part["step"].values]
+                done += steps
+                attrs = {"ckpt": {**provenance, "steps": done, "ckpt_version": ckptstore.__version__}}
+                attrs["ckpt"]["created"] = _now()
+                write_analysis(
+                    where,
+                    analyzer.name,
+                    part,
+                    append_dim="step" if len(done) > len(steps) else None,
+                    attrs=attrs,
+                    storage_options=engine["storage_options"],
+                )
+                bar.update(len(steps))
+
+
+def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Dataset:
+    """Run an analyzer on a store and return its complete result.
+
+    Parameters
+    ----------
+    name
+        Registered analyzer name (``ckpt plugins`` lists them).
+    store
+        Path or URL of the checkpoint store.
+    **kwargs
+        Analyzer options (``split="eval"``), and engine options:
+        ``scheduler`` (``"threads"``, ``"processes"``, ``"sync"``), ``address``
+        (a ``distributed`` scheduler), ``workers`` (a ``LocalCluster`` of that
+        many processes), ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``),
+        ``force`` (recompute), ``progress`` (show a bar).
+
+    Returns
+    -------
+    xarray.Dataset
+        The stored result (lazy), with its provenance in ``attrs["ckpt"]``.
+
+    Examples
+    --------
+    >>> import plugins
+    >>> losses = plugins.analyze("loss", "run.zarr", split="eval")  # doctest: +SKIP
+    >>> losses["mean_loss"].plot()                                    # doctest: +SKIP
+    """
+    report = run(name, store, **kwargs)
+    assert report.dataset is not None
+    return report.dataset

@@ -1,0 +1,93 @@
+"""The hooks a ckpt plugin can implement.
+
+A plugin is a module (or object) with functions named after these hooks and
+decorated with :data:`plugins.hookimpl`. It is found through the ``ckpt``
+entry-point group of its distribution::
+
+    [project.entry-points.ckpt]
+    my-plugin = "my_package.ckpt_plugin"
+
+ckpt's own analyzers, objectives and importers register through these same
+hooks (``plugins.manager.DEFAULT_PLUGINS``). Every hook receives a
+``register`` callback, so ckpt owns validation and duplicate names in one
+place: a second registration of a name is a warning naming both plugins, and
+the first one is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pluggy
+
+PROJECT = "ckpt"
+"""pluggy project name; also the entry-point group plugins are discovered in."""
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
+    """Register analyzer classes.
+
+    :param register: call ``register(AnalyzerSubclass)`` once per analyzer; the
+        class's ``name`` is the name users type (``ckpt analyze NAME``).
+
+    Example::
+
+        @hookimpl
+        def ckpt_register_analyzers(register):
+            register(WeightNorm)
+    """
+
+
+@hookspec
+def ckpt_register_objectives(register: Callable[[str, Any], None]) -> None:
+    """Register per-datapoint loss functions (objectives).
+
+    :param register: call ``register(name, objective)`` where ``objective`` is a
+        :class:`plugins.objectives.Objective`: ``losses(outputs, targets, mask)``
+        returns one loss per datapoint, ``datapoints(targets, mask)`` says which
+        (example, position) each one is. Stores name their objective in
+        ``attrs["ckpt"]["objective"]``.
+
+    Example::
+
+        @hookimpl
+        def ckpt_register_objectives(register):
+            register("mse", Objective(losses=per_example_mse, datapoints=every_example))
+    """
+
+
+@hookspec
+def ckpt_register_importers(register: Callable[[str, Any], None]) -> None:
+    """Register importers of existing runs, for ``ckpt import --format NAME``.
+
+    :param register: call ``register(name, importer)`` where ``importer`` is a
+        :class:`plugins.importers.Importer`: ``detect(src) -> bool`` and
+        ``discover(src, step_pattern)`` / ``load(source)`` yielding checkpoints.
+
+    Example::
+
+        @hookimpl
+        def ckpt_register_importers(register):
+            register("orbax", Importer(detect=is_orbax_dir, discover=..., load=...))
+    """
+
+
+@hookspec
+def ckpt_register_tasks(register: Callable[[str, Any], None]) -> None:
+    """Register training tasks (sandboxes) for ``ckpt train TASK``.
+
+    :param register: call ``register(name, task)`` where ``task`` is an object
+        with a ``train(store, **options)`` method that writes checkpoints
+        through the public ckptstore writer, and a ``description``.
+
+    Example::
+
+        @hookimpl
+        def ckpt_register_tasks(register):
+            register("modular-addition", ModularAddition())
+    """

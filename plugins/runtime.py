@@ -1,0 +1,193 @@
+"""The worker side of an analysis: what a task function gets, cached per worker.
+
+Task functions receive a :class:`Worker`. It opens the store, rebuilds the
+model from the store's model spec and loads the evaluation data *on the
+worker*, once per process (the model once per thread: ``functional_call``
+swaps a module's parameters while it runs, so threads must not share one).
+Tasks therefore ship only a :class:`plugins.analyzer.TaskSpec` (paths and
+names), never tensors.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+import ckptstore
+from ckptstore.errors import StepNotFoundError
+from plugins.analyzer import AnalysisError, TaskSpec
+
+_process_lock = threading.Lock()
+_workers: dict[TaskSpec, Worker] = {}
+_thread_state = threading.local()
+_registry: Any = None
+
+
+def registry() -> Any:
+    """The plugin registry of this process (built once; plugin warnings were shown by the driver)."""
+    global _registry
+    if _registry is None:
+        from plugins.manager import load_registry
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _registry = load_registry()
+    return _registry
+
+
+def objective_for(store: ckptstore.Store, name: str | None = None) -> Any:
+    """The registered objective ``name`` (default: the one the store names)."""
+    name = name or store.objective
+    if name is None:
+        msg = f"{store.path} names no objective; pass --objective (e.g. cross-entropy, token-cross-entropy)"
+        raise AnalysisError(msg)
+    objectives = registry().objectives
+    if name not in objectives:
+        msg = f"unknown objective {name!r}; registered objectives: {', '.join(sorted(objectives))}"
+        raise AnalysisError(msg)
+    return objectives[name]
+
+
+def datapoint_index(store: ckptstore.Store, split: str, objective: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(example, position) of every datapoint of ``split`` under the objective, row-major."""
+    data = store.data(split)
+    targets = data["targets"].values if "targets" in data else data["inputs"].values
+    mask = data["mask"].values if "mask" in data else None
+    return objective_for(store, objective).datapoints(targets, mask)
+
+
+def worker_for(spec: TaskSpec) -> Worker:
+    """The cached :class:`Worker` of this process for ``spec``."""
+    worker = _workers.get(spec)
+    if worker is None:
+        with _process_lock:
+            worker = _workers.get(spec)
+            if worker is None:
+                worker = _workers[spec] = Worker(spec)
+    return worker
+
+
+def clear_cache() -> None:
+    """Forget every cached worker, model and dataset of this process (tests, long sessions)."""
+    with _process_lock:
+        _workers.clear()
+    _thread_state.__dict__.clear()
+
+
+class Worker:
+    """Access to one store from a task: tensors, the model, the data, per-datapoint losses."""
+
+    def __init__(self, spec: TaskSpec) -> None:
+        self.spec = spec
+        self.device = spec.device
+        self._store = ckptstore.open(spec.store, storage_options=dict(spec.storage_options or {}) or None)
+        self._lock = threading.Lock()
+        self._data: dict[str, dict[str, Any]] = {}
+        self._params: OrderedDict[int, dict[str, Any]] = OrderedDict()
+
+    @property
+    def store(self) -> ckptstore.Store:
+        """The store, read-only."""
+        return self._store
+
+    def _ensure_step(self, step: int) -> None:
+        if int(step) not in set(self._store.steps.tolist()):
+            with self._lock:
+                self._store.refresh()  # committed after this worker opened the store
+        if int(step) not in set(self._store.steps.tolist()):
+            msg = f"step {step} is not a committed checkpoint of {self._store.path}"
+            raise StepNotFoundError(msg)
+
+    def tensors(self, step: int, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """The checkpoint's tensors as numpy arrays."""
+        self._ensure_step(step)
+        return self._store.tensors(step, names)
+
+    def params(self, step: int) -> dict[str, Any]:
+        """The checkpoint's tensors as torch tensors on the worker's device (last 2 steps cached)."""
+        with self._lock:
+            if step in self._params:
+                self._params.move_to_end(step)
+                return self._params[step]
+        self._ensure_step(step)
+        params = self._store.tensors(step, device=self.device)
+        with self._lock:
+            self._params[step] = params
+            while len(self._params) > 2:
+                self._params.popitem(last=False)
+        return params
+
+    @property
+    def model(self) -> Any:
+        """The model rebuilt from the store's spec, in eval mode on the device (one per thread)."""
+        models = getattr(_thread_state, "models", None)
+        if models is None:
+            models = _thread_state.models = {}
+        model = models.get(self.spec)
+        if model is None:
+            spec = self._store.model
+            if spec is None:
+                msg = f"{self._store.path} records no model spec; create it with model='package.module:factory'"
+                raise AnalysisError(msg)
+            model = spec.build().to(self.device).eval()
+            models[self.spec] = model
+        return model
+
+    def data(self, split: str) -> dict[str, Any]:
+        """The split's ``inputs``, ``targets`` and ``mask`` as torch tensors on the device."""
+        with self._lock:
+            cached = self._data.get(split)
+        if cached is None:
+            import torch
+
+            dataset = self._store.data(split)
+            cached = {
+                name: torch.from_numpy(np.ascontiguousarray(dataset[name].values)).to(self.device)
+                for name in ("inputs", "targets", "mask")
+                if name in dataset
+            }
+            with self._lock:
+                self._data[split] = cached
+        return cached
+
+    def objective(self, name: str | None = None) -> Any:
+        """The objective (per-datapoint loss) registered as ``name``, default the store's."""
+        return objective_for(self._store, name)
+
+    def outputs(self, params: dict[str, Any], inputs: Any) -> Any:
+        """The model's outputs with ``params`` (functional: the module's own weights are unused)."""
+        from torch.func import functional_call
+
+        return functional_call(self.model, params, (inputs,))
+
+    def losses(
+        self,
+        step: int,
+        split: str,
+        examples: slice | None = None,
+        *,
+        objective: str | None = None,
+        batch_size: int = 1024,
+    ) -> np.ndarray:
+        """Per-datapoint losses of ``examples`` of ``split`` at ``step`` (float64, row-major datapoints)."""
+        import torch
+
+        params = self.params(step)
+        data = self.data(split)
+        fn = self.objective(objective)
+        n = len(data["inputs"])
+        examples = examples or slice(0, n)
+        start, stop, _ = examples.indices(n)
+        pieces = []
+        with torch.no_grad():
+            for begin in range(start, stop, batch_size):
+                rows = slice(begin, min(begin + batch_size, stop))
+                targets = data["targets"][rows] if "targets" in data else data["inputs"][rows]
+                mask = data["mask"][rows] if "mask" in data else None
+                outputs = self.outputs(params, data["inputs"][rows])
+                pieces.append(fn.losses(outputs, targets, mask).double().cpu().numpy())
+        return np.concatenate(pieces) if pieces else np.zeros(0)

@@ -1,0 +1,31 @@
+"""Tiny model factories for tests: importable as ``tests.models:NAME`` model specs."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def mlp(d_in: int = 3, hidden: int = 8, classes: int = 4) -> nn.Module:
+    """A classifier of [N, d_in] features into ``classes``."""
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.Tanh(), nn.Linear(hidden, classes))
+
+
+class TinyLM(nn.Module):
+    """A causal-ish token model: embedding, one mixing layer over the prefix mean, unembedding."""
+
+    def __init__(self, vocab: int = 7, d: int = 6) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.mix = nn.Linear(2 * d, d)
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        prefix = x.cumsum(1) / torch.arange(1, tokens.shape[1] + 1, device=tokens.device).view(1, -1, 1)
+        return self.out(torch.tanh(self.mix(torch.cat([x, prefix], -1))))
+
+
+def tiny_lm(vocab: int = 7, d: int = 6) -> nn.Module:
+    """Factory of :class:`TinyLM`."""
+    return TinyLM(vocab, d)
