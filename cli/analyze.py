@@ -14,7 +14,7 @@ import click
 
 _REGISTRY: Any = None
 
-ENGINE_OPTIONS = ("scheduler", "address", "workers", "device", "force", "progress")
+ENGINE_OPTIONS = ("scheduler", "address", "workers", "device", "force", "progress", "block_steps")
 
 
 def registry() -> Any:
@@ -64,6 +64,12 @@ def _engine_options() -> list[click.Option]:
             ["--device"], default="cpu", show_default=True, metavar="cpu|cuda|auto", help="Torch device of the workers."
         ),
         click.Option(["--force"], is_flag=True, help="Recompute even when a stored result matches."),
+        click.Option(
+            ["--block-steps"],
+            type=click.IntRange(min=1),
+            help="Steps computed and committed together (default: a tenth of the run); an interrupted run "
+            "resumes after the last committed block.",
+        ),
         click.Option(["--progress/--no-progress"], default=True, show_default=True, help="Show a progress bar."),
     ]
 

@@ -25,10 +25,11 @@ def _parse_config(text: str | None) -> dict | None:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["auto", "torch", "safetensors", "hf"]),
     default="auto",
     show_default=True,
-    help="Layout of SRC: a folder of .pt/.bin state_dicts, of .safetensors files, or of HF checkpoint-N folders.",
+    metavar="auto|torch|safetensors|hf|...",
+    help="Layout of SRC: a folder of .pt/.bin state_dicts, of .safetensors files, of HF checkpoint-N folders, "
+    "or a format a plugin registers (ckpt plugins).",
 )
 @click.option("--model", metavar="ENTRYPOINT", help="Model factory 'package.module:function' to record.")
 @click.option("--config", metavar="JSON", help="JSON object of keyword arguments for the model factory.")
@@ -54,22 +55,24 @@ def import_command(
     """Import a folder of existing checkpoints SRC into a new store DEST, one checkpoint at a time."""
     from tqdm import tqdm
 
-    from ckptstore.importers import discover, import_checkpoints
+    from ckptstore.importers import FORMATS, discover, import_checkpoints
+    from cli.analyze import registry
 
+    importers = registry().importers
+    if fmt != "auto" and fmt not in importers:
+        choices = ", ".join(["auto", *sorted(importers)])
+        raise click.BadParameter(f"unknown format {fmt!r}; choose from {choices}", param_hint="--format")
     parsed_config = _parse_config(config)
+    options = {"model": model, "config": parsed_config, "objective": objective, "step_pattern": step_pattern}
+    options.update(key=key, overwrite=overwrite)
+    if fmt != "auto" and fmt not in FORMATS:  # a plugin's importer
+        report = importers[fmt].run(src, dest, **options)
+        click.echo(f"imported {src} into {dest} ({fmt})")
+        return
     total = len(discover(src, fmt, step_pattern))
     with tqdm(total=total, unit="ckpt", desc="importing", leave=False, disable=None) as bar:
         report = import_checkpoints(
-            src,
-            dest,
-            format=fmt,
-            model=model,
-            config=parsed_config,
-            objective=objective,
-            step_pattern=step_pattern,
-            key=key,
-            overwrite=overwrite,
-            progress=lambda done, total, step: bar.update(1),
+            src, dest, format=fmt, progress=lambda done, total, step: bar.update(1), **options
         )
     steps = report.steps
     click.echo(

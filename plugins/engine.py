@@ -21,8 +21,8 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +35,8 @@ from ckptstore.results import write_analysis
 from plugins.analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, AnalysisContext, AnalysisError, Analyzer, TaskSpec
 
 SCHEDULERS = ("threads", "processes", "sync")
+COMMIT_SECONDS = 2.0
+"""Target duration of a block of steps between two commits of the result."""
 
 
 @dataclass
@@ -258,13 +260,17 @@ def _compute(
             attrs["ckpt"]["created"] = _now()
             write_analysis(where, analyzer.name, computed, attrs=attrs, storage_options=engine["storage_options"])
             return
-        # Blocks of steps: each is committed when done (resume after a kill), and
-        # large enough to keep every worker busy and the per-commit cost small.
-        block = engine["block_steps"] or max(count, math.ceil(len(missing) / 10))
+        # Blocks of steps, each committed when done, so that a killed run resumes
+        # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
+        # commit costs ~50-70 ms, so committing every block of a few steps
+        # tripled the engine's time against a plain loop (bench/engine.py).
+        size = engine["block_steps"] or count
         done = list(covered)
+        start = 0
         with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None) as bar:
-            for start in range(0, len(missing), block):
-                part = dataset.isel(step=slice(start, start + block)).compute(**settings)
+            while start < len(missing):
+                began = time.perf_counter()
+                part = dataset.isel(step=slice(start, start + size)).compute(**settings)
                 steps = [int(s) for s in part["step"].values]
                 done += steps
                 attrs = {"ckpt": {**provenance, "steps": done, "ckpt_version": ckptstore.__version__}}
@@ -278,6 +284,10 @@ def _compute(
                     storage_options=engine["storage_options"],
                 )
                 bar.update(len(steps))
+                start += len(steps)
+                if not engine["block_steps"]:
+                    per_step = (time.perf_counter() - began) / len(steps)
+                    size = max(count, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
 
 
 def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Dataset:

@@ -105,7 +105,7 @@ def test_import_errors_leave_nothing_behind(tmp_path: Path) -> None:
     _torch_run(tmp_path / "run", [0, 1])
     dest = tmp_path / "out.zarr"
     _assert_one_line_error(
-        run_ckpt("import", str(tmp_path / "run"), str(dest), "--format", "onnx"), "Invalid value for '--format'", 2
+        run_ckpt("import", str(tmp_path / "run"), str(dest), "--format", "onnx"), "unknown format 'onnx'", 2
     )
     _assert_one_line_error(
         run_ckpt("import", str(tmp_path / "run"), str(dest), "--config", "{bad json"), "not valid JSON", 2

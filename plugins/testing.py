@@ -1,0 +1,180 @@
+"""A conformance kit for analyzer authors: subclass :class:`AnalyzerTests` in your test suite.
+
+Like zarr's ``StoreTests``, the base class holds the tests every analyzer must
+pass; a test module only says which analyzer, with which options, on which store::
+
+    from plugins.testing import AnalyzerTests
+
+    import my_plugin
+
+    class TestWeightNorm(AnalyzerTests):
+        analyzer_class = my_plugin.WeightNorm
+        plugin = my_plugin          # not needed once the package is installed
+
+        def make_store(self, tmp_path):
+            return write_small_run(tmp_path / "run.zarr")
+
+The tests use the real engine and real stores: nothing is mocked. This module
+imports pytest, so import it from tests only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+from dask.callbacks import Callback
+
+import ckptstore
+from plugins.analyzer import PER_PAIR, PER_RUN, AnalysisContext, Analyzer, Option, TaskSpec
+from plugins.engine import run
+from plugins.manager import Registry, load_registry
+from plugins.runtime import clear_cache
+
+
+class _CountComputes(Callback):
+    """Counts the graphs a local Dask scheduler starts (xarray's ``raise_if_dask_computes`` idea)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def _start(self, dsk: Any) -> None:
+        self.count += 1
+
+
+class AnalyzerTests:
+    """Base class of an analyzer's conformance tests (collected only through a ``Test*`` subclass).
+
+    Attributes
+    ----------
+    analyzer_class
+        The :class:`plugins.Analyzer` subclass under test.
+    options
+        Options to run it with (default: its defaults).
+    plugin
+        The module (or object) with its ``ckpt_register_analyzers`` hookimpl, registered
+        for the tests when the analyzer is not already registered by an installed package.
+    """
+
+    analyzer_class: ClassVar[type[Analyzer]]
+    options: ClassVar[dict[str, Any]] = {}
+    plugin: ClassVar[Any] = None
+
+    def make_store(self, tmp_path: Path) -> Path:
+        """Write a small real store the analyzer can run on, and return its path."""
+        raise NotImplementedError(f"{type(self).__name__} must implement make_store(self, tmp_path)")
+
+    # -- fixtures and helpers ---------------------------------------------------------------
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Iterator[Path]:
+        """The store of :meth:`make_store`; the worker caches are cleared afterwards."""
+        yield Path(self.make_store(tmp_path))
+        clear_cache()
+
+    @pytest.fixture
+    def registry(self) -> Registry:
+        """The installed plugins, plus :attr:`plugin` when the analyzer is not among them."""
+        cls = self.analyzer_class
+        registry = load_registry()
+        if registry.analyzers.get(cls.name) is not cls:
+            assert self.plugin is not None, f"analyzer {cls.name!r} is not registered: set `plugin` to its module"
+            registry = load_registry(extra=[self.plugin])
+        found = registry.analyzers.get(cls.name)
+        assert found is cls, f"{cls.name!r} is registered as {found!r}, not {cls.__qualname__} (see the warnings)"
+        return registry
+
+    def expected_steps(self, path: Path) -> list[int]:
+        """Steps a complete result holds: every checkpoint, or the first step of every pair."""
+        steps = [int(s) for s in ckptstore.open(path).steps]
+        return steps[:-1] if self.analyzer_class.per == PER_PAIR else steps
+
+    def graph(self, path: Path, registry: Registry) -> tuple[xr.Dataset, int]:
+        """The analyzer's lazy Dataset over every expected step, as the engine builds it, and the computes."""
+        analyzer = self.analyzer_class(**self.options)
+        dependency_options = analyzer.dependency_options()
+        results = {}
+        for name in analyzer.requires:
+            report = run(name, path, registry=registry, **dependency_options.get(name, {}))
+            results[name] = report.dataset
+        context = AnalysisContext(ckptstore.open(path), self.expected_steps(path), TaskSpec(str(path)), results)
+        with _CountComputes() as counter:
+            dataset = analyzer.compute(context)
+        return dataset, counter.count
+
+    # -- the tests ------------------------------------------------------------------------------
+    def test_metadata(self) -> None:
+        """Name, version, a one-line description; every option has help and a default of its type."""
+        cls = self.analyzer_class
+        assert isinstance(cls.name, str), f"`name` must be a str, got {cls.name!r}"
+        assert cls.name, "set `name`: what users type after `ckpt analyze`"
+        assert isinstance(cls.version, str), f"`version` must be a str, got {cls.version!r}"
+        description = cls.description.strip()
+        assert description, "set `description`: one line for `ckpt analyze --help`"
+        assert "\n" not in description, f"`description` must be one line, got {description!r}"
+        for key, option in cls.option_spec().items():
+            assert isinstance(option, Option)
+            assert option.help.strip(), f"option {key!r} has no help text"
+            default = option.default
+            assert default is None or isinstance(default, option.type), (
+                f"option {key!r}: default {default!r} is not a {option.type.__name__}"
+            )
+            assert option.choices is None or default is None or default in option.choices, (
+                f"option {key!r}: default {default!r} is not one of its choices {list(option.choices)}"
+            )
+
+    def test_compute_builds_a_lazy_graph(self, store: Path, registry: Registry) -> None:
+        """``compute`` returns dask-backed variables and runs no dask computation."""
+        dataset, computes = self.graph(store, registry)
+        assert isinstance(dataset, xr.Dataset), f"compute returned {type(dataset).__name__}, not a Dataset"
+        assert computes == 0, f"compute ran {computes} dask computation(s) while building the graph"
+        assert dataset.data_vars, "compute returned a Dataset without data variables"
+        for name, variable in dataset.data_vars.items():
+            assert dask.is_dask_collection(variable.data), f"variable {name!r} is not dask-backed"
+
+    def test_run_saves_the_graph_values(self, store: Path, registry: Registry) -> None:
+        """The engine saves the graph's values in ``analyses/<name>``, with their provenance."""
+        cls = self.analyzer_class
+        expected = self.graph(store, registry)[0].compute(scheduler="sync")
+        report = run(cls.name, store, registry=registry, **self.options)
+        assert cls.name in ckptstore.open(store).analyses, f"no analyses/{cls.name} after a run"
+        saved = ckptstore.open(store).analysis(cls.name)
+        assert set(saved.data_vars) == set(expected.data_vars), "stored variables differ from the graph's"
+        for name, variable in expected.data_vars.items():
+            message = f"stored {name!r} differs from the computed graph"
+            if np.issubdtype(variable.dtype, np.number):
+                np.testing.assert_allclose(saved[name].values, variable.values, err_msg=message)
+            else:
+                np.testing.assert_array_equal(saved[name].values, variable.values, err_msg=message)
+        provenance = saved.attrs.get("ckpt") or {}
+        assert report.dataset is not None, "run() returned no dataset"
+        assert report.dataset.attrs.get("ckpt") == provenance, "run() returned another result than it saved"
+        analyzer = cls(**self.options)
+        assert provenance.get("analyzer") == cls.name, f"provenance names {provenance.get('analyzer')!r}"
+        assert provenance.get("version") == str(cls.version), "provenance has another version"
+        assert provenance.get("options") == analyzer.provenance()["options"], "provenance has other options"
+        assert provenance.get("steps") == self.expected_steps(store), "provenance lists other steps"
+
+    def test_second_run_reuses_everything(self, store: Path, registry: Registry) -> None:
+        """A second run with the same options computes nothing."""
+        name = self.analyzer_class.name
+        first = run(name, store, registry=registry, **self.options)
+        second = run(name, store, registry=registry, **self.options)
+        assert first.computed_steps, "the first run computed nothing"
+        assert second.computed_steps == [], f"the second run recomputed steps {second.computed_steps}"
+
+    def test_result_has_a_step_dim(self, store: Path, registry: Registry) -> None:
+        """Results grow along ``step``: the store's steps, or the first steps of its pairs."""
+        cls = self.analyzer_class
+        result = run(cls.name, store, registry=registry, **self.options).dataset
+        assert result is not None
+        if cls.per == PER_RUN and "step" not in result.dims:
+            pytest.skip("a per='run' result need not have a step dim")
+        assert "step" in result.dims, f"result dims {tuple(result.dims)} have no 'step'"
+        steps = [int(s) for s in result["step"].values]
+        assert steps == self.expected_steps(store), f"result steps {steps} are not the store's"

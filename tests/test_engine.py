@@ -1,0 +1,255 @@
+"""The engine end to end: real stores, real schedulers, the real ``loss`` analyzer."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+import torch
+from dask.callbacks import Callback
+
+import ckptstore
+import plugins
+from plugins.analyzer import AnalysisContext, AnalysisError, Analyzer, TaskSpec
+from plugins.engine import run
+from plugins.manager import load_registry
+from tests.conftest import run_ckpt, write_mlp_run
+from tests.models import mlp, tiny_lm
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def direct_losses(path: Path) -> dict[int, np.ndarray]:
+    """Per-example losses computed by hand: load_state_dict + forward + cross_entropy."""
+    store = ckptstore.open(path)
+    data = store.data("eval")
+    inputs = torch.from_numpy(data["inputs"].values)
+    targets = torch.from_numpy(data["targets"].values)
+    out = {}
+    for step in store.steps:
+        model = mlp()
+        model.load_state_dict(store.tensors(int(step), framework="torch"))
+        with torch.no_grad():
+            out[int(step)] = torch.nn.functional.cross_entropy(model(inputs), targets, reduction="none").numpy()
+    return out
+
+
+def assert_matches_direct(result, expected: dict[int, np.ndarray]) -> None:
+    assert result["step"].values.tolist() == sorted(expected)
+    for step, losses in expected.items():
+        np.testing.assert_allclose(result["loss"].sel(step=step).values, losses, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(float(result["mean_loss"].sel(step=step)), losses.mean(), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [{"scheduler": "threads"}, {"scheduler": "sync"}, {"scheduler": "processes", "workers": 2}],
+    ids=["threads", "sync", "processes"],
+)
+def test_loss_equals_direct_computation(mlp_store: Path, engine: dict) -> None:
+    result = plugins.analyze("loss", mlp_store, **engine)
+    assert_matches_direct(result, direct_losses(mlp_store))
+    assert result["example"].values.tolist() == list(range(50))
+    assert (result["position"].values == -1).all()
+
+
+def test_loss_on_a_local_cluster_and_a_scheduler_address(mlp_store: Path) -> None:
+    from distributed import LocalCluster
+
+    expected = direct_losses(mlp_store)
+    assert_matches_direct(plugins.analyze("loss", mlp_store, workers=2, force=True), expected)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        assert_matches_direct(plugins.analyze("loss", mlp_store, address=cluster.scheduler_address, force=True), expected)
+
+
+def test_token_losses_follow_the_mask_in_row_major_order(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = tiny_lm()
+    tokens = torch.randint(0, 7, (5, 6))
+    mask = torch.zeros(5, 6, dtype=torch.bool)
+    mask[:, 3:] = True
+    mask[0, 1] = True
+    path = tmp_path / "lm.zarr"
+    with ckptstore.create(path, model="tests.models:tiny_lm", objective="token-cross-entropy") as w:
+        w.add_data("eval", inputs=tokens, targets=tokens.roll(-1, 1), mask=mask)
+        w.write(0, model)
+    result = plugins.analyze("loss", path)
+    with torch.no_grad():
+        per_token = torch.nn.functional.cross_entropy(
+            model(tokens).flatten(0, 1), tokens.roll(-1, 1).flatten(), reduction="none"
+        ).view(5, 6)
+    example, position = np.nonzero(mask.numpy())
+    assert result["example"].values.tolist() == example.tolist()
+    assert result["position"].values.tolist() == position.tolist()
+    np.testing.assert_allclose(result["loss"].sel(step=0).values, per_token.numpy()[example, position], rtol=1e-5)
+
+
+class ComputeCounter(Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.computes = 0
+
+    def _start(self, dsk) -> None:
+        self.computes += 1
+
+
+def test_graphs_are_built_lazily(mlp_store: Path) -> None:
+    analyzer = load_registry().analyzers["loss"]()
+    store = ckptstore.open(mlp_store)
+    with ComputeCounter() as counter:
+        dataset = analyzer.compute(AnalysisContext(store, store.steps, TaskSpec(str(mlp_store)), {}))
+    assert counter.computes == 0, "building the graph computed something"
+    assert all(v.chunks is not None for v in dataset.data_vars.values())
+    with ComputeCounter() as counter:
+        dataset.compute(scheduler="sync")
+    assert counter.computes == 1
+
+
+class EagerNorm(Analyzer):
+    name = "eager-norm"
+    description = "Computes while building its graph (wrong)."
+
+    def compute(self, ctx: AnalysisContext):
+        import xarray as xr
+
+        return xr.Dataset({"norm": ("step", np.ones(len(ctx.steps)))}, coords={"step": ctx.steps})
+
+
+class EagerPlugin:
+    @plugins.hookimpl
+    def ckpt_register_analyzers(self, register) -> None:
+        register(EagerNorm)
+
+
+def test_an_analyzer_that_computes_eagerly_is_refused(mlp_store: Path) -> None:
+    registry = load_registry(extra=[EagerPlugin()])
+    with pytest.raises(AnalysisError, match="computed 'norm' while building its graph"):
+        run("eager-norm", mlp_store, registry=registry)
+
+
+def test_incremental_after_appending_checkpoints(mlp_store: Path) -> None:
+    first = run("loss", mlp_store)
+    assert first.computed_steps == [0, 1, 2, 3, 4, 5]
+    with ckptstore.open(mlp_store, mode="a") as w:
+        for step in (6, 7, 8):
+            torch.manual_seed(step)
+            w.write(step, mlp())
+    second = run("loss", mlp_store)
+    assert second.computed_steps == [6, 7, 8], "only the new checkpoints are computed"
+    assert second.reused_steps == [0, 1, 2, 3, 4, 5]
+    assert_matches_direct(second.dataset, direct_losses(mlp_store))
+    assert run("loss", mlp_store).computed_steps == []
+
+
+def test_changed_options_or_data_recompute(mlp_store: Path) -> None:
+    run("loss", mlp_store)
+    assert run("loss", mlp_store, batch_size=7).computed_steps == [0, 1, 2, 3, 4, 5]
+    with ckptstore.open(mlp_store, mode="a") as w:
+        w.add_data("extra", inputs=np.zeros((2, 3), np.float32), targets=np.zeros(2, np.int64))
+    assert run("loss", mlp_store, batch_size=7).computed_steps == [0, 1, 2, 3, 4, 5], "new data: new hash"
+    assert run("loss", mlp_store, batch_size=7, force=True).computed_steps == [0, 1, 2, 3, 4, 5]
+
+
+def test_resume_after_kill_recomputes_nothing_finished(tmp_path: Path) -> None:
+    path = write_mlp_run(tmp_path / "run.zarr", steps=60, examples=2000)
+    command = [sys.executable, "-m", "cli", "analyze", "loss", str(path), "--scheduler", "sync", "--block-steps", "1"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    committed: list[int] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        store = ckptstore.open(path)
+        if "loss" in store.analyses:
+            committed = store.analysis("loss").attrs["ckpt"]["steps"]
+            if len(committed) >= 5:
+                break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    partial = ckptstore.open(path).analysis("loss").attrs["ckpt"]["steps"]
+    assert 5 <= len(partial) < 60, f"the kill should land mid-run (committed {len(partial)} of 60)"
+    resumed = run("loss", path)
+    assert resumed.reused_steps == partial
+    assert resumed.computed_steps == [s for s in range(60) if s not in partial]
+    resumed_values = resumed.dataset["loss"].values  # read before --force replaces the stored result
+    fresh = run("loss", path, force=True).dataset
+    assert fresh["step"].values.tolist() == list(range(60))
+    np.testing.assert_array_equal(resumed_values, fresh["loss"].values)
+
+
+def test_stored_results_are_read_without_importing_analyzers(mlp_store: Path) -> None:
+    plugins.analyze("loss", mlp_store)
+    code = (
+        "import sys, ckptstore; r = ckptstore.open(sys.argv[1]).analysis('loss'); "
+        "print(r['loss'].shape, r.attrs['ckpt']['analyzer'], any(m.split('.')[0] in ('plugins', 'analyzers') "
+        "for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(mlp_store)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["(6,", "50)", "loss", "False"]
+    plain = subprocess.run(
+        [sys.executable, "-W", "error", "-c", "import sys, xarray as xr; print(xr.open_zarr(sys.argv[1], group='analyses/loss')['loss'].shape)", str(mlp_store)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert plain.stdout.strip() == "(6, 50)"
+
+
+def test_dependency_cycles_and_unknown_names_are_errors(mlp_store: Path) -> None:
+    with pytest.raises(AnalysisError, match="unknown analyzer 'nope'; registered analyzers: loss"):
+        run("nope", mlp_store)
+    with pytest.raises(AnalysisError, match="analyzer 'loss' has no option 'splt'; its options are: split"):
+        run("loss", mlp_store, splt="eval")
+    with pytest.raises(AnalysisError, match="option 'batch_size' of analyzer 'loss' must be int"):
+        run("loss", mlp_store, batch_size="many")
+
+
+def test_cli_analyze_and_show(mlp_store: Path) -> None:
+    result = run_ckpt("analyze", "loss", str(mlp_store), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "loss: computed 6 step(s), reused 0 stored" in result.stdout
+    again = run_ckpt("analyze", "loss", str(mlp_store), "--no-progress")
+    assert "loss: computed 0 step(s), reused 6 stored" in again.stdout
+    shown = run_ckpt("show", str(mlp_store), "loss")
+    assert shown.returncode == 0, shown.stderr
+    assert "analyzer     loss v1" in shown.stdout
+    assert "50 datapoints, 6 checkpoints" in shown.stdout
+    listed = run_ckpt("analyze", "--help")
+    assert "loss  Exact loss of every datapoint" in listed.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "code"),
+    [
+        (["analyze", "nope", "{store}"], "unknown analyzer 'nope'; registered analyzers:", 2),
+        (["analyze", "loss", "{store}", "--bogus", "1"], "No such option '--bogus'", 2),
+        (["analyze", "loss", "{store}", "--batch-size", "x"], "'x' is not a valid integer", 2),
+        (["analyze", "loss", "{store}", "--split", "train"], "no data split 'train'", 1),
+        (["analyze", "loss", "{store}", "--scheduler", "gpu"], "Invalid value for '--scheduler'", 2),
+        (["analyze", "loss", "{store}", "--workers", "0"], "Invalid value for '--workers'", 2),
+        (["analyze", "loss", "{store}", "--objective", "hinge"], "unknown objective 'hinge'", 1),
+        (["show", "{store}", "loss"], "no analysis 'loss'", 1),
+        (["analyze", "loss", "/no/such/store.zarr"], "the path does not exist", 1),
+    ],
+)
+def test_cli_analyze_errors(mlp_store: Path, args: list[str], message: str, code: int) -> None:
+    from tests.conftest import tree_digest
+
+    before = tree_digest(mlp_store)
+    result = run_ckpt(*[a.format(store=mlp_store) for a in args])
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+    assert tree_digest(mlp_store) == before
+
+
+def test_dask_is_not_left_configured(mlp_store: Path) -> None:
+    plugins.analyze("loss", mlp_store, scheduler="processes", workers=1)
+    assert dask.config.get("scheduler", None) is None

@@ -1,0 +1,202 @@
+"""The plugin host: discovery through entry points, broken plugins, duplicates, meta-tests on the hooks."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import plugins
+from plugins import hookspecs
+from plugins.manager import PluginWarning, get_plugin_manager, load_registry
+from tests.conftest import run_ckpt
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOKS = [name for name, value in vars(hookspecs).items() if name.startswith("ckpt_") and callable(value)]
+
+THIRD_PARTY = {
+    "broken_plugin.py": "raise ImportError('needs the missing package frobnitz')\n",
+    "dup_plugin.py": textwrap.dedent(
+        """
+        from plugins import Analyzer, hookimpl
+
+        class FakeLoss(Analyzer):
+            name = "loss"
+            description = "a second analyzer named loss"
+
+        @hookimpl
+        def ckpt_register_analyzers(register):
+            register(FakeLoss)
+        """
+    ),
+    "extra_plugin.py": textwrap.dedent(
+        """
+        from pathlib import Path
+
+        import numpy as np
+        import ckptstore
+        from plugins import hookimpl
+        from plugins.importers import Importer
+        from plugins.objectives import CROSS_ENTROPY, Objective
+
+        def half(outputs, targets, mask):
+            return 0.5 * CROSS_ENTROPY.losses(outputs, targets, mask)
+
+        def import_npz(src, dest, *, model=None, config=None, objective=None, overwrite=False, **ignored):
+            with ckptstore.create(dest, model=model, config=config, objective=objective, overwrite=overwrite) as w:
+                for path in sorted(Path(src).glob("*.npz"), key=lambda p: int(p.stem)):
+                    w.write(int(path.stem), dict(np.load(path)))
+
+        @hookimpl
+        def ckpt_register_objectives(register):
+            register("half-cross-entropy", Objective(half, CROSS_ENTROPY.datapoints, "half the cross-entropy"))
+
+        @hookimpl
+        def ckpt_register_importers(register):
+            register("npz", Importer("a folder of STEP.npz files", import_npz))
+        """
+    ),
+    "task_plugin.py": textwrap.dedent(
+        """
+        from plugins import hookimpl
+
+        class Countdown:
+            description = "a task that only counts"
+
+            def train(self, store, **options):
+                return None
+
+        @hookimpl
+        def ckpt_register_tasks(register):
+            register("countdown", Countdown())
+        """
+    ),
+}
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """A folder on sys.path holding three installed distributions' files (as pip would lay them out)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for name, code in THIRD_PARTY.items():
+        (site / name).write_text(code)
+    for dist, entry in (
+        ("broken_pkg-1.0", "broken = broken_plugin"),
+        ("dup_pkg-2.1", "dup = dup_plugin"),
+        ("task_pkg-0.3", "tasks = task_plugin"),
+        ("extra_pkg-0.1", "extra = extra_plugin"),
+    ):
+        info = site / f"{dist}.dist-info"
+        info.mkdir()
+        name, version = dist.rsplit("-", 1)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[ckpt]\n{entry}\n")
+    return site
+
+
+def test_entry_point_plugins_broken_and_duplicate(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.warns(PluginWarning) as caught:
+        registry = load_registry()
+    messages = [str(w.message) for w in caught]
+    assert any(
+        "plugin 'broken' from broken-pkg 1.0 failed to load and is skipped: ImportError: needs the missing package"
+        in m
+        for m in messages
+    ), messages
+    assert any(
+        "analyzer 'loss' registered by plugin 'dup' from dup-pkg 2.1 is ignored: the name is taken by plugin "
+        "'analyzers.loss' from ckpt" in m
+        for m in messages
+    ), messages
+    assert registry.analyzers["loss"].__module__ == "analyzers.loss", "the first registration wins"
+    assert "countdown" in registry.tasks
+    assert registry.provider("tasks", "countdown").package == "task-pkg"
+
+
+def test_the_cli_keeps_working_with_broken_plugins(site: Path, mlp_store: Path) -> None:
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    result = run_ckpt("plugins", extra_env=env)
+    assert result.returncode == 0, result.stderr
+    warnings = result.stderr.strip().splitlines()
+    assert len(warnings) == 2 and all(w.startswith("Warning: ") for w in warnings), result.stderr
+    assert "plugin 'broken' from broken-pkg 1.0 failed to load" in result.stderr
+    assert "countdown" in result.stdout and "task-pkg 0.3" in result.stdout
+    analyzed = run_ckpt("analyze", "loss", str(mlp_store), "--no-progress", extra_env=env)
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert "Traceback" not in analyzed.stderr
+
+
+def test_objective_and_importer_plugins_work_through_the_cli(site: Path, mlp_store: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    import ckptstore
+
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    ce = run_ckpt("analyze", "loss", str(mlp_store), "--no-progress", extra_env=env)
+    half = run_ckpt("analyze", "loss", str(mlp_store), "--objective", "half-cross-entropy", extra_env=env)
+    assert half.returncode == 0 and ce.returncode == 0, half.stderr
+    assert "computed 6 step(s)" in half.stdout, "another objective is another result"
+    halved = ckptstore.open(mlp_store).analysis("loss")["loss"].values
+    assert ckptstore.open(mlp_store).analysis("loss").attrs["ckpt"]["options"]["objective"] == "half-cross-entropy"
+    run_ckpt("analyze", "loss", str(mlp_store), "--no-progress", extra_env=env)
+    np.testing.assert_allclose(halved, 0.5 * ckptstore.open(mlp_store).analysis("loss")["loss"].values, rtol=1e-6)
+
+    src = tmp_path / "npz"
+    src.mkdir()
+    for step in (3, 10):
+        np.savez(src / f"{step}.npz", w=np.full((2, 2), step, np.float32))
+    imported = run_ckpt("import", str(src), str(tmp_path / "npz.zarr"), "--format", "npz", extra_env=env)
+    assert imported.returncode == 0, imported.stderr
+    store = ckptstore.open(tmp_path / "npz.zarr")
+    assert store.steps.tolist() == [3, 10]
+    np.testing.assert_array_equal(store.tensors(10)["w"], np.full((2, 2), 10, np.float32))
+
+
+def test_manager_is_built_by_a_factory_not_at_import() -> None:
+    first, _ = get_plugin_manager(entry_points=False)
+    second, _ = get_plugin_manager(entry_points=False)
+    assert first is not second
+    assert first.get_plugin("analyzers.loss") is not None
+
+
+def test_registration_validates_analyzers() -> None:
+    class NotAnAnalyzer:
+        name = "x"
+
+    class Plugin:
+        @plugins.hookimpl
+        def ckpt_register_analyzers(self, register) -> None:
+            register(NotAnAnalyzer)
+
+    with pytest.warns(PluginWarning, match="is not a subclass of plugins.Analyzer"):
+        registry = load_registry(entry_points=False, extra=[Plugin()])
+    assert "x" not in registry.analyzers
+
+
+def test_builtin_objectives_and_importers_register_through_hooks() -> None:
+    registry = load_registry(entry_points=False)
+    assert {"cross-entropy", "token-cross-entropy"} <= set(registry.objectives)
+    assert {"torch", "safetensors", "hf"} <= set(registry.importers)
+    assert registry.provider("objectives", "cross-entropy").package == "ckpt"
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_is_documented(hook: str) -> None:
+    doc = inspect.getdoc(getattr(hookspecs, hook)) or ""
+    assert doc.splitlines()[0].endswith("."), f"{hook}: a one-line summary first"
+    assert ":param register:" in doc, f"{hook}: document the register callback"
+    assert "Example::" in doc, f"{hook}: give an example"
+    assert f"`{hook}" in (ROOT / "docs" / "plugins.md").read_text(), f"{hook}: missing from docs/plugins.md"
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_is_tested(hook: str) -> None:
+    implemented_here = any(hook in code for code in THIRD_PARTY.values())
+    others = [p for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_plugins.py"]
+    assert implemented_here or any(hook in p.read_text() for p in others), f"no test implements {hook}"
+    assert hook in {name for name, _ in inspect.getmembers(get_plugin_manager(entry_points=False)[0].hook)}
