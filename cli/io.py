@@ -71,9 +71,7 @@ def import_command(
         return
     total = len(discover(src, fmt, step_pattern))
     with tqdm(total=total, unit="ckpt", desc="importing", leave=False, disable=None) as bar:
-        report = import_checkpoints(
-            src, dest, format=fmt, progress=lambda done, total, step: bar.update(1), **options
-        )
+        report = import_checkpoints(src, dest, format=fmt, progress=lambda done, total, step: bar.update(1), **options)
     steps = report.steps
     click.echo(
         f"imported {len(steps)} {report.format} checkpoints (steps {steps[0]} .. {steps[-1]}), "

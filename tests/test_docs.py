@@ -50,3 +50,14 @@ def test_store_format_doc_names_every_constant() -> None:
     for value in (fmt.FORMAT_NAME, *fmt.TOP_LEVEL_GROUPS, *fmt.DATA_VARIABLES, *fmt.ENCODED_DTYPES):
         assert value in doc, value
     assert '"format_version": 1' in doc
+
+
+def test_analyzer_reference_documents_every_builtin_analyzer_and_option() -> None:
+    from plugins.manager import load_registry
+
+    registry = load_registry(entry_points=False)
+    doc = (ROOT / "docs" / "analyzers.md").read_text()
+    for name, analyzer in registry.analyzers.items():
+        assert f"## `{name}`" in doc, name
+        for option in analyzer.option_spec():
+            assert f"`--{option.replace('_', '-')}`" in doc, f"{name}: --{option}"

@@ -65,7 +65,9 @@ def test_loss_on_a_local_cluster_and_a_scheduler_address(mlp_store: Path) -> Non
     expected = direct_losses(mlp_store)
     assert_matches_direct(plugins.analyze("loss", mlp_store, workers=2, force=True), expected)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        assert_matches_direct(plugins.analyze("loss", mlp_store, address=cluster.scheduler_address, force=True), expected)
+        assert_matches_direct(
+            plugins.analyze("loss", mlp_store, address=cluster.scheduler_address, force=True), expected
+        )
 
 
 def test_token_losses_follow_the_mask_in_row_major_order(tmp_path: Path) -> None:
@@ -192,7 +194,14 @@ def test_stored_results_are_read_without_importing_analyzers(mlp_store: Path) ->
     out = subprocess.run([sys.executable, "-c", code, str(mlp_store)], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["(6,", "50)", "loss", "False"]
     plain = subprocess.run(
-        [sys.executable, "-W", "error", "-c", "import sys, xarray as xr; print(xr.open_zarr(sys.argv[1], group='analyses/loss')['loss'].shape)", str(mlp_store)],
+        [
+            sys.executable,
+            "-W",
+            "error",
+            "-c",
+            "import sys, xarray as xr; print(xr.open_zarr(sys.argv[1], group='analyses/loss')['loss'].shape)",
+            str(mlp_store),
+        ],
         capture_output=True,
         text=True,
         check=True,

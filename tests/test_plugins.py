@@ -104,8 +104,7 @@ def test_entry_point_plugins_broken_and_duplicate(site: Path, monkeypatch: pytes
         registry = load_registry()
     messages = [str(w.message) for w in caught]
     assert any(
-        "plugin 'broken' from broken-pkg 1.0 failed to load and is skipped: ImportError: needs the missing package"
-        in m
+        "plugin 'broken' from broken-pkg 1.0 failed to load and is skipped: ImportError: needs the missing package" in m
         for m in messages
     ), messages
     assert any(
