@@ -273,8 +273,7 @@ class Store:
         # thread, ~0.3 ms per tensor, as much as reading it (bench/store.py)
         array = self._arrays.get(name)
         if array is None:
-            with _zarr.pipeline_context(self._zstore):
-                array = self._arrays[name] = self._root[f"{CHECKPOINTS}/{name}"]
+            array = self._arrays[name] = _zarr.fast_io(self._root[f"{CHECKPOINTS}/{name}"])
         return array
 
     def tensors(

@@ -102,6 +102,13 @@ def write_analysis(
     exists = prefix in committed
     dataset = dataset.copy()
     dataset.attrs = dict(attrs if attrs is not None else dataset.attrs)
+    for key, variable in list(dataset.variables.items()):
+        if variable.dtype.kind == "U":
+            # fixed-width unicode has no stable zarr v3 encoding (zarr and zarrs warn); strings do
+            if key in dataset.coords:
+                dataset = dataset.assign_coords({key: variable.astype(object)})
+            else:
+                dataset[key] = variable.astype(object)
     with warnings.catch_warnings():
         # zarr: string/vlen dtypes and consolidated metadata are not in the v3 core spec yet
         warnings.simplefilter("ignore")

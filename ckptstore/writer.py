@@ -197,9 +197,8 @@ class Writer:
         # Checkpoint chunks are written once, so the fast zarrs pipeline is safe
         # for them. Arrays whose chunks are rewritten at every commit (step,
         # metrics) go through zarr's own pipeline, whose puts are atomic renames.
-        context = _zarr.pipeline_context(self._zstore) if not rewritten else _zarr.contextlib.nullcontext()
-        with context:
-            return zarr.open_array(self._zstore, path=key, mode="r+", zarr_format=3)._async_array
+        array = zarr.open_array(self._zstore, path=key, mode="r+", zarr_format=3)._async_array
+        return array if rewritten else _zarr.fast_io(array)
 
     def _read_steps(self, group: str, count: int) -> list[int]:
         return [int(s) for s in sync(self._ckpt_or_metric(group, STEP).getitem(slice(0, count)))]
@@ -416,9 +415,9 @@ class Writer:
                 )
             )
 
-        with _zarr.pipeline_context(self._zstore), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            created = sync(create_all())
+            created = [_zarr.fast_io(array) for array in sync(create_all())]
         for name, array in zip(arrays, created, strict=True):
             node = _zarr.node_json(array)
             node["shape"][0] = self._count

@@ -6,6 +6,7 @@ options are generated from the analyzer's declared :class:`plugins.Option` s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from typing import Any
@@ -150,6 +151,7 @@ def plugins_command() -> None:
 def show(store: str, name: str) -> None:
     """Summarize a stored analysis result: provenance and the analyzer's own summary."""
     import ckptstore
+    from ckptstore.errors import CkptError
     from plugins.analyzer import Analyzer
 
     result = ckptstore.open(store).analysis(name)
@@ -161,5 +163,10 @@ def show(store: str, name: str) -> None:
     span = f"{len(steps)} ({steps[0]} .. {steps[-1]})" if steps else "-"
     click.echo(f"  steps        {span}")
     click.echo(f"  computed     {provenance.get('created', '?')} by ckpt {provenance.get('ckpt_version', '?')}")
-    cls = registry().analyzers.get(name, Analyzer)
-    click.echo(cls.summarize(cls.__new__(cls), result.load()))
+    cls = registry().analyzers.get(name)
+    summarizer = Analyzer()  # generic: shape and range of every variable
+    if cls is not None:
+        # the analyzer as it was run, so that its summary may read its options
+        with contextlib.suppress(CkptError):  # options of another version: keep the generic summary
+            summarizer = cls(**provenance.get("options", {}))
+    click.echo(summarizer.summarize(result.load()))

@@ -66,14 +66,15 @@ def ckpt_register_importers(register: Callable[[str, Any], None]) -> None:
     """Register importers of existing runs, for ``ckpt import --format NAME``.
 
     :param register: call ``register(name, importer)`` where ``importer`` is a
-        :class:`plugins.importers.Importer`: ``detect(src) -> bool`` and
-        ``discover(src, step_pattern)`` / ``load(source)`` yielding checkpoints.
+        :class:`plugins.importers.Importer`: a one-line ``description`` and
+        ``run(src, dest, *, model, config, objective, step_pattern, key, overwrite)``,
+        which creates the store ``dest`` through the public ckptstore writer.
 
     Example::
 
         @hookimpl
         def ckpt_register_importers(register):
-            register("orbax", Importer(detect=is_orbax_dir, discover=..., load=...))
+            register("orbax", Importer("Orbax checkpoint folders", import_orbax))
     """
 
 

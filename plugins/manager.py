@@ -111,6 +111,8 @@ def get_plugin_manager(
                 continue
             providers[entry_point.name] = Provider(entry_point.name, package, version)
     for plugin in extra:
+        if manager.is_registered(plugin):
+            continue
         name = manager.register(plugin)
         providers[str(name)] = Provider(str(name), getattr(plugin, "__name__", type(plugin).__name__), "local")
     return manager, providers
@@ -129,11 +131,14 @@ def collect(manager: pluggy.PluginManager, providers: dict[str, Provider]) -> Re
             def register(
                 *args: Any, kind: str = kind, target: dict[str, Any] = target, provider: Provider = provider
             ) -> None:
-                name, item = (args[0].name, args[0]) if kind == "analyzers" and len(args) == 1 else args
                 if kind == "analyzers":
                     from plugins.analyzer import validate_analyzer
 
+                    (item,) = args
                     validate_analyzer(item)
+                    name = item.name
+                else:
+                    name, item = args
                 if name in target:
                     first = registry.providers[(kind, name)]
                     warnings.warn(

@@ -259,6 +259,11 @@ def test_cli_analyze_errors(mlp_store: Path, args: list[str], message: str, code
     assert tree_digest(mlp_store) == before
 
 
-def test_dask_is_not_left_configured(mlp_store: Path) -> None:
+def test_dask_and_zarr_are_not_left_configured(mlp_store: Path) -> None:
+    import zarr
+
+    default_pipeline = zarr.config.get("codec_pipeline.path")
     plugins.analyze("loss", mlp_store, scheduler="processes", workers=1)
+    plugins.analyze("loss", mlp_store, scheduler="threads", force=True)
     assert dask.config.get("scheduler", None) is None
+    assert zarr.config.get("codec_pipeline.path") == default_pipeline, "zarrs must be set per array, not globally"

@@ -176,6 +176,21 @@ def test_registration_validates_analyzers() -> None:
         registry = load_registry(entry_points=False, extra=[Plugin()])
     assert "x" not in registry.analyzers
 
+    class RegistersAType:
+        @plugins.hookimpl
+        def ckpt_register_analyzers(self, register) -> None:
+            register(int)
+
+    with pytest.warns(PluginWarning, match="<class 'int'> is not a subclass of plugins.Analyzer"):
+        load_registry(entry_points=False, extra=[RegistersAType()])
+
+
+def test_extra_plugins_already_registered_are_not_registered_twice() -> None:
+    import analyzers.loss
+
+    registry = load_registry(entry_points=False, extra=[analyzers.loss])
+    assert registry.provider("analyzers", "loss").package == "ckpt"
+
 
 def test_builtin_objectives_and_importers_register_through_hooks() -> None:
     registry = load_registry(entry_points=False)
