@@ -264,7 +264,7 @@ def _compute(
         # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
         # commit costs ~50-70 ms, so committing every block of a few steps
         # tripled the engine's time against a plain loop (bench/engine.py).
-        size = engine["block_steps"] or count
+        size = engine["block_steps"] or max(count, 4)
         done = list(covered)
         start = 0
         with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None) as bar:
