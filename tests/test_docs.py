@@ -61,3 +61,8 @@ def test_analyzer_reference_documents_every_builtin_analyzer_and_option() -> Non
         assert f"## `{name}`" in doc, name
         for option in analyzer.option_spec():
             assert f"`--{option.replace('_', '-')}`" in doc, f"{name}: --{option}"
+
+
+def test_plugin_guide_shows_the_example_plugin_verbatim() -> None:
+    code = (ROOT / "docs" / "examples" / "ckpt-example-plugin" / "ckpt_weight_norm" / "__init__.py").read_text()
+    assert code.strip() in (ROOT / "docs" / "plugins.md").read_text(), "docs/plugins.md must show the tested example"
