@@ -267,3 +267,44 @@ def test_dask_and_zarr_are_not_left_configured(mlp_store: Path) -> None:
     plugins.analyze("loss", mlp_store, scheduler="threads", force=True)
     assert dask.config.get("scheduler", None) is None
     assert zarr.config.get("codec_pipeline.path") == default_pipeline, "zarrs must be set per array, not globally"
+
+
+class LossChange(Analyzer):
+    """Per-datapoint loss change between consecutive checkpoints, from the stored `loss` result."""
+
+    name = "loss-change-test"
+    description = "Loss change per transition (test analyzer built on `loss`)."
+    requires = ("loss",)
+    per = "pair"
+
+    def compute(self, ctx: AnalysisContext):
+        import xarray as xr
+
+        loss = ctx.result("loss")["loss"]
+        after = loss.sel(step=[ctx.next_step(s) for s in ctx.steps]).data
+        before = loss.sel(step=ctx.steps).data
+        return xr.Dataset({"change": (("step", "datapoint"), after - before)}, coords={"step": ctx.steps})
+
+
+class LossChangePlugin:
+    @plugins.hookimpl
+    def ckpt_register_analyzers(self, register) -> None:
+        register(LossChange)
+
+
+def test_requirements_run_first_and_pairs_grow_incrementally(mlp_store: Path) -> None:
+    registry = load_registry(extra=[LossChangePlugin()])
+    report = run("loss-change-test", mlp_store, registry=registry)
+    assert [d.name for d in report.dependencies] == ["loss"]
+    assert report.dependencies[0].computed_steps == [0, 1, 2, 3, 4, 5]
+    assert report.computed_steps == [0, 1, 2, 3, 4], "one row per transition, at its first step"
+    expected = direct_losses(mlp_store)
+    np.testing.assert_allclose(report.dataset["change"].sel(step=2).values, expected[3] - expected[2], rtol=1e-5)
+    with ckptstore.open(mlp_store, mode="a") as w:
+        torch.manual_seed(6)
+        w.write(6, mlp())
+    again = run("loss-change-test", mlp_store, registry=registry)
+    assert again.dependencies[0].computed_steps == [6]
+    assert again.computed_steps == [5], "only the new transition 5 -> 6"
+    expected = direct_losses(mlp_store)
+    np.testing.assert_allclose(again.dataset["change"].sel(step=5).values, expected[6] - expected[5], rtol=1e-5)
