@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
-import hashlib
 import json
 import os
 import socket
@@ -28,6 +27,7 @@ from zarr.core.sync import sync
 
 from ckptstore import _zarr
 from ckptstore.arrays import count_nonfinite, to_numpy
+from ckptstore.data import check_data, data_digest
 from ckptstore.errors import (
     DataError,
     InvalidNameError,
@@ -42,7 +42,6 @@ from ckptstore.errors import (
 from ckptstore.format import (
     CHECKPOINTS,
     DATA,
-    DATA_VARIABLES,
     FORMAT_NAME,
     FORMAT_VERSION,
     LABELS,
@@ -552,12 +551,7 @@ class Writer:
         if base in self._nodes and not overwrite:
             msg = f"data split {split!r} already exists in {self._where}; pass overwrite=True to replace it"
             raise DataError(msg)
-        variables = self._check_data(split, inputs, targets, mask, labels or {}, text)
-        digest = hashlib.sha256()
-        for name in sorted(variables):
-            array = variables[name][0]
-            digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
-            digest.update(array.tobytes() if array.dtype.kind != "O" else json.dumps(array.tolist()).encode())
+        variables = check_data(split, inputs, targets, mask, labels or {}, text)
         n = len(variables["inputs"][0])
         token_mask = variables.get("mask", (None,))[0]
         datapoints = int(token_mask.sum()) if token_mask is not None else n
@@ -566,7 +560,7 @@ class Writer:
                 "examples": n,
                 "datapoints": datapoints,
                 "labels": sorted(k.removeprefix(f"{LABELS}/") for k in variables if k.startswith(f"{LABELS}/")),
-                "sha256": digest.hexdigest(),
+                "sha256": data_digest(variables),
                 "created": _now(),
             }
         }
@@ -597,72 +591,6 @@ class Writer:
                 nodes[f"{base}/{name}"] = _zarr.node_json(created)
         self._nodes.update(nodes)
         self._commit()
-
-    def _check_data(
-        self,
-        split: str,
-        inputs: Any,
-        targets: Any,
-        mask: Any,
-        labels: Mapping[str, Any],
-        text: Sequence[str] | None,
-    ) -> dict[str, tuple[np.ndarray, tuple[str, ...]]]:
-        def convert(value: Any, what: str) -> np.ndarray:
-            try:
-                array, logical = to_numpy(value)
-            except UnsupportedTensorError as exc:
-                raise DataError(f"data split {split!r}: {what}: {exc}") from None
-            if logical != array.dtype.name:
-                msg = f"data split {split!r}: {what} has dtype {logical}; store data as float32 or integers"
-                raise DataError(msg)
-            if array.ndim == 0:
-                raise DataError(f"data split {split!r}: {what} must have a first dimension of examples")
-            return array
-
-        arrays: dict[str, np.ndarray] = {"inputs": convert(inputs, "inputs")}
-        n = len(arrays["inputs"])
-        if targets is not None:
-            arrays["targets"] = convert(targets, "targets")
-        if mask is not None:
-            m = convert(mask, "mask")
-            if m.dtype != np.bool_:
-                if not np.isin(m, (0, 1)).all():
-                    raise DataError(f"data split {split!r}: mask must be boolean (or 0/1), got dtype {m.dtype}")
-                m = m.astype(bool)
-            ref = arrays.get("targets", arrays["inputs"])
-            if m.shape != ref.shape[: m.ndim] or m.ndim < 1:
-                which = "targets" if "targets" in arrays else "inputs"
-                msg = (
-                    f"data split {split!r}: mask has shape {m.shape}; expected the leading shape of {which} {ref.shape}"
-                )
-                raise DataError(msg)
-            arrays["mask"] = m
-        if text is not None:
-            if isinstance(text, str) or not all(isinstance(t, str) for t in text):
-                raise DataError(f"data split {split!r}: text must be a sequence of strings, one per example")
-            arrays["text"] = np.array(list(text), dtype=object)
-        for name, value in labels.items():
-            problem = check_name(name, "label")
-            if problem:
-                raise InvalidNameError(problem)
-            if name in DATA_VARIABLES:
-                raise InvalidNameError(f"label name {name!r} clashes with the data variable of that name")
-            arrays[f"{LABELS}/{name}"] = convert(value, f"label {name!r}")
-        for name, array in arrays.items():
-            if len(array) != n:
-                msg = f"data split {split!r}: {name} has {len(array)} examples; expected {n} like inputs"
-                raise DataError(msg)
-        token_shape = arrays["mask"].shape[1:] if "mask" in arrays else arrays.get("targets", np.zeros(n)).shape[1:]
-        result = {}
-        for name, array in arrays.items():
-            short = name.removeprefix(f"{LABELS}/")
-            dims = ["example"]
-            k = len(token_shape)
-            if k and array.shape[1 : 1 + k] == token_shape:
-                dims += ["position"] + [f"position.{j}" for j in range(1, k)]
-            dims += [f"{short}.{j}" for j in range(len(dims), array.ndim)]
-            result[name] = (array, tuple(dims))
-        return result
 
     # -- closing ---------------------------------------------------------------------------
     def close(self) -> None:
