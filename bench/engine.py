@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ["OMP_NUM_THREADS"] = "1"  # workers inherit it (LocalCluster processes too)
 
+import dask  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from distributed import LocalCluster  # noqa: E402
@@ -101,7 +102,13 @@ def main() -> None:
         np.testing.assert_allclose(values, expected, rtol=1e-5)
         scaling = {}
         for n in (1, 2):  # clusters started outside the timing: we measure the engine, not dask's start-up
-            with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+            # the environment the engine gives the clusters it starts itself (see compute_settings)
+            environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {})}
+            environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+            with (
+                dask.config.set({"distributed.nanny.pre-spawn-environ": environ}),
+                LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+            ):
                 engine(address=cluster.scheduler_address)  # warm the workers' caches, as a long session would
                 scaling[n], values = timed(lambda c=cluster: engine(address=c.scheduler_address), args.repeat)
                 np.testing.assert_allclose(values, expected, rtol=1e-5)
