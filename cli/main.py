@@ -72,10 +72,10 @@ def cli() -> None:
 
 def _register_commands() -> None:
     # one module per command group; imported here, not at package import
-    from cli import analyze, info, io
+    from cli import analyze, info, io, train
 
     commands = (info.info, info.verify, io.import_command, io.repair)
-    commands += (analyze.analyze, analyze.plugins_command, analyze.show)
+    commands += (analyze.analyze, analyze.plugins_command, analyze.show, train.train_command, train.demo)
     for command in commands:
         cli.add_command(command)
 

@@ -23,6 +23,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "plugins.objectives",
     "plugins.importers",
     "analyzers.loss",
+    "sandboxes",
 )
 """Modules of ckpt's own plugins, registered exactly like third-party ones."""
 

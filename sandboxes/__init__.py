@@ -1,0 +1,38 @@
+"""Training sandboxes from the three seed papers, registered as ``ckpt_register_tasks`` plugins.
+
+- ``sparse-modular-addition`` (Clustering Head): a d=2 transformer on sparse modular addition.
+- ``modular-addition`` (Clustering and Alignment): 2-D embeddings, constant attention, an MLP.
+- ``addition`` (Hidden Breakthroughs): a decoder-only transformer on 3-digit addition.
+
+Each trains with an ordinary PyTorch loop (:func:`sandboxes.base.train`) and
+writes through the public ckptstore writer. Imports point down: sandboxes →
+plugins → ckptstore.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from plugins.hookspecs import hookimpl
+
+TASK_MODULES = {
+    "sparse-modular-addition": "sandboxes.sparse_modular_addition:SparseModularAddition",
+    "modular-addition": "sandboxes.modular_addition:ModularAddition",
+    "addition": "sandboxes.addition:Addition",
+}
+
+
+@hookimpl
+def ckpt_register_tasks(register: Callable[[str, Any], None]) -> None:
+    """Register the three sandboxes (a module that fails to import is skipped by the host with a warning)."""
+    for name, target in TASK_MODULES.items():
+        module_name, _, attr = target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # not written yet
+        register(name, getattr(module, attr)())

@@ -1,0 +1,300 @@
+"""What every sandbox task shares: the :class:`Task` interface and the training loop.
+
+A task defines its data, its model factory, its optimizer and its presets;
+:func:`train` runs an ordinary PyTorch loop and writes checkpoints, metrics and
+the evaluation data through the public ckptstore writer, exactly as a user's
+own training code would. The sandboxes are clients of the store, not special
+cases inside it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+import ckptstore
+from ckptstore.errors import CkptError
+from plugins.analyzer import Option
+
+
+class TaskError(CkptError):
+    """A training task was asked for something it cannot do (unknown preset, bad option ...)."""
+
+
+@dataclass
+class Dataset:
+    """Training and test data of a run, and the splits stored with it.
+
+    Attributes
+    ----------
+    train_inputs, train_targets, test_inputs, test_targets
+        Tensors; ``train_mask``/``test_mask`` select the datapoints of token tasks.
+    splits
+        ``{split name: keyword arguments of Writer.add_data}``; ``"eval"`` is what
+        analyzers evaluate on by default.
+    """
+
+    train_inputs: torch.Tensor
+    train_targets: torch.Tensor
+    test_inputs: torch.Tensor
+    test_targets: torch.Tensor
+    train_mask: torch.Tensor | None = None
+    test_mask: torch.Tensor | None = None
+    splits: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class Task:
+    """Base class of a training sandbox (a ``ckpt_register_tasks`` plugin).
+
+    Subclasses set ``name``, ``description``, ``objective``, ``factory`` and
+    ``presets`` (``"default"`` at least; ``"paper"`` for the paper's setting),
+    declare task options as :class:`plugins.Option` class attributes (``None``
+    default = the preset's value), and implement :meth:`model_config`,
+    :meth:`make_data` and :meth:`make_optimizer`.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    objective: ClassVar[str] = "cross-entropy"
+    factory: ClassVar[str]
+    """Model factory ``"package.module:function"`` recorded in the store."""
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    """Named settings; each holds every option plus ``steps`` (or ``epochs``), ``every``, ``batch_size``."""
+
+    @classmethod
+    def option_spec(cls) -> dict[str, Option]:
+        """Task options, by name (CLI options of ``ckpt train TASK``)."""
+        spec: dict[str, Option] = {}
+        for klass in reversed(cls.__mro__):
+            spec.update({k: v for k, v in vars(klass).items() if isinstance(v, Option)})
+        return spec
+
+    def config(self, preset: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The preset's settings overridden by the options given (``None`` = not given)."""
+        if preset not in self.presets:
+            msg = f"task {self.name!r} has no preset {preset!r}; presets: {', '.join(self.presets)}"
+            raise TaskError(msg)
+        spec = self.option_spec()
+        unknown = sorted(set(options) - set(spec))
+        if unknown:
+            msg = f"task {self.name!r} has no option {unknown[0]!r}; its options are: {', '.join(spec)}"
+            raise TaskError(msg)
+        config = dict(self.presets[preset])
+        for key, value in options.items():
+            if value is not None:
+                config[key] = spec[key].convert(value, self.name)
+        return config
+
+    def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Keyword arguments of the model factory."""
+        raise NotImplementedError
+
+    def build_model(self, config: Mapping[str, Any]) -> torch.nn.Module:
+        """The model, built through the recorded factory (what analyzers will rebuild)."""
+        return ckptstore.ModelSpec(self.factory, self.model_config(config)).build()
+
+    def make_data(self, config: Mapping[str, Any], seed: int) -> Dataset:
+        """Training and test data, and the splits to store."""
+        raise NotImplementedError
+
+    def make_optimizer(self, model: torch.nn.Module, config: Mapping[str, Any]) -> tuple[torch.optim.Optimizer, Any]:
+        """The optimizer and an optional learning-rate scheduler (stepped every step)."""
+        raise NotImplementedError
+
+    def steps_per_epoch(self, data: Dataset, config: Mapping[str, Any]) -> int:
+        """Optimizer steps in one pass over the training data."""
+        batch = config.get("batch_size")
+        return 1 if not batch else math.ceil(len(data.train_inputs) / batch)
+
+    def batches(self, data: Dataset, config: Mapping[str, Any], epoch: int, seed: int) -> Iterator[tuple]:
+        """Minibatches ``(inputs, targets, mask)`` of one epoch, shuffled reproducibly by (seed, epoch)."""
+        batch = config.get("batch_size")
+        n = len(data.train_inputs)
+        if not batch:  # full batch
+            yield data.train_inputs, data.train_targets, data.train_mask
+            return
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch):
+            rows = order[start : start + batch]
+            mask = None if data.train_mask is None else data.train_mask[rows]
+            yield data.train_inputs[rows], data.train_targets[rows], mask
+
+    def per_datapoint_loss(self, outputs: torch.Tensor, targets: torch.Tensor, mask: Any) -> torch.Tensor:
+        """The objective's per-datapoint losses (the same function analyzers use)."""
+        from plugins.runtime import registry
+
+        return registry().objectives[self.objective].losses(outputs, targets, mask)
+
+    def correct(self, outputs: torch.Tensor, targets: torch.Tensor, mask: Any) -> torch.Tensor:
+        """Per-datapoint correctness (argmax == target), in the objective's datapoint order."""
+        hits = outputs.argmax(-1) == targets
+        return hits.flatten() if mask is None else hits[mask.bool()]
+
+    def evaluate(self, model: torch.nn.Module, data: Dataset) -> dict[str, float]:
+        """Loss and accuracy on the training and test data."""
+        metrics = {}
+        with torch.no_grad():
+            for part in ("train", "test"):
+                inputs, targets = getattr(data, f"{part}_inputs"), getattr(data, f"{part}_targets")
+                mask = getattr(data, f"{part}_mask")
+                losses, hits = [], []
+                for start in range(0, len(inputs), 4096):
+                    rows = slice(start, start + 4096)
+                    outputs = model(inputs[rows])
+                    m = None if mask is None else mask[rows]
+                    losses.append(self.per_datapoint_loss(outputs, targets[rows], m))
+                    hits.append(self.correct(outputs, targets[rows], m))
+                metrics[f"{part}_loss"] = float(torch.cat(losses).mean())
+                metrics[f"{part}_accuracy"] = float(torch.cat(hits).float().mean())
+        return metrics
+
+
+def checkpoint_steps(total: int, every: int, log_spaced: bool) -> list[int]:
+    """Steps at which to checkpoint: 0, every ``every`` steps, the last, and dense early ones if asked."""
+    steps = set(range(0, total + 1, max(1, every))) | {0, total}
+    if log_spaced and total > 1:
+        steps |= {int(s) for s in np.unique(np.round(np.logspace(0, np.log10(total), 40)).astype(int))}
+    return sorted(s for s in steps if 0 <= s <= total)
+
+
+def _device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        msg = "--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto"
+        raise TaskError(msg)
+    return torch.device(device)
+
+
+def _to(data: Dataset, device: torch.device) -> Dataset:
+    moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(data).items() if k != "splits"}
+    return Dataset(**moved, splits=data.splits)
+
+
+def train(
+    task: Task,
+    store: str | os.PathLike[str],
+    *,
+    preset: str = "default",
+    steps: int | None = None,
+    epochs: int | None = None,
+    every: int | None = None,
+    log_spaced: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    resume: bool = False,
+    progress: bool = False,
+    **options: Any,
+) -> ckptstore.Store:
+    """Train ``task`` and record the run in ``store``.
+
+    Parameters
+    ----------
+    task
+        The sandbox.
+    store
+        Path of the store to create (or, with ``resume``, to continue).
+    preset
+        Named settings (``"default"``, ``"paper"`` ...).
+    steps, epochs
+        Length of the run in optimizer steps or in epochs (default: the preset's).
+    every
+        Checkpoint every this many steps (default: the preset's).
+    log_spaced
+        Add ~40 log-spaced checkpoints, dense early in the run.
+    seed
+        Seeds data, initialisation and batch order.
+    device
+        ``"cpu"``, ``"cuda"`` or ``"auto"``.
+    resume
+        Continue an existing store from its last checkpoint (the optimizer
+        state is not stored: Adam's moments restart from zero).
+    progress
+        Show a progress bar.
+    **options
+        Task options overriding the preset.
+
+    Returns
+    -------
+    ckptstore.Store
+        The store, read-only.
+    """
+    from tqdm import tqdm
+
+    if steps is not None and epochs is not None:
+        raise TaskError("give --steps or --epochs, not both")
+    config = task.config(preset, options)
+    target = _device(device)
+    torch.manual_seed(seed)
+    data = task.make_data(config, seed)
+    model = task.build_model(config).to(target)
+    per_epoch = task.steps_per_epoch(data, config)
+    if steps is None:
+        epochs = epochs if epochs is not None else config.get("epochs")
+        steps = epochs * per_epoch if epochs is not None else int(config["steps"])
+    every = every or int(config.get("every") or per_epoch)
+    schedule = checkpoint_steps(steps, every, log_spaced)
+    attrs = {"task": task.name, "preset": preset, "seed": seed, "steps": steps, "config": config}
+    if resume:
+        writer = ckptstore.open(store, mode="a")
+        start = 0 if writer.last_step is None else writer.last_step
+        if writer.last_step is not None:
+            model.load_state_dict(writer.reader().tensors(start, framework="torch", device=target))
+    else:
+        if os.path.exists(store):
+            msg = f"{store} already exists; pass --resume to continue that run, or choose another path"
+            raise TaskError(msg)
+        writer = ckptstore.create(
+            store,
+            model=task.factory,
+            config=task.model_config(config),
+            objective=task.objective,
+            framework="torch",
+            attrs=attrs,
+        )
+        for split, arrays in data.splits.items():
+            writer.add_data(split, **arrays)
+        start = 0
+    data = _to(data, target)
+    optimizer, scheduler = task.make_optimizer(model, config)
+    for _ in range(start):  # keep the learning-rate schedule where the run left it
+        if scheduler is not None:
+            scheduler.step()
+    pending = [s for s in schedule if s > start or (s == 0 and writer.last_step is None)]
+    with writer, tqdm(total=steps - start, desc=task.name, unit="step", disable=not progress or None) as bar:
+        step = start
+        epoch = step // per_epoch
+        if pending and pending[0] == step:
+            model.eval()
+            writer.write(step, model, metrics=task.evaluate(model, data))
+            pending.pop(0)
+        skip = step - epoch * per_epoch  # a resumed run continues inside its epoch
+        while step < steps:
+            for inputs, targets, mask in task.batches(data, config, epoch, seed):
+                if skip:
+                    skip -= 1
+                    continue
+                if step >= steps:
+                    break
+                model.train()
+                loss = task.per_datapoint_loss(model(inputs), targets, mask).mean()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+                step += 1
+                bar.update(1)
+                if pending and pending[0] == step:
+                    model.eval()
+                    writer.write(step, model, metrics=task.evaluate(model, data))
+                    pending.pop(0)
+            epoch += 1
+    return ckptstore.open(store)

@@ -1,0 +1,82 @@
+"""The shared training loop of the sandboxes, on a small classification task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ckptstore
+from plugins.analyzer import Option
+from sandboxes.base import Dataset, Task, TaskError, checkpoint_steps, train
+
+
+class Blobs(Task):
+    """Four Gaussian blobs in 3-D, classified by tests.models:mlp (SGD, so a resume is exact)."""
+
+    name = "blobs"
+    description = "test task"
+    factory = "tests.models:mlp"
+    presets = {"default": {"steps": 12, "every": 4, "batch_size": 16, "lr": 0.1, "hidden": 8}}
+    lr = Option(float, None, "learning rate")
+    hidden = Option(int, None, "hidden units")
+
+    def model_config(self, config):
+        return {"d_in": 3, "hidden": config["hidden"], "classes": 4}
+
+    def make_data(self, config, seed):
+        g = torch.Generator().manual_seed(seed)
+        centers = torch.randn(4, 3, generator=g) * 3
+        targets = torch.randint(0, 4, (96,), generator=g)
+        inputs = centers[targets] + torch.randn(96, 3, generator=g)
+        return Dataset(
+            inputs[:64],
+            targets[:64],
+            inputs[64:],
+            targets[64:],
+            splits={
+                "eval": {"inputs": inputs, "targets": targets, "labels": {"split": (torch.arange(96) >= 64).long()}}
+            },
+        )
+
+    def make_optimizer(self, model, config):
+        return torch.optim.SGD(model.parameters(), lr=config["lr"]), None
+
+
+def test_checkpoint_schedule() -> None:
+    assert checkpoint_steps(10, 4, False) == [0, 4, 8, 10]
+    dense = checkpoint_steps(1000, 500, True)
+    assert dense[:5] == [0, 1, 2, 3, 4] and dense[-1] == 1000 and 500 in dense
+
+
+def test_train_writes_checkpoints_metrics_and_data(tmp_path: Path) -> None:
+    store = train(Blobs(), tmp_path / "run.zarr", seed=1)
+    assert store.steps.tolist() == [0, 4, 8, 12]
+    assert store.model == ckptstore.ModelSpec("tests.models:mlp", {"d_in": 3, "hidden": 8, "classes": 4})
+    assert set(store.metrics.data_vars) == {"train_loss", "train_accuracy", "test_loss", "test_accuracy"}
+    assert store.metrics["train_loss"].values[-1] < store.metrics["train_loss"].values[0]
+    assert store.data("eval").attrs["labels"] == ["split"]
+    assert store.attrs["task"] == "blobs" and store.attrs["seed"] == 1
+
+
+def test_options_override_presets_and_are_checked(tmp_path: Path) -> None:
+    store = train(Blobs(), tmp_path / "a.zarr", hidden=5, steps=4, every=2)
+    assert store.schema["0.weight"].shape == (5, 3)
+    assert store.steps.tolist() == [0, 2, 4]
+    with pytest.raises(TaskError, match="has no option 'width'"):
+        train(Blobs(), tmp_path / "b.zarr", width=3)
+    with pytest.raises(TaskError, match="has no preset 'paper'"):
+        train(Blobs(), tmp_path / "c.zarr", preset="paper")
+
+
+def test_existing_store_is_refused_unless_resumed_and_resume_is_exact(tmp_path: Path) -> None:
+    whole = train(Blobs(), tmp_path / "whole.zarr", steps=12, every=4)
+    train(Blobs(), tmp_path / "part.zarr", steps=6, every=4)
+    with pytest.raises(TaskError, match="already exists; pass --resume"):
+        train(Blobs(), tmp_path / "part.zarr", steps=12, every=4)
+    resumed = train(Blobs(), tmp_path / "part.zarr", steps=12, every=4, resume=True)
+    assert resumed.steps.tolist() == [0, 4, 6, 8, 12]
+    for name, value in whole.tensors(12).items():  # plain SGD has no state: resuming is exact
+        np.testing.assert_allclose(resumed.tensors(12)[name], value, rtol=1e-6, atol=1e-7)
