@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ class Blobs(Task):
     name = "blobs"
     description = "test task"
     factory = "tests.models:mlp"
-    presets = {"default": {"steps": 12, "every": 4, "batch_size": 16, "lr": 0.1, "hidden": 8}}
+    presets: ClassVar[dict] = {"default": {"steps": 12, "every": 4, "batch_size": 16, "lr": 0.1, "hidden": 8}}
     lr = Option(float, None, "learning rate")
     hidden = Option(int, None, "hidden units")
 
