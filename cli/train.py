@@ -58,11 +58,18 @@ class TrainGroup(click.Group):
         return sorted(registry().tasks)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:  # noqa: D102
+        from sandboxes.base import Task
+
         tasks = registry().tasks
         if cmd_name not in tasks:
             msg = f"unknown task {cmd_name!r}; registered tasks: {', '.join(sorted(tasks)) or 'none'}"
             raise click.UsageError(msg, ctx)
-        return _make_train_command(cmd_name, tasks[cmd_name])
+        task = tasks[cmd_name]
+        if not isinstance(task, Task):
+            provider = registry().provider("tasks", cmd_name)
+            msg = f"task {cmd_name!r} registered by {provider} is not a sandboxes.base.Task and cannot be trained"
+            raise click.UsageError(msg, ctx)
+        return _make_train_command(cmd_name, task)
 
 
 @click.group("train", cls=TrainGroup)

@@ -82,9 +82,10 @@ def ckpt_register_importers(register: Callable[[str, Any], None]) -> None:
 def ckpt_register_tasks(register: Callable[[str, Any], None]) -> None:
     """Register training tasks (sandboxes) for ``ckpt train TASK``.
 
-    :param register: call ``register(name, task)`` where ``task`` is an object
-        with a ``train(store, **options)`` method that writes checkpoints
-        through the public ckptstore writer, and a ``description``.
+    :param register: call ``register(name, task)`` where ``task`` is an instance
+        of a ``sandboxes.base.Task`` subclass: its data, model factory, optimizer,
+        presets and typed options; ``ckpt train`` runs it with the shared loop,
+        which writes through the public ckptstore writer.
 
     Example::
 

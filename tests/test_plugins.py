@@ -62,12 +62,13 @@ THIRD_PARTY = {
     "task_plugin.py": textwrap.dedent(
         """
         from plugins import hookimpl
+        from sandboxes.base import Task
 
-        class Countdown:
+        class Countdown(Task):
+            name = "countdown"
             description = "a task that only counts"
-
-            def train(self, store, **options):
-                return None
+            factory = "tests.models:mlp"
+            presets = {"default": {"steps": 1}}
 
         @hookimpl
         def ckpt_register_tasks(register):
