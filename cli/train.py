@@ -99,7 +99,10 @@ def _place_table(store: Any, result: Any) -> list[str]:
     rows = [header]
     for i in picks:
         cells = [losses[i][place == k].mean() for k in range(4)]
-        with_carry, without = losses[i][carry == 1].mean(), losses[i][carry == 0].mean()
+        # the 1s digit never receives a carry: compare carry / no carry on the other places
+        receives = place < 3
+        with_carry = losses[i][receives & (carry == 1)].mean()
+        without = losses[i][receives & (carry == 0)].mean()
         row = f"  {int(steps[i]):>7}  " + "  ".join(f"{c:7.3f}" for c in cells)
         rows.append(row + f"  {with_carry:7.3f}  {without:8.3f}")
     return rows
@@ -141,7 +144,7 @@ def demo(directory: str, preset: str, device: str) -> None:
         f"final answer-token accuracy: train {float(final['train_accuracy']):.1%}, "
         f"test {float(final['test_accuracy']):.1%}"
     )
-    click.echo("mean loss of the answer digits by place, and by whether a carry comes into that place:")
+    click.echo("mean loss of the answer digits by place, and (1000s-10s) by whether a carry comes into that place:")
     for line in _place_table(store, report.dataset.load()):
         click.echo(line)
     click.echo("")

@@ -1,0 +1,272 @@
+"""``sparse-modular-addition``: the d=2 transformer of "Clustering Head" on sparse modular addition.
+
+Task: a sequence of ``length`` (L=12) tokens drawn uniformly from F_p; the target
+is the sum of the first ``k`` (5) tokens mod p. The remaining L-k tokens are
+distractors the model must learn to ignore, which it does by attending to the
+first k positions.
+
+Model (embedding dimension d=2, so every activation can be drawn in the plane):
+
+1. ``z_t = normalize(E[x_t] + P[t])``: token plus absolute position embedding,
+   put on the unit circle;
+2. one attention layer with a single learned query ``q`` (no keys, no output
+   matrix): ``a_t = softmax_t(z_t · q / sqrt(d))``, ``y = Σ_t a_t V z_t`` (one
+   vector per sequence, no residual);
+3. an MLP block with pre-norm, GELU and a residual: ``h = y + W2 gelu(W1 normalize(y) + b1) + b2``;
+4. tied decoding: ``logits = h · E^T`` (p classes).
+
+Attention is written with explicit matmuls and softmax (no fused SDPA) so that
+forward-mode AD (``torch.func.jvp``) works on the model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from plugins.analyzer import Option
+from sandboxes.base import Dataset, Task, TaskError
+
+EPS = 1e-12
+"""Added to the squared norm before the square root: keeps a (measure-zero) zero vector finite."""
+
+
+def unit_normalize(x: torch.Tensor) -> torch.Tensor:
+    """Project the last dimension onto the unit sphere: ``x / sqrt(Σ x_i² + EPS)``.
+
+    This is RMS-norm without gain up to a constant factor: RMSNorm(x) =
+    ``x / sqrt(mean(x_i²))`` has norm sqrt(d); we divide by sqrt(d) more so that,
+    as in the paper's figures, the embeddings lie on the *unit* circle.
+
+    Parameters
+    ----------
+    x
+        ``[..., d]`` tensor.
+
+    Returns
+    -------
+    torch.Tensor
+        Same shape, each vector of norm 1 (unless it is ~0).
+    """
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + EPS)
+
+
+class QueryAttention(nn.Module):
+    """Single-head attention pooling with one learned query vector and a value matrix.
+
+    Parameters
+    ----------
+    dim
+        Embedding dimension d.
+
+    Attributes
+    ----------
+    query
+        ``[d]``: the query vector q (there is no key matrix: scores are ``z_t · q``).
+    value
+        ``Linear(d, d, bias=False)``: the value matrix V (there is no output matrix).
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+        # std 1: with |z_t| = 1 the initial scores are O(1/sqrt(2)), attention starts near uniform
+        self.query = nn.Parameter(torch.randn(dim))
+        self.value = nn.Linear(dim, dim, bias=False)
+
+    def weights(self, z: torch.Tensor) -> torch.Tensor:
+        """Attention weights ``a = softmax_t(z_t · q / sqrt(d))``, ``[batch, L]``."""
+        scores = torch.matmul(z, self.query) / math.sqrt(self.dim)
+        return torch.softmax(scores, dim=-1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """Pooled output ``Σ_t a_t V z_t``, ``[batch, d]``, from embeddings ``z`` ``[batch, L, d]``."""
+        weights = self.weights(z)
+        values = torch.matmul(z, self.value.weight.T)  # V z_t for every t
+        return torch.matmul(weights.unsqueeze(-2), values).squeeze(-2)
+
+
+class MLP(nn.Module):
+    """Pre-norm GELU MLP with a residual: ``y + fc2(gelu(fc1(normalize(y))))``.
+
+    Parameters
+    ----------
+    dim
+        Embedding dimension d.
+    hidden
+        Hidden units h.
+    """
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        """Residual MLP block on ``[batch, d]``."""
+        return y + self.fc2(torch.nn.functional.gelu(self.fc1(unit_normalize(y))))
+
+
+class ClusteringHeadTransformer(nn.Module):
+    """The one-layer, d=2 transformer of "Clustering Head" (see the module docstring).
+
+    Parameters
+    ----------
+    p
+        Vocabulary size (the field F_p); also the number of classes.
+    length
+        Sequence length L (number of position embeddings).
+    hidden
+        Hidden units of the MLP.
+    dim
+        Embedding dimension d (2 in the paper).
+    """
+
+    def __init__(self, p: int = 2, length: int = 12, hidden: int = 32, dim: int = 2) -> None:
+        super().__init__()
+        self.p, self.length, self.dim = p, length, dim
+        self.embed = nn.Embedding(p, dim)
+        self.pos = nn.Embedding(length, dim)
+        self.attn = QueryAttention(dim)
+        self.mlp = MLP(dim, hidden)
+
+    def embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Normalized token + position embeddings ``z``, ``[batch, L, d]``, of ``[batch, L]`` tokens."""
+        positions = torch.arange(tokens.shape[-1], device=tokens.device)
+        return unit_normalize(self.embed(tokens) + self.pos(positions))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits ``[batch, p]`` of integer tokens ``[batch, L]``."""
+        pooled = self.attn(self.embeddings(tokens))
+        hidden = self.mlp(pooled)
+        # tied decoding: a class's logit is the alignment of the output with its token embedding
+        return torch.matmul(hidden, self.embed.weight.T)
+
+
+def build_model(p: int = 2, length: int = 12, hidden: int = 32, dim: int = 2) -> ClusteringHeadTransformer:
+    """Model factory recorded in the store (``sandboxes.sparse_modular_addition:build_model``).
+
+    Parameters
+    ----------
+    p, length, hidden, dim
+        See :class:`ClusteringHeadTransformer`.
+
+    Returns
+    -------
+    ClusteringHeadTransformer
+        A freshly initialised model (seed torch beforehand for reproducibility).
+    """
+    return ClusteringHeadTransformer(p=p, length=length, hidden=hidden, dim=dim)
+
+
+def make_sequences(n: int, length: int, p: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` sequences of ``length`` tokens drawn uniformly from {0, ..., p-1}, ``int64``."""
+    return rng.integers(0, p, size=(n, length), dtype=np.int64)
+
+
+def sparse_sum(tokens: np.ndarray, k: int, p: int) -> np.ndarray:
+    """Targets: the sum of the first ``k`` tokens of every sequence, mod ``p``."""
+    return tokens[:, :k].sum(axis=1) % p
+
+
+def prefix_code(tokens: np.ndarray, k: int, p: int) -> np.ndarray:
+    """The first ``k`` tokens as one integer in base ``p``, the first token most significant."""
+    powers = p ** np.arange(k - 1, -1, -1, dtype=np.int64)
+    return tokens[:, :k] @ powers
+
+
+class SparseModularAddition(Task):
+    """Sparse modular addition (Clustering Head): y = (x_1 + ... + x_k) mod p over L tokens."""
+
+    name = "sparse-modular-addition"
+    description = "Clustering Head: a d=2 one-query transformer learns (x_1+...+x_k) mod p among L tokens."
+    objective = "cross-entropy"
+    factory = "sandboxes.sparse_modular_addition:build_model"
+
+    p = Option(int, None, "Field size p (tokens and classes in F_p).")
+    length = Option(int, None, "Sequence length L.")
+    k = Option(int, None, "Number of leading tokens summed (the rest are distractors).")
+    hidden = Option(int, None, "Hidden units of the MLP.")
+    lr = Option(float, None, "Adam learning rate.")
+    train_size = Option(int, None, "Training sequences.")
+    test_size = Option(int, None, "Test sequences.")
+
+    _paper: ClassVar[dict[str, Any]] = {
+        "p": 2,
+        "length": 12,
+        "k": 5,
+        "hidden": 32,
+        "lr": 3e-3,
+        "train_size": 2048,
+        "test_size": 2048,
+        "batch_size": 32,
+        "epochs": 1000,
+        "every": None,  # None = one epoch (64 steps at the paper's sizes)
+    }
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "paper": _paper,
+        # the paper's setting, shortened to fit ~a minute on a 2-core CPU; still a checkpoint every epoch
+        "default": {**_paper, "epochs": 100},
+    }
+
+    def _check(self, config: Mapping[str, Any]) -> None:
+        p, length, k = config["p"], config["length"], config["k"]
+        if p < 2:
+            raise TaskError(f"task {self.name!r}: option 'p' must be at least 2, got {p}")
+        if not 1 <= k <= length:
+            raise TaskError(f"task {self.name!r}: option 'k' must be in [1, length={length}], got {k}")
+        if config["train_size"] < 1 or config["test_size"] < 1:
+            raise TaskError(f"task {self.name!r}: train_size and test_size must be positive")
+
+    def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Factory keyword arguments: ``p``, ``length``, ``hidden`` and ``dim`` (always 2)."""
+        self._check(config)
+        return {"p": int(config["p"]), "length": int(config["length"]), "hidden": int(config["hidden"]), "dim": 2}
+
+    def make_data(self, config: Mapping[str, Any], seed: int) -> Dataset:
+        """Uniform train and test sequences (train drawn first, from ``default_rng(seed)``).
+
+        Train and test are drawn independently, as in the paper; with p=2 and
+        L=12 there are only 4096 distinct sequences, so the two sets overlap.
+        """
+        self._check(config)
+        p, length, k = int(config["p"]), int(config["length"]), int(config["k"])
+        n_train, n_test = int(config["train_size"]), int(config["test_size"])
+        rng = np.random.default_rng(seed)
+        train = make_sequences(n_train, length, p, rng)
+        test = make_sequences(n_test, length, p, rng)
+        train_y, test_y = sparse_sum(train, k, p), sparse_sum(test, k, p)
+        both = np.concatenate([train, test])
+        both_y = np.concatenate([train_y, test_y])
+        splits = {
+            "eval": {
+                "inputs": both,
+                "targets": both_y,
+                "labels": {
+                    "target": both_y,
+                    "prefix": prefix_code(both, k, p),
+                    "split": np.repeat(np.array([0, 1], dtype=np.int64), [n_train, n_test]),
+                },
+            },
+            "train": {
+                "inputs": train,
+                "targets": train_y,
+                "labels": {"target": train_y, "prefix": prefix_code(train, k, p)},
+            },
+        }
+        return Dataset(
+            train_inputs=torch.from_numpy(train),
+            train_targets=torch.from_numpy(train_y),
+            test_inputs=torch.from_numpy(test),
+            test_targets=torch.from_numpy(test_y),
+            splits=splits,
+        )
+
+    def make_optimizer(self, model: torch.nn.Module, config: Mapping[str, Any]) -> tuple[torch.optim.Optimizer, Any]:
+        """Adam (betas 0.9, 0.999) at ``lr``, no schedule."""
+        return torch.optim.Adam(model.parameters(), lr=float(config["lr"]), betas=(0.9, 0.999)), None
