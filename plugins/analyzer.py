@@ -97,6 +97,14 @@ class Option:
         return converted
 
 
+def declared_options(cls: type) -> dict[str, Option]:
+    """The :class:`Option` class attributes of ``cls`` and its bases, by name, base classes first."""
+    spec: dict[str, Option] = {}
+    for klass in reversed(cls.__mro__):
+        spec.update({k: v for k, v in vars(klass).items() if isinstance(v, Option)})
+    return spec
+
+
 class Analyzer:
     """Base class of every analyzer (built-in or plugin).
 
@@ -131,10 +139,7 @@ class Analyzer:
     @classmethod
     def option_spec(cls) -> dict[str, Option]:
         """The declared options, by name, in declaration order (base classes first)."""
-        spec: dict[str, Option] = {}
-        for klass in reversed(cls.__mro__):
-            spec.update({k: v for k, v in vars(klass).items() if isinstance(v, Option)})
-        return spec
+        return declared_options(cls)
 
     def dependency_options(self) -> dict[str, dict[str, Any]]:
         """Options to run each required analyzer with (default: their defaults)."""

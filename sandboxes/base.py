@@ -20,7 +20,7 @@ import torch
 
 import ckptstore
 from ckptstore.errors import CkptError
-from plugins.analyzer import Option
+from plugins.analyzer import Option, declared_options
 
 
 class TaskError(CkptError):
@@ -70,10 +70,7 @@ class Task:
     @classmethod
     def option_spec(cls) -> dict[str, Option]:
         """Task options, by name (CLI options of ``ckpt train TASK``)."""
-        spec: dict[str, Option] = {}
-        for klass in reversed(cls.__mro__):
-            spec.update({k: v for k, v in vars(klass).items() if isinstance(v, Option)})
-        return spec
+        return declared_options(cls)
 
     def config(self, preset: str, options: Mapping[str, Any]) -> dict[str, Any]:
         """The preset's settings overridden by the options given (``None`` = not given)."""
