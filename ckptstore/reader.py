@@ -241,6 +241,13 @@ class Store:
     def __len__(self) -> int:
         return len(self._steps)
 
+    def __contains__(self, step: object) -> bool:
+        """Whether ``step`` is a committed checkpoint (``1000 in store``)."""
+        try:
+            return int(step) in self._step_index  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            return False
+
     def __repr__(self) -> str:
         span = f"steps {self._steps[0]}..{self._steps[-1]}" if len(self._steps) else "no checkpoints"
         return (

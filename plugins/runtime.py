@@ -95,10 +95,11 @@ class Worker:
         return self._store
 
     def _ensure_step(self, step: int) -> None:
-        if int(step) not in set(self._store.steps.tolist()):
+        # a dict lookup per task: building a set of all steps here was O(T) per task
+        if step not in self._store:
             with self._lock:
                 self._store.refresh()  # committed after this worker opened the store
-        if int(step) not in set(self._store.steps.tolist()):
+        if step not in self._store:
             msg = f"step {step} is not a committed checkpoint of {self._store.path}"
             raise StepNotFoundError(msg)
 

@@ -193,6 +193,7 @@ def test_read_tensor_across_steps(small_store: Path) -> None:
     s = ckptstore.open(small_store)
     stacked = s.read_tensor("embed.weight")
     assert stacked.shape == (3, 10, 4)
+    assert 10 in s and 15 not in s and "x" not in s
     np.testing.assert_array_equal(stacked[2], make_tensors(20)["embed.weight"])
     np.testing.assert_array_equal(s.read_tensor("embed.weight", steps=[20, 0])[0], make_tensors(20)["embed.weight"])
 
