@@ -43,7 +43,8 @@ def _click_option(name: str, option: Any) -> click.Option:
             [f"{flag}/--no-{name.replace('_', '-')}"], default=bool(option.default), help=option.help, show_default=True
         )
     kind = click.Choice([str(c) for c in option.choices]) if option.choices else _TYPES.get(option.type, click.STRING)
-    return click.Option([flag, name], type=kind, default=option.default, help=option.help, show_default=True)
+    short = [f"-{name}"] if len(name) == 1 else []  # -k as in the papers' notation
+    return click.Option([*short, flag, name], type=kind, default=option.default, help=option.help, show_default=True)
 
 
 def _engine_options() -> list[click.Option]:

@@ -120,6 +120,9 @@ class Analyzer:
     """One line for ``ckpt analyze --help``."""
     requires: ClassVar[tuple[str, ...]] = ()
     """Analyzers whose results this one reads (computed first by the engine)."""
+    running_sums: ClassVar[dict[str, str]] = {}
+    """``{total: variable}``: the engine adds ``total``, the running sum of ``variable`` over
+    ``step``, continued across the blocks it commits and across incremental runs."""
     per: ClassVar[str] = PER_CHECKPOINT
     """How results grow with the run: ``"checkpoint"`` (one row per step), ``"pair"``
     (one row per consecutive pair, at its first step) or ``"run"`` (recomputed whole)."""
@@ -232,6 +235,17 @@ class AnalysisContext:
         index = int(np.searchsorted(steps, step))
         return int(steps[index + 1])
 
+    def delayed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A ``dask.delayed`` call of ``fn(worker, *args, **kwargs)`` on a worker.
+
+        For analyzers whose tasks depend on each other (a basis grown
+        checkpoint by checkpoint): pass earlier delayed results as arguments;
+        Dask computes them first and hands ``fn`` their values.
+        """
+        import dask
+
+        return dask.delayed(_call, pure=True)(fn, self.spec, args, kwargs)
+
     def _stack(
         self,
         fn: Callable[..., dict[str, np.ndarray]],
@@ -239,12 +253,13 @@ class AnalysisContext:
         sizes: Mapping[str, int],
         task_args: Callable[[int], list[tuple[tuple, dict, dict[str, int]]]],
         block_dim: str | None,
+        steps: Sequence[int],
     ) -> dict[str, Any]:
         import dask
         import dask.array as da
 
         columns: dict[str, list[Any]] = {name: [] for name in outputs}
-        for step in self.steps:
+        for step in steps:
             parts: dict[str, list[Any]] = {name: [] for name in outputs}
             for args, kwargs, part_sizes in task_args(step):
                 task = dask.delayed(_call, pure=True)(fn, self.spec, args, kwargs)
@@ -257,9 +272,11 @@ class AnalysisContext:
                 columns[name].append(pieces[0] if axis is None else da.concatenate(pieces, axis=axis))
         return {name: da.stack(column) for name, column in columns.items()}
 
-    def _dataset(self, arrays: dict[str, Any], outputs: Mapping[str, Output], coords: Mapping[str, Any]) -> xr.Dataset:
+    def _dataset(
+        self, arrays: dict[str, Any], outputs: Mapping[str, Output], coords: Mapping[str, Any], steps: Sequence[int]
+    ) -> xr.Dataset:
         variables = {name: (("step", *outputs[name][0]), array) for name, array in arrays.items()}
-        return xr.Dataset(variables, coords={"step": ("step", self.steps), **coords})
+        return xr.Dataset(variables, coords={"step": ("step", [int(s) for s in steps]), **coords})
 
     def map_checkpoints(
         self,
@@ -269,6 +286,7 @@ class AnalysisContext:
         sizes: Mapping[str, int] | None = None,
         coords: Mapping[str, Any] | None = None,
         datapoint_blocks: Sequence[tuple[slice, int]] | None = None,
+        steps: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> xr.Dataset:
         """Map ``fn(worker, step, **kwargs)`` over ``self.steps``; one Dask task per step.
@@ -288,6 +306,9 @@ class AnalysisContext:
             ``[(examples slice, datapoints in it), ...]``: split each step into one
             task per block of examples; ``fn`` is then called with ``examples=slice``
             and its outputs are concatenated along ``"datapoint"``.
+        steps
+            Checkpoint steps to map over instead of ``self.steps`` (a pair analyzer
+            computing per-checkpoint quantities once, for both pairs that share them).
         **kwargs
             Passed to ``fn`` (picklable values).
         """
@@ -304,8 +325,9 @@ class AnalysisContext:
                     ((step,), {**kwargs, "examples": block}, {"datapoint": count}) for block, count in datapoint_blocks
                 ]
 
-        arrays = self._stack(fn, outputs, sizes, task_args, "datapoint")
-        return self._dataset(arrays, outputs, coords or {})
+        steps = self.steps if steps is None else [int(s) for s in steps]
+        arrays = self._stack(fn, outputs, sizes, task_args, "datapoint", steps)
+        return self._dataset(arrays, outputs, coords or {}, steps)
 
     def map_pairs(
         self,
@@ -314,19 +336,23 @@ class AnalysisContext:
         *,
         sizes: Mapping[str, int] | None = None,
         coords: Mapping[str, Any] | None = None,
+        steps: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> xr.Dataset:
         """Map ``fn(worker, step, next_step, **kwargs)`` over consecutive checkpoint pairs.
 
-        The result's ``step`` coordinate is the first step of each pair.
+        The result's ``step`` coordinate is the first step of each pair:
+        ``self.steps``, or ``steps`` when given (a ``per="run"`` analyzer passes
+        every checkpoint but the last).
         """
         sizes = dict(sizes or {})
+        steps = self.steps if steps is None else [int(s) for s in steps]
 
         def task_args(step: int) -> list[tuple[tuple, dict, dict[str, int]]]:
             return [((step, self.next_step(step)), kwargs, {})]
 
-        arrays = self._stack(fn, outputs, sizes, task_args, None)
-        return self._dataset(arrays, outputs, coords or {})
+        arrays = self._stack(fn, outputs, sizes, task_args, None, steps)
+        return self._dataset(arrays, outputs, coords or {}, steps)
 
     def datapoint_blocks(self, split: str, objective: str, examples_per_block: int) -> list[tuple[slice, int]]:
         """Blocks of whole examples and how many datapoints each holds (for ``map_checkpoints``)."""

@@ -213,11 +213,25 @@ def run(
     requirements: dict[str, Any] = {}
     dependency_options = analyzer.dependency_options()
     for dependency in analyzer.requires:
-        sub = run(dependency, store, _active=(*_active, name), **engine, **dependency_options.get(dependency, {}))
+        if dependency not in registry.analyzers:
+            known = ", ".join(sorted(registry.analyzers)) or "none"
+            msg = f"analyzer {name!r} requires {dependency!r}, which is not registered; registered analyzers: {known}"
+            raise AnalysisError(msg)
+        sub_options = dependency_options.get(dependency, {})
+        if sub_options is None:  # "whatever is stored": reuse the stored result's options
+            stored_dependency = stored_provenance(
+                ckptstore.open(str(store), storage_options=storage_options), dependency
+            )
+            sub_options = dict((stored_dependency or {}).get("options") or {})
+        sub = run(dependency, store, _active=(*_active, name), **engine, **sub_options)
         report.dependencies.append(sub)
         assert sub.dataset is not None
         results[dependency] = sub.dataset
-        requirements[dependency] = _identity(sub.dataset.attrs.get("ckpt", {}))
+        identity = _identity(sub.dataset.attrs.get("ckpt", {}))
+        if registry.analyzers[dependency].per == PER_RUN:
+            # a whole-run result (a basis) changes when checkpoints are added: so do its dependents
+            identity["steps"] = sub.dataset.attrs.get("ckpt", {}).get("steps")
+        requirements[dependency] = identity
 
     where = str(store)
     opened = ckptstore.open(where, storage_options=storage_options)
@@ -262,7 +276,7 @@ def _compute(
         count,
     ):
         if not per_step:
-            computed = dataset.compute(**settings)
+            computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
             attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
             attrs["ckpt"]["created"] = _now()
             write_analysis(where, analyzer.name, computed, attrs=attrs, storage_options=engine["storage_options"])
@@ -273,11 +287,14 @@ def _compute(
         # tripled the engine's time against a plain loop (bench/engine.py).
         size = engine["block_steps"] or max(count, 4)
         done = list(covered)
+        carry = _stored_totals(analyzer, where, engine["storage_options"]) if covered else None
         start = 0
         with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None) as bar:
             while start < len(missing):
                 began = time.perf_counter()
                 part = dataset.isel(step=slice(start, start + size)).compute(**settings)
+                part = _add_running_sums(analyzer, part, carry)
+                carry = {total: part[total].isel(step=-1, drop=True) for total in analyzer.running_sums}
                 steps = [int(s) for s in part["step"].values]
                 done += steps
                 attrs = {"ckpt": {**provenance, "steps": done, "ckpt_version": ckptstore.__version__}}
@@ -295,6 +312,22 @@ def _compute(
                 if not engine["block_steps"]:
                     per_step = (time.perf_counter() - began) / len(steps)
                     size = max(count, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
+
+
+def _add_running_sums(analyzer: Analyzer, part: xr.Dataset, carry: Mapping[str, Any] | None) -> xr.Dataset:
+    """Add the analyzer's running sums over ``step`` to a computed block, continuing ``carry``."""
+    for total, variable in analyzer.running_sums.items():
+        summed = part[variable].cumsum("step") if "step" in part[variable].dims else part[variable]
+        part[total] = summed if carry is None else summed + carry[total]
+    return part
+
+
+def _stored_totals(analyzer: Analyzer, where: str, storage_options: Any) -> dict[str, Any] | None:
+    """The running sums at the last stored step (where an incremental run continues them)."""
+    if not analyzer.running_sums:
+        return None
+    stored = ckptstore.open(where, storage_options=storage_options).analysis(analyzer.name)
+    return {total: stored[total].isel(step=-1, drop=True).load() for total in analyzer.running_sums}
 
 
 def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Dataset:

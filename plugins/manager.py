@@ -23,6 +23,11 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "plugins.objectives",
     "plugins.importers",
     "analyzers.loss",
+    "analyzers.hessian_basis",
+    "analyzers.random_basis",
+    "analyzers.polca",
+    "analyzers.fisher",
+    "analyzers.lca",
     "sandboxes",
 )
 """Modules of ckpt's own plugins, registered exactly like third-party ones."""

@@ -45,10 +45,18 @@ def _example_datapoints(targets: np.ndarray, mask: np.ndarray | None) -> tuple[n
     return np.arange(n), np.full(n, -1)
 
 
+def _at_least_float32(outputs: Any) -> Any:
+    # half/bfloat16 logits in float32 for a stable log-softmax; float64 stays float64,
+    # so that analyzers run in double precision (``--dtype float64``) lose nothing here
+    import torch
+
+    return outputs if outputs.dtype == torch.float64 else outputs.float()
+
+
 def _cross_entropy(outputs: Any, targets: Any, mask: Any) -> Any:
     import torch.nn.functional as F
 
-    return F.cross_entropy(outputs.float(), targets.long(), reduction="none")
+    return F.cross_entropy(_at_least_float32(outputs), targets.long(), reduction="none")
 
 
 def _token_datapoints(targets: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +68,7 @@ def _token_datapoints(targets: np.ndarray, mask: np.ndarray | None) -> tuple[np.
 def _token_cross_entropy(outputs: Any, targets: Any, mask: Any) -> Any:
     import torch.nn.functional as F
 
-    per_token = F.cross_entropy(outputs.float().flatten(0, 1), targets.long().flatten(), reduction="none")
+    per_token = F.cross_entropy(_at_least_float32(outputs).flatten(0, 1), targets.long().flatten(), reduction="none")
     per_token = per_token.view(targets.shape[:2])
     return per_token.flatten() if mask is None else per_token[mask.bool()]
 

@@ -88,6 +88,7 @@ class Worker:
         self._lock = threading.Lock()
         self._data: dict[str, dict[str, Any]] = {}
         self._params: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._cache: dict[Any, Any] = {}
 
     @property
     def store(self) -> ckptstore.Store:
@@ -125,18 +126,54 @@ class Worker:
     @property
     def model(self) -> Any:
         """The model rebuilt from the store's spec, in eval mode on the device (one per thread)."""
+        return self.model_for()
+
+    def model_for(self, dtype: Any = None) -> Any:
+        """The model (as :attr:`model`), with its floating-point tensors in ``dtype`` when given.
+
+        Analyzers that compute in double precision need the module's own
+        (non-checkpointed) buffers in float64 too, so each dtype gets its copy.
+        """
         models = getattr(_thread_state, "models", None)
         if models is None:
             models = _thread_state.models = {}
-        model = models.get(self.spec)
+        key = (self.spec, str(dtype))
+        model = models.get(key)
         if model is None:
             spec = self._store.model
             if spec is None:
                 msg = f"{self._store.path} records no model spec; create it with model='package.module:factory'"
                 raise AnalysisError(msg)
             model = spec.build().to(self.device).eval()
-            models[self.spec] = model
+            if dtype is not None:
+                model = model.to(dtype)
+            models[key] = model
         return model
+
+    def cached(self, key: Any, factory: Any) -> Any:
+        """``factory()``, computed once per worker process for ``key`` (e.g. a basis read from the store).
+
+        Parameters
+        ----------
+        key
+            Hashable; include whatever identifies the value (a result's creation time).
+        factory
+            Called without arguments when ``key`` is not cached.
+        """
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+        value = factory()
+        with self._lock:
+            self._cache[key] = value
+        return value
+
+    def analysis(self, name: str) -> Any:
+        """A stored analysis result (lazy), re-reading the commit record when it is not visible yet."""
+        if name not in self._store.analyses:
+            with self._lock:
+                self._store.refresh()
+        return self._store.analysis(name)
 
     def data(self, split: str) -> dict[str, Any]:
         """The split's ``inputs``, ``targets`` and ``mask`` as torch tensors on the device."""

@@ -1,0 +1,137 @@
+"""What the basis analyzers and the analyzers that read a basis share: schedule and options.
+
+A *basis* result (``hessian-basis``, ``random-basis``, or any plugin analyzer
+with the same layout) holds K orthonormal directions in parameter space: one
+variable per parameter tensor, with the tensor's name and shape and a leading
+``basis`` dim, and a ``found_at_step`` coordinate. POLCA, Fisher and their
+plugins read one by name (``--basis``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from plugins import AnalysisError, Option
+from plugins.derivatives import DTYPES
+
+HESSIAN_BASIS = "hessian-basis"
+RANDOM_BASIS = "random-basis"
+
+
+def basis_steps(store: Any, every: int | None, at_steps: str | None) -> list[int]:
+    """The checkpoints where a basis grows: ``--at-steps``, else multiples of ``--every``, else all.
+
+    Raises
+    ------
+    AnalysisError
+        When a step is not a checkpoint, ``every`` is not positive, or no checkpoint matches.
+    """
+    steps = [int(s) for s in store.steps]
+    if not steps:
+        msg = f"{store.path} has no checkpoints"
+        raise AnalysisError(msg)
+    if at_steps:
+        try:
+            chosen = sorted({int(part) for part in str(at_steps).replace(" ", "").split(",") if part})
+        except ValueError:
+            msg = f"--at-steps must be comma-separated integers, got {at_steps!r}"
+            raise AnalysisError(msg) from None
+        missing = [s for s in chosen if s not in store]
+        if missing or not chosen:
+            msg = (
+                f"--at-steps {missing[0] if missing else at_steps!r} is not a checkpoint step of {store.path}; "
+                f"its steps are {_steps_text(steps)}"
+            )
+            raise AnalysisError(msg)
+        return chosen
+    if every is not None:
+        if every < 1:
+            msg = f"--every must be a positive number of steps, got {every}"
+            raise AnalysisError(msg)
+        chosen = [s for s in steps if s % every == 0]
+        if not chosen:
+            msg = (
+                f"no checkpoint step of {store.path} is a multiple of --every {every}; "
+                f"its steps are {_steps_text(steps)}"
+            )
+            raise AnalysisError(msg)
+        return chosen
+    return steps
+
+
+def _steps_text(steps: list[int]) -> str:
+    if len(steps) <= 8:
+        return ", ".join(map(str, steps))
+    return f"{', '.join(map(str, steps[:4]))}, ..., {', '.join(map(str, steps[-2:]))} ({len(steps)} in all)"
+
+
+def sample_examples(count: int, samples: int, seed: int) -> np.ndarray:
+    """A seeded uniform subsample of ``samples`` of ``count`` examples (all when fewer), sorted."""
+    if samples < 1:
+        msg = f"--samples must be at least 1, got {samples}"
+        raise AnalysisError(msg)
+    if samples >= count:
+        return np.arange(count)
+    return np.sort(np.random.default_rng(seed).choice(count, samples, replace=False))
+
+
+class ScheduleOptions:
+    """Options of a basis grown at checkpoints (mixed into analyzer classes)."""
+
+    every = Option(int, None, "Grow the basis at checkpoints whose step is a multiple of N (default: every one).")
+    at_steps = Option(str, None, "Grow the basis at these steps only (comma-separated), e.g. 0,200,400.")
+    k = Option(int, 1, "Vectors added at each basis checkpoint (the paper: 1).")
+    seed = Option(int, 0, "Seed of the data subsample, the Lanczos start vectors and random bases.")
+
+
+class HessianOptions(ScheduleOptions):
+    """Options of the Hessian basis (shared with the analyzers that compute it on demand)."""
+
+    hessian_split = Option(str, None, "Split the Hessian is taken over (default: train when stored, else --split).")
+    samples = Option(int, 1250, "Examples subsampled for the Hessian (the paper: 1,250).")
+    tol = Option(float, 1e-6, "Relative accuracy of the Lanczos eigenvalues (ARPACK tol).")
+
+
+class ComputeOptions:
+    """Precision and memory options of the derivative computations."""
+
+    dtype = Option(str, "float32", "Precision of the computation.", choices=DTYPES)
+    batch_size = Option(int, 256, "Examples per forward pass (bounds memory).")
+
+
+class BasisReader(HessianOptions, ComputeOptions):
+    """Options and dependency handling of an analyzer that reads a basis (``--basis NAME``).
+
+    ``--basis hessian-basis`` (default) and ``random-basis`` are computed first
+    when missing, with the schedule options passed through; any other name is a
+    plugin's basis analyzer, run with the options of its stored result (its
+    defaults when there is none).
+    """
+
+    basis = Option(
+        str, HESSIAN_BASIS, "Basis analyzer: hessian-basis, random-basis (the paper's ablation) or a plugin's."
+    )
+    vectors = Option(int, 0, "random-basis only: number of vectors (0: as many as the Hessian schedule gives).")
+
+    options: dict[str, Any]
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)  # type: ignore[call-arg]
+        basis = self.options["basis"]
+        if not basis:
+            msg = "--basis must name a basis analyzer (hessian-basis, random-basis or a plugin's)"
+            raise AnalysisError(msg)
+        self.requires = (basis,)
+
+    def dependency_options(self) -> dict[str, dict[str, Any] | None]:
+        """The schedule options for the built-in bases; a plugin basis keeps its stored options."""
+        o = self.options
+        schedule = {key: o[key] for key in ("every", "at_steps", "k", "seed")}
+        if o["basis"] == HESSIAN_BASIS:
+            hessian = {key: o[key] for key in ("hessian_split", "samples", "tol", "dtype", "batch_size")}
+            return {HESSIAN_BASIS: {**schedule, **hessian, "split": o["split"], "objective": o["objective"]}}
+        if o["basis"] == RANDOM_BASIS:
+            return {RANDOM_BASIS: {**schedule, "vectors": o["vectors"]}}
+        return {o["basis"]: None}

@@ -1,0 +1,77 @@
+"""``fisher``: projected Fisher information ⟨b, ∇ℓ(x)⟩² per datapoint and basis vector (a POLCA baseline).
+
+The baseline of "Hidden Breakthroughs" that clusters datapoints by how
+strongly their gradient points along each basis vector, at every checkpoint.
+It shares POLCA's per-checkpoint JVP pass (first order only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import xarray as xr
+
+from analyzers.basis import BasisReader
+from analyzers.polca import checkpoint_terms
+from plugins import AnalysisContext, Analyzer, Option, hookimpl
+from plugins.derivatives import check_basis, parameter_space
+from plugins.runtime import datapoint_index
+
+
+class Fisher(BasisReader, Analyzer):
+    """Squared projection of every datapoint's gradient on every basis vector, at every checkpoint."""
+
+    name = "fisher"
+    version = "1"
+    description = "Projected Fisher information <b, grad loss(x)>^2 per datapoint and basis vector."
+    requires = ("hessian-basis",)
+
+    split = Option(str, "eval", "Data split whose datapoints are analysed.")
+    objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
+    basis_batch = Option(int, 8, "Basis vectors per vectorized JVP pass (bounds memory).")
+    block_examples = Option(int, 8192, "Examples per Dask task.")
+
+    def compute(self, ctx: AnalysisContext) -> xr.Dataset:
+        """One first-order JVP pass per checkpoint and block of examples."""
+        basis = ctx.result(self.basis)
+        count = check_basis(basis, parameter_space(ctx.store), self.basis)
+        example, position = datapoint_index(ctx.store, self.split, self.objective)
+        terms = ctx.map_checkpoints(
+            checkpoint_terms,
+            {"first": (("basis", "datapoint"), np.float64)},
+            sizes={"basis": count, "datapoint": len(example)},
+            datapoint_blocks=ctx.datapoint_blocks(self.split, self.objective, self.block_examples),
+            split=self.split,
+            objective=self.objective,
+            order=1,
+            batch_size=self.batch_size,
+            basis_batch=self.basis_batch,
+            dtype=self.dtype,
+            basis=self.basis,
+            created=str((basis.attrs.get("ckpt") or {}).get("created", "")),
+        )
+        fisher = terms["first"] ** 2
+        fisher.attrs["description"] = "<b, grad loss(x; theta_t)>^2"
+        mean = fisher.mean("datapoint")
+        mean.attrs["description"] = "mean over datapoints: b^T F b, F the empirical Fisher"
+        coords = {
+            "example": ("datapoint", example),
+            "position": ("datapoint", position),
+            "found_at_step": basis["found_at_step"].variable,  # lazy (a dask-backed coordinate)
+        }
+        return xr.Dataset({"fisher": fisher, "mean_fisher": mean}, coords=coords)
+
+    def summarize(self, result: xr.Dataset) -> str:
+        """Mean projected Fisher information per basis vector at the first and last step."""
+        mean = result["mean_fisher"].values
+        steps = result["step"].values
+        rows = [f"  {'basis':>5}  {'step ' + str(steps[0]):>14}  {'step ' + str(steps[-1]):>14}"]
+        rows += [f"  {b:>5}  {mean[0, b]:>14.5g}  {mean[-1, b]:>14.5g}" for b in range(mean.shape[1])]
+        return "\n".join(rows)
+
+
+@hookimpl
+def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
+    """Register ``fisher``."""
+    register(Fisher)

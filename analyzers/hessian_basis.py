@@ -1,0 +1,181 @@
+"""``hessian-basis``: a basis of the training subspace from Hessian eigenvectors (Hidden Breakthroughs, Algorithm 1).
+
+Start with an empty basis B. At each basis checkpoint t (``--every`` /
+``--at-steps``), take the Hessian H_t of the mean loss over a seeded subsample
+of a split (``--samples`` examples of ``--hessian-split``), restrict it to the
+orthogonal complement of B in the symmetric form P H_t P, P = I - B Bᵀ, and
+append its top ``-k`` eigenvectors to B.
+
+Hessian-vector products are forward-over-reverse (``torch.func``: a JVP of
+the gradient); the eigenvectors come from Lanczos (scipy's ``eigsh``, ARPACK)
+on a matrix-free ``LinearOperator``. Torch has no matrix-free Lanczos of its
+own (``torch.lobpcg`` needs the matrix), and the Hessian-vector products are
+almost all of the time (bench/polca.py). The checkpoints depend on each other
+(each needs the basis so far), so the Dask graph is a chain of one task per
+basis checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from analyzers.basis import ComputeOptions, HessianOptions, basis_steps, sample_examples
+from plugins import AnalysisContext, Analyzer, Option, Worker, hookimpl
+from plugins.analyzer import PER_RUN
+from plugins.derivatives import (
+    ParamSpace,
+    basis_dims,
+    chunks,
+    hessian_vector_product,
+    loss_function,
+    parameter_space,
+    top_eigenpairs,
+    torch_dtype,
+    trainable,
+)
+from plugins.runtime import datapoint_index
+
+
+def eigenvectors_at(
+    worker: Worker,
+    step: int,
+    previous: Sequence[dict[str, np.ndarray]],
+    *,
+    space: ParamSpace,
+    split: str,
+    examples: np.ndarray,
+    objective: str | None,
+    k: int,
+    tol: float,
+    seed: int,
+    batch_size: int,
+    dtype: str,
+) -> dict[str, np.ndarray]:
+    """Top-k eigenpairs of P H_step P against the vectors found at earlier checkpoints (on a worker)."""
+    import torch
+
+    precision = torch_dtype(dtype)
+    params = worker.params(step)
+    primal = trainable(params, space, dtype)
+    example_of, _ = datapoint_index(worker.store, split, objective)
+    datapoints = int(np.isin(example_of, examples).sum())
+    if datapoints == 0:
+        msg = f"the Hessian subsample of split {split!r} has no datapoints"
+        raise ValueError(msg)
+    fs = [
+        (
+            loss_function(
+                worker, params, space, split=split, examples=examples[rows], objective=objective, dtype=dtype
+            ),
+            1.0 / datapoints,
+        )
+        for rows in chunks(len(examples), batch_size)
+    ]
+    found = [torch.as_tensor(p["vectors"]) for p in previous]
+    basis = torch.cat(found).to(device=worker.device, dtype=precision) if found else None
+
+    def hvp(v: Any) -> Any:
+        with torch.enable_grad():
+            return space.flatten(hessian_vector_product(fs, primal, space.unflatten(v)))
+
+    pairs = top_eigenpairs(
+        hvp, space.size, k, basis=basis, tol=tol, seed=seed + step, dtype=precision, device=worker.device
+    )
+    return {
+        "vectors": pairs.vectors,
+        "eigenvalue": pairs.values.astype(np.float64),
+        "residual": pairs.residuals.astype(np.float64),
+        "matvecs": np.full(k, pairs.matvecs, np.int64),
+    }
+
+
+class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
+    """Top Hessian eigenvectors found checkpoint by checkpoint, each orthogonal to those before."""
+
+    name = "hessian-basis"
+    version = "1"
+    description = "Basis of top Hessian eigenvectors grown over the run (POLCA's Algorithm 1)."
+    per = PER_RUN
+
+    split = Option(str, "eval", "Split for the Hessian when --hessian-split is not given and no train split exists.")
+    objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
+
+    def hessian_split(self, store: Any) -> str:
+        """``--hessian-split``, else ``train`` when the store has it, else ``--split``."""
+        if self.options["hessian_split"]:
+            return str(self.options["hessian_split"])
+        return "train" if "train" in store.splits else str(self.options["split"])
+
+    def compute(self, ctx: AnalysisContext) -> xr.Dataset:
+        """A chain of one Dask task per basis checkpoint; the vectors split back into tensors."""
+        import dask.array as da
+
+        store = ctx.store
+        space = parameter_space(store)
+        steps = basis_steps(store, self.every, self.at_steps)
+        split = self.hessian_split(store)
+        if split not in store.splits:
+            from plugins import AnalysisError
+
+            msg = f"{store.path} has no data split {split!r}; its splits: {', '.join(store.splits) or '(none)'}"
+            raise AnalysisError(msg)
+        examples = sample_examples(store.data(split).sizes["example"], self.samples, self.seed)
+        numpy_dtype = np.dtype(self.dtype)
+        pieces: list[Any] = []
+        for step in steps:
+            pieces.append(
+                ctx.delayed(
+                    eigenvectors_at,
+                    step,
+                    list(pieces),
+                    space=space,
+                    split=split,
+                    examples=examples,
+                    objective=self.objective,
+                    k=self.k,
+                    tol=self.tol,
+                    seed=self.seed,
+                    batch_size=self.batch_size,
+                    dtype=self.dtype,
+                )
+            )
+        k, size = self.k, space.size
+
+        def column(key: str, shape: tuple[int, ...], dtype: Any) -> Any:
+            return da.concatenate([da.from_delayed(p[key], shape=shape, dtype=dtype) for p in pieces])
+
+        vectors = column("vectors", (k, size), numpy_dtype)
+        variables: dict[str, Any] = {}
+        for name, shape, start, length in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True):
+            variables[name] = (basis_dims(name, len(shape)), vectors[:, start : start + length].reshape(-1, *shape))
+        variables["eigenvalue"] = ("basis", column("eigenvalue", (k,), np.float64))
+        variables["residual"] = ("basis", column("residual", (k,), np.float64))
+        variables["matvecs"] = ("basis", column("matvecs", (k,), np.int64))
+        found_at = np.repeat(np.asarray(steps, np.int64), k)
+        result = xr.Dataset(variables, coords={"basis": np.arange(len(found_at)), "found_at_step": ("basis", found_at)})
+        result["eigenvalue"].attrs["description"] = (
+            "eigenvalue of P H P at found_at_step (P: complement of earlier vectors)"
+        )
+        result["residual"].attrs["description"] = "||P H P v - eigenvalue v||"
+        result.attrs["hessian_split"] = split
+        return result
+
+    def summarize(self, result: xr.Dataset) -> str:
+        """One line per basis vector: where it was found, its eigenvalue and residual."""
+        rows = [f"  {'basis':>5}  {'found at':>9}  {'eigenvalue':>12}  {'residual':>10}"]
+        for i in range(result.sizes["basis"]):
+            rows.append(
+                f"  {i:>5}  {int(result['found_at_step'][i]):>9}  {float(result['eigenvalue'][i]):>12.5g}"
+                f"  {float(result['residual'][i]):>10.3g}"
+            )
+        return "\n".join(rows)
+
+
+@hookimpl
+def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
+    """Register ``hessian-basis``."""
+    register(HessianBasis)

@@ -1,0 +1,147 @@
+"""``lca``: Loss Change Allocation per datapoint for selected parameters (Lan et al., 2019; a POLCA baseline).
+
+For each pair of consecutive checkpoints and each selected parameter i (the
+``--parameters`` largest in magnitude at the last checkpoint), the change of
+every datapoint's loss allocated to i:
+
+- ``first_order`` = ∂ℓ(x; θ_t)/∂θ_i · (θ_t+1 - θ_t)_i;
+- ``lca``, the LCA paper's path integral ∫₀¹ ∂ℓ(x; θ_t + sΔ)/∂θ_i ds · Δ_i
+  by Simpson's rule (gradients at θ_t, the midpoint and θ_t+1, weights 1/6,
+  4/6, 1/6), the paper's fourth-order Runge-Kutta rule along a straight path.
+
+These are POLCA's first order with coordinate directions b = e_i, so the same
+vectorized JVPs compute them. The selection depends on the last checkpoint, so
+the result is recomputed whole when checkpoints are added (``per = "run"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import xarray as xr
+
+from analyzers.basis import ComputeOptions
+from analyzers.polca import worker_space
+from plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
+from plugins.analyzer import PER_RUN
+from plugins.derivatives import chunks, directional_derivatives, loss_function, parameter_space, trainable
+from plugins.runtime import datapoint_index
+
+
+def allocate(
+    worker: Worker,
+    step: int,
+    next_step: int,
+    *,
+    selected: np.ndarray,
+    split: str,
+    objective: str | None,
+    batch_size: int,
+    basis_batch: int,
+    dtype: str,
+) -> dict[str, np.ndarray]:
+    """First-order and Simpson-rule LCA of every datapoint for the selected flat parameter indices."""
+    import torch
+
+    space = worker_space(worker)
+    before, after = worker.params(step), worker.params(next_step)
+    start_point, end_point = trainable(before, space, dtype), trainable(after, space, dtype)
+    midpoint = {name: (start_point[name] + end_point[name]) / 2 for name in space.names}
+    delta = space.flatten({n: after[n].double() - before[n].double() for n in space.names})[selected]
+    examples = len(worker.data(split)["inputs"])
+    gradients = {"start": [], "middle": [], "end": []}
+    for rows in chunks(examples, batch_size):
+        per_point = {key: [] for key in gradients}
+        for columns in chunks(len(selected), basis_batch):
+            flat = torch.zeros(
+                columns.stop - columns.start, space.size, dtype=start_point[space.names[0]].dtype, device=worker.device
+            )
+            flat[torch.arange(flat.shape[0]), torch.as_tensor(selected[columns])] = 1.0
+            directions = space.unflatten(flat)
+            for key, point, params in (
+                ("start", start_point, before),
+                ("middle", midpoint, before),
+                ("end", end_point, after),
+            ):
+                f = loss_function(worker, params, space, split=split, examples=rows, objective=objective, dtype=dtype)
+                _, first, _ = directional_derivatives(f, point, directions, order=1)
+                per_point[key].append(first)
+        for key in gradients:
+            gradients[key].append(torch.cat(per_point[key]))
+    g = {key: torch.cat(parts, dim=1).double().cpu() for key, parts in gradients.items()}
+    scale = delta.cpu().unsqueeze(1)
+    simpson = (g["start"] + 4 * g["middle"] + g["end"]) / 6
+    return {"first_order": (g["start"] * scale).numpy(), "lca": (simpson * scale).numpy(), "delta": delta.cpu().numpy()}
+
+
+class Lca(ComputeOptions, Analyzer):
+    """Loss Change Allocation of the largest parameters, per datapoint and checkpoint pair."""
+
+    name = "lca"
+    version = "1"
+    description = "Loss Change Allocation per datapoint for the largest parameters (first order and path integral)."
+    per = PER_RUN
+
+    split = Option(str, "eval", "Data split whose datapoints are analysed.")
+    objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
+    parameters = Option(int, 32, "Parameters allocated to: the N largest in magnitude at the last checkpoint.")
+    basis_batch = Option(int, 8, "Parameters per vectorized JVP pass (bounds memory).")
+
+    def compute(self, ctx: AnalysisContext) -> xr.Dataset:
+        """Select the parameters (reads the last checkpoint), then one task per checkpoint pair."""
+        store = ctx.store
+        if len(store.steps) < 2:
+            msg = f"lca needs at least two checkpoints; {store.path} has {len(store.steps)}"
+            raise AnalysisError(msg)
+        space = parameter_space(store)
+        if not 1 <= self.parameters <= space.size:
+            msg = f"--parameters must be between 1 and the {space.size} parameters, got {self.parameters}"
+            raise AnalysisError(msg)
+        final = store.tensors(int(store.steps[-1]), list(space.names))
+        magnitude = np.concatenate([np.abs(final[n].astype(np.float64)).reshape(-1) for n in space.names])
+        selected = np.sort(np.argsort(-magnitude, kind="stable")[: self.parameters])
+        owner = np.searchsorted(np.asarray(space.offsets), selected, side="right") - 1
+        example, position = datapoint_index(store, self.split, self.objective)
+        sizes = {"parameter": len(selected), "datapoint": len(example)}
+        result = ctx.map_pairs(
+            allocate,
+            {
+                "first_order": (("parameter", "datapoint"), np.float64),
+                "lca": (("parameter", "datapoint"), np.float64),
+                "delta": (("parameter",), np.float64),
+            },
+            sizes=sizes,
+            steps=[int(s) for s in store.steps[:-1]],
+            selected=selected,
+            split=self.split,
+            objective=self.objective,
+            batch_size=self.batch_size,
+            basis_batch=self.basis_batch,
+            dtype=self.dtype,
+        )
+        result = result.assign_coords(
+            example=("datapoint", example),
+            position=("datapoint", position),
+            tensor=("parameter", np.asarray([space.names[i] for i in owner], dtype=object)),
+            index=("parameter", selected - np.asarray(space.offsets)[owner]),
+            final_magnitude=("parameter", magnitude[selected]),
+        )
+        result["lca"].attrs["description"] = "path integral (Simpson) of dloss/dtheta_i times the step of theta_i"
+        result["first_order"].attrs["description"] = "dloss/dtheta_i at theta_t times the step of theta_i"
+        return result
+
+    def summarize(self, result: xr.Dataset) -> str:
+        """Total LCA over the run (mean over datapoints) of the parameters that helped and hurt most."""
+        total = result["lca"].sum("step").mean("datapoint").values
+        order = np.argsort(total)
+        rows = [f"  {'tensor':<28} {'index':>7}  {'total LCA':>12}"]
+        for i in [*order[:3], *order[-3:]]:
+            rows.append(f"  {result['tensor'].values[i]:<28} {int(result['index'].values[i]):>7}  {total[i]:>12.5g}")
+        return "\n".join(rows)
+
+
+@hookimpl
+def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
+    """Register ``lca``."""
+    register(Lca)

@@ -1,0 +1,377 @@
+"""POLCA, the Hessian basis, Fisher and LCA against brute-force computations on a tiny model.
+
+Brute force = a loop of ``torch.autograd.grad`` per example (per-example
+gradients), explicit per-example Hessians from
+``torch.autograd.functional.hessian`` and ``torch.linalg.eigh``; the analyzers
+run through the real engine on a real store written by a real training run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+import ckptstore
+import plugins
+from plugins import AnalysisContext, Analyzer, hookimpl
+from plugins.analyzer import PER_RUN
+from plugins.derivatives import basis_dims, parameter_space
+from plugins.manager import load_registry
+from plugins.runtime import clear_cache
+from plugins.testing import AnalyzerTests
+from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from tests.models import mlp
+
+EXAMPLES = 12
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-checkpoint training run of the tiny MLP (68 parameters, 12 examples)."""
+    return write_mlp_run(tmp_path_factory.mktemp("polca") / "mlp.zarr", steps=4, examples=EXAMPLES)
+
+
+@pytest.fixture
+def store(run_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of the run (analyses write into the store)."""
+    path = tmp_path / "mlp.zarr"
+    shutil.copytree(run_dir, path)
+    yield path
+    clear_cache()
+
+
+# --------------------------------------------------------------------------- brute force
+
+
+def flat_params(path: Path, step: int) -> tuple[torch.Tensor, list[str], list[torch.Size]]:
+    """θ at ``step`` as one float64 vector, with the tensor names and shapes."""
+    opened = ckptstore.open(path)
+    space = parameter_space(opened)
+    tensors = opened.tensors(step, list(space.names))
+    flat = torch.cat([torch.from_numpy(tensors[n]).double().reshape(-1) for n in space.names])
+    return flat, list(space.names), [torch.Size(s) for s in space.shapes]
+
+
+def example_loss(path: Path) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """``loss(θ_flat, i)``: the cross-entropy of example i, computed directly (no ckpt code)."""
+    data = ckptstore.open(path).data("eval")
+    inputs = torch.from_numpy(data["inputs"].values).double()
+    targets = torch.from_numpy(data["targets"].values).long()
+    model = mlp().double()
+    _, names, shapes = flat_params(path, 0)
+
+    def loss(theta: torch.Tensor, i: int) -> torch.Tensor:
+        params, start = {}, 0
+        for name, shape in zip(names, shapes, strict=True):
+            params[name] = theta[start : start + shape.numel()].view(shape)
+            start += shape.numel()
+        logits = torch.func.functional_call(model, params, (inputs[i : i + 1],))
+        return torch.nn.functional.cross_entropy(logits, targets[i : i + 1])
+
+    return loss
+
+
+def per_example_gradients(path: Path, theta: torch.Tensor) -> torch.Tensor:
+    """``[examples, D]``: one ``torch.autograd.grad`` call per example."""
+    loss = example_loss(path)
+    rows = []
+    for i in range(EXAMPLES):
+        point = theta.clone().requires_grad_(True)
+        (gradient,) = torch.autograd.grad(loss(point, i), point)
+        rows.append(gradient)
+    return torch.stack(rows)
+
+
+def per_example_hessians(path: Path, theta: torch.Tensor) -> torch.Tensor:
+    """``[examples, D, D]``: explicit Hessians."""
+    loss = example_loss(path)
+    return torch.stack([torch.autograd.functional.hessian(lambda t, i=i: loss(t, i), theta) for i in range(EXAMPLES)])
+
+
+def basis_matrix(result: xr.Dataset, names: list[str]) -> torch.Tensor:
+    """``[K, D]`` float64 rows of a stored basis."""
+    return torch.cat(
+        [torch.from_numpy(result[n].values).double().reshape(result.sizes["basis"], -1) for n in names], dim=1
+    )
+
+
+# --------------------------------------------------------------------------- POLCA
+
+
+def test_polca_matches_per_example_gradients_and_explicit_hessians(store: Path) -> None:
+    """First order to 1e-5 against an autograd loop; exact second order equals bᵀ H(x) b ⟨Δ,b⟩²/2."""
+    result = plugins.analyze("polca", store, second_order="exact", dtype="float64", k=2).load()
+    basis = ckptstore.open(store).analysis("hessian-basis").load()
+    steps = [int(s) for s in ckptstore.open(store).steps]
+    assert result["step"].values.tolist() == steps[:-1]
+    for index, (step, following) in enumerate(itertools.pairwise(steps)):
+        theta, names, _ = flat_params(store, step)
+        delta = flat_params(store, following)[0] - theta
+        b = basis_matrix(basis, names)
+        gradients = per_example_gradients(store, theta)
+        hessians = per_example_hessians(store, theta)
+        projection = b @ delta
+        expected_first = (gradients @ b.T).T * projection[:, None]
+        curvature = torch.einsum("kd,xde,ke->kx", b, hessians, b)
+        expected_second = 0.5 * curvature * projection[:, None] ** 2
+        np.testing.assert_allclose(result["first_order"][index].values, expected_first.numpy(), rtol=1e-5, atol=1e-12)
+        np.testing.assert_allclose(result["second_order"][index].values, expected_second.numpy(), rtol=1e-5, atol=1e-12)
+        np.testing.assert_allclose(result["step_projection"][index].values, projection.numpy(), rtol=1e-9)
+
+
+def test_paper_second_order_matches_its_formula(store: Path) -> None:
+    """(λ_t(X,b)/2)⟨Δ,b⟩² ⟨g_t+1(x) - g_t(x), b⟩ / ⟨g_t+1(X) - g_t(X), b⟩, brute force."""
+    result = plugins.analyze("polca", store, dtype="float64", k=2).load()
+    basis = ckptstore.open(store).analysis("hessian-basis").load()
+    steps = [int(s) for s in ckptstore.open(store).steps]
+    theta, names, _ = flat_params(store, steps[1])
+    after = flat_params(store, steps[2])[0]
+    b = basis_matrix(basis, names)
+    projection = b @ (after - theta)
+    change = (per_example_gradients(store, after) - per_example_gradients(store, theta)) @ b.T  # [X, K]
+    mean_hessian = per_example_hessians(store, theta).mean(0)
+    curvature = torch.einsum("kd,de,ke->k", b, mean_hessian, b)
+    expected = (curvature / 2 * projection**2)[:, None] * (change / change.mean(0)).T
+    np.testing.assert_allclose(result["second_order"][1].values, expected.numpy(), rtol=1e-5, atol=1e-12)
+    np.testing.assert_allclose(result["curvature"][1].values, curvature.numpy(), rtol=1e-5)
+
+
+def test_complete_basis_first_order_sums_to_the_gradient_step(store: Path) -> None:
+    """With K = D orthonormal vectors, Σ_b first-order POLCA = ⟨∇ℓ(x), Δθ⟩ for every datapoint."""
+    dimension = parameter_space(ckptstore.open(store)).size
+    result = plugins.analyze(
+        "polca", store, basis="random-basis", vectors=dimension, second_order="none", dtype="float64"
+    )
+    steps = [int(s) for s in ckptstore.open(store).steps]
+    theta = flat_params(store, steps[0])[0]
+    delta = flat_params(store, steps[1])[0] - theta
+    expected = per_example_gradients(store, theta) @ delta
+    np.testing.assert_allclose(result["polca"][0].sum("basis").values, expected.numpy(), rtol=1e-5, atol=1e-10)
+    np.testing.assert_allclose(result["second_order"].values, 0.0)
+
+
+class DeltaBasis(Analyzer):
+    """A plugin basis: the one unit vector along θ_last - θ_first (spans the step of a 2-checkpoint run)."""
+
+    name = "delta-basis"
+    per = PER_RUN
+
+    def compute(self, ctx: AnalysisContext) -> xr.Dataset:
+        import dask.array as da
+
+        space = parameter_space(ctx.store)
+        first, last = (ctx.store.tensors(int(s), list(space.names)) for s in (ctx.store.steps[0], ctx.store.steps[-1]))
+        delta = np.concatenate([(last[n].astype(np.float64) - first[n]).reshape(-1) for n in space.names])
+        delta /= np.linalg.norm(delta)
+        variables = {
+            name: (basis_dims(name, len(shape)), da.from_array(delta[None, start : start + size].reshape(1, *shape)))
+            for name, shape, start, size in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True)
+        }
+        return xr.Dataset(variables, coords={"found_at_step": ("basis", [int(ctx.store.steps[0])])})
+
+
+@hookimpl
+def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
+    """Register the test basis."""
+    register(DeltaBasis)
+
+
+def small_step_run(path: Path, lr: float) -> Path:
+    """Two checkpoints one SGD step of size ``lr`` apart."""
+    with ckptstore.create(path, model="tests.models:mlp", config={}, objective="cross-entropy") as writer:
+        torch.manual_seed(3)
+        model = mlp()
+        inputs, targets = torch.randn(EXAMPLES, 3), torch.randint(0, 4, (EXAMPLES,))
+        writer.add_data("eval", inputs=inputs, targets=targets)
+        writer.write(0, model)
+        torch.nn.functional.cross_entropy(model(inputs), targets).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+        writer.write(1, model)
+    return path
+
+
+def test_loss_change_is_explained_when_the_basis_spans_the_step(tmp_path: Path) -> None:
+    """loss change = Σ_b POLCA + unexplained; unexplained is third order when b spans Δθ, small for a complete basis."""
+    registry = load_registry(extra=[__import__(__name__, fromlist=["DeltaBasis"])])
+    unexplained_share = []
+    for lr in (0.1, 0.05):
+        path = small_step_run(tmp_path / f"run-{lr}.zarr", lr)
+        result = plugins.analyze(
+            "polca", path, basis="delta-basis", second_order="exact", dtype="float64", registry=registry
+        )
+        change = result["loss_change"][0].values
+        explained = result["polca"][0].sum("basis").values
+        np.testing.assert_allclose(change, explained + result["unexplained"][0].values, rtol=1e-12, atol=1e-15)
+        unexplained_share.append(np.abs(result["unexplained"][0].values).max() / np.abs(change).max())
+        clear_cache()
+    # third order in the step: halving the step divides the unexplained share by about 4 (Δ³ / Δ)
+    assert unexplained_share[0] < 1e-3
+    assert unexplained_share[1] < unexplained_share[0] / 3
+    path = small_step_run(tmp_path / "complete.zarr", 0.01)
+    dimension = parameter_space(ckptstore.open(path)).size
+    result = plugins.analyze(
+        "polca", path, basis="random-basis", vectors=dimension, second_order="exact", dtype="float64"
+    )
+    share = np.abs(result["unexplained"][0].values).max() / np.abs(result["loss_change"][0].values).max()
+    assert share < 1e-2
+
+
+# --------------------------------------------------------------------------- Hessian basis
+
+
+def explicit_mean_hessian(path: Path, step: int) -> torch.Tensor:
+    """The Hessian of the mean loss over the 12 examples, explicitly."""
+    theta = flat_params(path, step)[0]
+    loss = example_loss(path)
+    return torch.autograd.functional.hessian(lambda t: sum(loss(t, i) for i in range(EXAMPLES)) / EXAMPLES, theta)
+
+
+def test_hessian_basis_matches_eigh_of_the_projected_explicit_hessian(store: Path) -> None:
+    """Top eigenvalues to 1e-4, overlaps > 0.999, each vector orthogonal to the earlier ones."""
+    result = plugins.analyze("hessian-basis", store, at_steps="1,2", k=2, dtype="float64").load()
+    names = list(parameter_space(ckptstore.open(store)).names)
+    vectors = basis_matrix(result, names)
+    assert result["found_at_step"].values.tolist() == [1, 1, 2, 2]
+    np.testing.assert_allclose((vectors @ vectors.T).numpy(), np.eye(4), atol=1e-6)
+    earlier = torch.zeros(0, vectors.shape[1], dtype=torch.float64)
+    for step, rows in ((1, slice(0, 2)), (2, slice(2, 4))):
+        projector = torch.eye(vectors.shape[1], dtype=torch.float64) - earlier.T @ earlier
+        values, eigenvectors = torch.linalg.eigh(projector @ explicit_mean_hessian(store, step) @ projector)
+        top_values, top_vectors = values.flip(0)[:2], eigenvectors.flip(1)[:, :2].T
+        np.testing.assert_allclose(result["eigenvalue"].values[rows], top_values.numpy(), rtol=1e-4)
+        overlaps = (vectors[rows] * top_vectors).sum(1).abs()
+        assert (overlaps > 0.999).all(), overlaps
+        assert (result["residual"].values[rows] < 1e-5 * top_values.abs().max().item()).all()
+        earlier = torch.cat([earlier, vectors[rows]])
+
+
+def test_random_basis_is_orthonormal_and_seeded(store: Path) -> None:
+    """Same seed, same vectors; rows orthonormal; as many as the Hessian schedule gives."""
+    first = plugins.analyze("random-basis", store, every=2, k=3).load()
+    names = list(parameter_space(ckptstore.open(store)).names)
+    vectors = basis_matrix(first, names)
+    assert first["found_at_step"].values.tolist() == [0, 0, 0, 2, 2, 2]
+    np.testing.assert_allclose((vectors @ vectors.T).numpy(), np.eye(6), atol=1e-6)
+    again = plugins.analyze("random-basis", store, every=2, k=3, force=True).load()
+    np.testing.assert_array_equal(basis_matrix(again, names).numpy(), vectors.numpy())
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def test_fisher_is_the_squared_projected_gradient(store: Path) -> None:
+    """⟨b, ∇ℓ(x)⟩² at every checkpoint, against the autograd loop."""
+    result = plugins.analyze("fisher", store, every=2, dtype="float64").load()
+    basis = ckptstore.open(store).analysis("hessian-basis").load()
+    for index, step in enumerate(int(s) for s in result["step"].values):
+        theta, names, _ = flat_params(store, step)
+        expected = ((per_example_gradients(store, theta) @ basis_matrix(basis, names).T) ** 2).T
+        np.testing.assert_allclose(result["fisher"][index].values, expected.numpy(), rtol=1e-5, atol=1e-14)
+
+
+def test_lca_first_order_and_path_integral(store: Path) -> None:
+    """LCA of the largest parameters: gradient x step, and Simpson's rule along the straight path."""
+    result = plugins.analyze("lca", store, parameters=5, dtype="float64").load()
+    steps = [int(s) for s in ckptstore.open(store).steps]
+    final = flat_params(store, steps[-1])[0]
+    selected = torch.argsort(final.abs(), descending=True)[:5].sort().values
+    theta, names, _ = flat_params(store, steps[0])
+    after = flat_params(store, steps[1])[0]
+    delta = (after - theta)[selected]
+    points = {"start": theta, "middle": (theta + after) / 2, "end": after}
+    gradients = {key: per_example_gradients(store, point)[:, selected] for key, point in points.items()}
+    first = (gradients["start"] * delta).T
+    simpson = ((gradients["start"] + 4 * gradients["middle"] + gradients["end"]) / 6 * delta).T
+    np.testing.assert_allclose(result["first_order"][0].values, first.numpy(), rtol=1e-5, atol=1e-12)
+    np.testing.assert_allclose(result["lca"][0].values, simpson.numpy(), rtol=1e-5, atol=1e-12)
+    owners = [
+        (name, index)
+        for name, shape in zip(names, flat_params(store, 0)[2], strict=True)
+        for index in range(shape.numel())
+    ]
+    assert [(str(t), int(i)) for t, i in zip(result["tensor"].values, result["index"].values, strict=True)] == [
+        owners[i] for i in selected.tolist()
+    ]
+    np.testing.assert_allclose(result["final_magnitude"].values, final.abs()[selected].numpy(), rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- engine behaviour
+
+
+def test_polca_is_identical_on_threads_processes_and_a_distributed_cluster(store: Path, tmp_path: Path) -> None:
+    """The same numbers (1e-6) whatever runs the graph."""
+    expected = plugins.analyze("polca", store, every=2, scheduler="sync").load()
+    results = {}
+    for label, engine in {
+        "threads": {"scheduler": "threads"},
+        "processes": {"scheduler": "processes", "workers": 2},
+        "cluster": {"workers": 2},
+    }.items():
+        copy = tmp_path / f"{label}.zarr"
+        shutil.copytree(store, copy)
+        results[label] = plugins.analyze("polca", copy, every=2, force=True, **engine).load()
+        clear_cache()
+    for label, result in results.items():
+        for name in ("polca", "projected_loss", "unexplained"):
+            np.testing.assert_allclose(result[name].values, expected[name].values, rtol=1e-6, atol=1e-9, err_msg=label)
+
+
+def test_projected_loss_continues_across_blocks_and_new_checkpoints(store: Path, tmp_path: Path) -> None:
+    """Running sums are the same computed in one block, in blocks of one step, or after the run grew."""
+    whole = plugins.analyze("polca", store, at_steps="0", force=True).load()
+    np.testing.assert_allclose(whole["projected_loss"].values, np.cumsum(whole["polca"].values, axis=0), rtol=1e-12)
+    blocks = plugins.analyze("polca", store, at_steps="0", force=True, block_steps=1).load()
+    np.testing.assert_allclose(blocks["projected_loss"].values, whole["projected_loss"].values, rtol=1e-12)
+    grown = tmp_path / "grown.zarr"
+    write_mlp_run(grown, steps=3, examples=EXAMPLES)
+    first = plugins.analyze("polca", grown, at_steps="0").load()
+    assert first.sizes["step"] == 2
+    clear_cache()
+    shutil.rmtree(grown)
+    write_mlp_run(grown, steps=4, examples=EXAMPLES)  # the same run, one checkpoint longer
+    report = plugins.engine.run("polca", grown, at_steps="0")
+    assert report.dataset.sizes["step"] == 3
+    np.testing.assert_allclose(report.dataset["projected_loss"].values, whole["projected_loss"].values, rtol=1e-6)
+
+
+def test_cli_polca_computes_the_basis_first_and_rejects_bad_input(store: Path) -> None:
+    """`ckpt analyze polca STORE` runs hessian-basis, then POLCA; mistakes are one Error: line, store unchanged."""
+    before = tree_digest(store)
+    for args, words in (
+        (["--at-steps", "7"], "--at-steps 7 is not a checkpoint step"),
+        (["--every", "0"], "--every must be a positive number"),
+        (["--basis", "nosuch"], "nosuch"),
+        (["--dtype", "float16"], "float16"),
+    ):
+        done = run_ckpt("analyze", "polca", str(store), *args, "--no-progress")
+        assert done.returncode != 0, args
+        assert "Traceback" not in done.stderr
+        assert words in done.stderr, done.stderr
+        assert tree_digest(store) == before
+    done = run_ckpt("analyze", "polca", str(store), "--every", "2", "--no-progress", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "hessian-basis: computed" in done.stdout
+    assert "polca: computed 3 step(s)" in done.stdout
+    shown = run_ckpt("show", str(store), "polca")
+    assert shown.returncode == 0 and "explained by the basis" in shown.stdout
+    shown = run_ckpt("show", str(store), "hessian-basis")
+    assert shown.returncode == 0 and "eigenvalue" in shown.stdout
+
+
+class TestPolcaConformance(AnalyzerTests):
+    """The analyzer kit's checks, on POLCA with a two-checkpoint basis schedule."""
+
+    analyzer_class = plugins.manager.load_registry().analyzers["polca"]
+    options = {"every": 2}  # noqa: RUF012
+
+    def make_store(self, tmp_path: Path) -> Path:
+        return write_mlp_run(tmp_path / "mlp.zarr", steps=3, examples=EXAMPLES)
