@@ -139,6 +139,8 @@ def measure(name: str, args: argparse.Namespace) -> dict:
         setup.space.flatten(basis, batch_dims=1).double() @ delta
     elif name == "polca-steady":
         terms(setup, 0, basis, args.batch)
+    elif name == "polca-first":
+        terms(setup, 0, basis, args.batch, order=1)
     elif name == "floor":
         with torch.no_grad():
             for _ in range(k):
@@ -274,28 +276,31 @@ def main() -> None:
             f"addition default model, {problems} problems ({4 * problems} datapoints), K={args.k}, {args.device}, "
             f"{args.threads} torch threads"
         )
-        results = {name: child(name, args) for name in ("floor", "polca-steady", "polca-pair", "naive")}
+        results = {name: child(name, args) for name in ("floor", "polca-first", "polca-steady", "polca-pair", "naive")}
         print(f"parameters: {results['floor']['parameters']:,}")
         for name, r in results.items():
             print(f"  {name:<14} {r['seconds']:8.2f} s   peak {r['peak_bytes'] / 2**20:8.0f} MiB")
         floor, pair, steady, slow = (results[n]["seconds"] for n in ("floor", "polca-pair", "polca-steady", "naive"))
         print(f"  naive / polca pair:        {slow / pair:6.2f}x  (target >= 10x)")
         print(f"  polca steady / floor:      {steady / floor:6.2f}x  (target <= 2.5x)")
+        print(f"  first order only / floor:  {results['polca-first']['seconds'] / floor:6.2f}x")
         print(f"  polca pair / (2 x floor):  {pair / (2 * floor):6.2f}x  (both checkpoints' forward passes)")
 
         reference = child("eigen-reference", args)
         lanczos = child("eigen-lanczos", args)
-        accuracy = [
-            max(abs(a - b) / abs(b), 1e-12)
-            for a, b in zip(lanczos["eigenvalues"], reference["eigenvalues"], strict=True)
+        # power iteration stops at Lanczos's accuracy or at 1e-4 relative, whichever is looser:
+        # ARPACK typically lands near 1e-12, which power iteration needs thousands of products for
+        lanczos_error = [
+            abs(a - b) / abs(b) for a, b in zip(lanczos["eigenvalues"], reference["eigenvalues"], strict=True)
         ]
+        accuracy = [max(error, 1e-4) for error in lanczos_error]
         power = child(
             "eigen-power", args, reference=json.dumps(reference["eigenvalues"]), accuracy=json.dumps(accuracy)
         )
         power_error = [abs(a - b) / abs(b) for a, b in zip(power["eigenvalues"], reference["eigenvalues"], strict=True)]
         print("Hessian basis, top 4 deflated eigenpairs over 256 problems:")
         print(f"  reference eigenvalues  {', '.join(f'{v:.6g}' for v in reference['eigenvalues'])}")
-        for label, r, err in (("lanczos", lanczos, accuracy), ("power", power, power_error)):
+        for label, r, err in (("lanczos", lanczos, lanczos_error), ("power", power, power_error)):
             print(
                 f"  {label:<8} {r['seconds']:7.2f} s  {r['matvecs']:5d} HVPs  peak {r['peak_bytes'] / 2**20:6.0f} MiB  "
                 f"max rel. error {max(err):.2e}"

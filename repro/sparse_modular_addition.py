@@ -10,14 +10,27 @@ order; same optimizer), so a seed here follows the same trajectory as
 ``train(task, path, preset="paper", seed=seed)``; it only skips writing a
 checkpoint every epoch, which would double the run time on a small CPU.
 
+``--vectorize`` trains all the seeds in one process instead: the sandbox's own
+model, evaluated with ``torch.func.vmap`` over the stacked parameters of the
+seeds, each seed with its own data and batch order. Adam acts element by
+element, so one Adam over the stacked parameters is the seeds' independent
+Adams; only the floating-point summation order differs from the per-seed loop
+(the accuracies agree to the printed precision over tens of epochs; over 64,000
+steps a trajectory that passes through a loss spike may drift apart). About
+6x faster per seed on one core.
+
 Usage::
 
+    python repro/sparse_modular_addition.py --num-seeds 16 --epochs 1000 --jobs 1
+    python repro/sparse_modular_addition.py --num-seeds 16 --epochs 1000 --vectorize
     python repro/sparse_modular_addition.py --seeds 0 1 2 3 --epochs 1000 --jobs 2
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import inspect
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
@@ -62,30 +75,108 @@ def run_seed(seed: int, epochs: int, p: int) -> dict[str, Any]:
     }
 
 
+def run_seeds_vectorized(seeds: list[int], epochs: int, p: int) -> list[dict[str, Any]]:
+    """Train all ``seeds`` at once (see the module docstring); same summaries as :func:`run_seed`."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from sandboxes.sparse_modular_addition import SparseModularAddition
+
+    torch.set_num_threads(1)
+    task = SparseModularAddition()
+    config = task.config("paper", {"p": p})
+    models, datas = [], []
+    for seed in seeds:  # the per-seed seeding order of run_seed / train()
+        torch.manual_seed(seed)
+        datas.append(task.make_data(config, seed))
+        models.append(task.build_model(config))
+    params, buffers = stack_module_state(models)
+    skeleton = copy.deepcopy(models[0]).to("meta")
+    forward = vmap(lambda prm, buf, x: functional_call(skeleton, (prm, buf), (x,)))
+    # the task's optimizer (Adam, its lr and betas), over the stacked parameters
+    optimizer, _ = task.make_optimizer(models[0], config)
+    accepted = inspect.signature(type(optimizer)).parameters  # defaults may hold keys __init__ does not take
+    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    optimizer = type(optimizer)(list(params.values()), **settings)
+    count = len(seeds)
+    test_x = torch.stack([d.test_inputs for d in datas])
+    test_y = torch.stack([d.test_targets for d in datas])
+    first_perfect: list[int | None] = [None] * count
+    start = time.time()
+    test_acc = torch.zeros(count)
+    for epoch in range(epochs):
+        epoch_batches = zip(
+            *(task.batches(d, config, epoch, s) for d, s in zip(datas, seeds, strict=True)), strict=True
+        )
+        for batch in epoch_batches:
+            inputs = torch.stack([b[0] for b in batch])
+            targets = torch.stack([b[1] for b in batch])
+            logits = forward(params, buffers, inputs)
+            losses = torch.stack([task.per_datapoint_loss(logits[i], targets[i], None).mean() for i in range(count)])
+            optimizer.zero_grad(set_to_none=True)
+            losses.sum().backward()  # seed i's parameters only see seed i's loss
+            optimizer.step()
+        with torch.no_grad():
+            test_acc = (forward(params, buffers, test_x).argmax(-1) == test_y).float().mean(-1)
+        for i in range(count):
+            if test_acc[i] == 1.0 and first_perfect[i] is None:
+                first_perfect[i] = epoch + 1
+    with torch.no_grad():
+        train_x = torch.stack([d.train_inputs for d in datas])
+        train_y = torch.stack([d.train_targets for d in datas])
+        train_acc = (forward(params, buffers, train_x).argmax(-1) == train_y).float().mean(-1)
+    seconds = (time.time() - start) / count
+    return [
+        {
+            "seed": s,
+            "train_acc": float(train_acc[i]),
+            "test_acc": float(test_acc[i]),
+            "first_perfect": first_perfect[i],
+            "seconds": seconds,
+        }
+        for i, s in enumerate(seeds)
+    ]
+
+
+def report(r: dict[str, Any]) -> None:
+    first = "never" if r["first_perfect"] is None else f"epoch {r['first_perfect']}"
+    print(
+        f"seed {r['seed']:>3}: final train acc {r['train_acc']:.4f}  test acc {r['test_acc']:.4f}  "
+        f"first 100% test: {first}  ({r['seconds']:.0f} s)",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds to train (default 0 1 2 3)")
+    parser.add_argument("--num-seeds", type=int, default=None, help="train seeds 0 .. N-1 (instead of --seeds)")
     parser.add_argument("--epochs", type=int, default=1000, help="paper: 1000")
     parser.add_argument("--p", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=2, help="seeds trained in parallel (one core each)")
+    parser.add_argument("--vectorize", action="store_true", help="train all seeds in one process (torch.func.vmap)")
     args = parser.parse_args()
+    if args.seeds is not None and args.num_seeds is not None:
+        parser.error("give --seeds or --num-seeds, not both")
+    seeds = list(range(args.num_seeds)) if args.num_seeds is not None else (args.seeds or [0, 1, 2, 3])
 
-    print(f"sparse modular addition: p={args.p}, L=12, k=5, d=2, {args.epochs} epochs, seeds {args.seeds}")
+    mode = "vectorized, one process" if args.vectorize else f"{args.jobs} process(es)"
+    print(f"sparse modular addition: p={args.p}, L=12, k=5, d=2, {args.epochs} epochs, seeds {seeds} ({mode})")
+    start = time.time()
     results = []
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_seed, s, args.epochs, args.p) for s in args.seeds]
-        for future in as_completed(futures):
-            r = future.result()
-            results.append(r)
-            first = "never" if r["first_perfect"] is None else f"epoch {r['first_perfect']}"
-            print(
-                f"seed {r['seed']:>3}: final train acc {r['train_acc']:.4f}  test acc {r['test_acc']:.4f}  "
-                f"first 100% test: {first}  ({r['seconds']:.0f} s)",
-                flush=True,
-            )
+    if args.vectorize:
+        results = run_seeds_vectorized(seeds, args.epochs, args.p)
+        for r in results:
+            report(r)
+    else:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futures = [pool.submit(run_seed, s, args.epochs, args.p) for s in seeds]
+            for future in as_completed(futures):
+                results.append(future.result())
+                report(results[-1])
     perfect = sum(r["first_perfect"] is not None for r in results)
     final = sum(r["test_acc"] == 1.0 for r in results)
     print(f"{perfect}/{len(results)} seeds reached 100% test accuracy at some epoch; {final} end at 100%")
+    print(f"({time.time() - start:.0f} s wall)")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ cases inside it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Iterator, Mapping
@@ -170,6 +171,33 @@ def _device(device: str) -> torch.device:
     return torch.device(device)
 
 
+SMALL_MODEL_PARAMETERS = 1_000_000
+"""Below this many parameters a CPU run trains on one torch thread (see :func:`_threads_for`)."""
+
+
+@contextlib.contextmanager
+def _threads_for(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """Train a small model on one CPU thread; restore torch's thread count afterwards.
+
+    The sandboxes' models are tiny (a few hundred to a few ten thousand
+    parameters): each op is far too small to split across threads, so torch's
+    default of one thread per core only adds synchronisation, and on a loaded
+    machine every step waits for the slowest core. Measured on the 2-core CPU
+    with another job running (torch 2.13): sparse-modular-addition, batch 32,
+    7.2 ms/step on 2 threads vs 1.7 on 1; modular-addition, full batch,
+    107 ms/step vs 0.86.
+    """
+    previous = torch.get_num_threads()
+    small = device.type == "cpu" and sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS
+    if small:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if small:
+            torch.set_num_threads(previous)
+
+
 def _to(data: Dataset, device: torch.device) -> Dataset:
     moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(data).items() if k != "splits"}
     return Dataset(**moved, splits=data.splits)
@@ -265,7 +293,11 @@ def train(
         if scheduler is not None:
             scheduler.step()
     pending = [s for s in schedule if s > start or (s == 0 and writer.last_step is None)]
-    with writer, tqdm(total=steps - start, desc=task.name, unit="step", disable=not progress or None) as bar:
+    with (
+        _threads_for(model, target),
+        writer,
+        tqdm(total=steps - start, desc=task.name, unit="step", disable=not progress or None) as bar,
+    ):
         step = start
         epoch = step // per_epoch
         if pending and pending[0] == step:

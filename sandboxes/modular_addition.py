@@ -128,6 +128,11 @@ class ModularAddition(Task):
         # {0, 0.3, 0.6, 1.0}. The learning rate and run length are our
         # assumption (not recovered from the paper): Adam's usual 1e-3 and a run
         # long enough for the embedding structures to stop moving.
+        # Sweep (20 seeds, wd 0 vs 1; torch's default N(0, 1) embeddings and
+        # also 0.1x smaller ones): lr 0.001/0.003/0.01/0.03, 2,000 to 10,000
+        # steps: no seed reaches validation accuracy 0.9 at either weight
+        # decay; wd 1 roughly doubles the mean validation accuracy (~0.5 vs
+        # 0.2-0.45). See docs/sandboxes.md.
         "paper": {
             "n": 17,
             "d": 2,

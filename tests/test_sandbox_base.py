@@ -81,3 +81,21 @@ def test_existing_store_is_refused_unless_resumed_and_resume_is_exact(tmp_path: 
     assert resumed.steps.tolist() == [0, 4, 6, 8, 12]
     for name, value in whole.tensors(12).items():  # plain SGD has no state: resuming is exact
         np.testing.assert_allclose(resumed.tensors(12)[name], value, rtol=1e-6, atol=1e-7)
+
+
+def test_small_cpu_model_trains_on_one_thread_and_restores_the_count(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    class CountingBlobs(Blobs):
+        def per_datapoint_loss(self, outputs, targets, mask):
+            seen.append(torch.get_num_threads())
+            return super().per_datapoint_loss(outputs, targets, mask)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train(CountingBlobs(), tmp_path / "threads.zarr", steps=4, every=4)
+        assert seen and set(seen) == {1}  # a ~100-parameter model: one thread for every step
+        assert torch.get_num_threads() == 2  # and the caller's setting is back afterwards
+    finally:
+        torch.set_num_threads(before)

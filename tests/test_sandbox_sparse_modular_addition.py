@@ -106,6 +106,14 @@ def test_model_parameters() -> None:
     assert dict(model.named_parameters()).keys() == shapes.keys()  # no buffers, nothing frozen
 
 
+def test_query_starts_like_a_linear_weight() -> None:
+    # the paper's query is a bias-free Linear(2, 1): torch draws it uniformly in [-1/sqrt(2), 1/sqrt(2)]
+    torch.manual_seed(0)
+    queries = torch.stack([build_model().attn.query.detach() for _ in range(200)])
+    assert queries.abs().max() <= 1 / math.sqrt(2)
+    assert abs(queries.std().item() - (1 / math.sqrt(2)) / math.sqrt(3)) < 0.03  # std of U(-b, b) is b/sqrt(3)
+
+
 def test_forward_matches_hand_computation() -> None:
     torch.manual_seed(0)
     model = build_model(p=2, length=12, hidden=8).eval()
@@ -113,10 +121,11 @@ def test_forward_matches_hand_computation() -> None:
     w = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
     x = tokens.numpy()
 
-    def unit(v: np.ndarray) -> np.ndarray:
-        return v / np.linalg.norm(v, axis=-1, keepdims=True)
+    def rms(v: np.ndarray) -> np.ndarray:
+        # RMS-norm without gain: divide by the root of the mean square, so |result| = sqrt(d)
+        return v / np.sqrt((v**2).mean(axis=-1, keepdims=True))
 
-    z = unit(w["embed.weight"][x] + w["pos.weight"][None])  # [4, 12, 2]
+    z = rms(w["embed.weight"][x] + w["pos.weight"][None])  # [4, 12, 2]
     scores = np.einsum("btd,d->bt", z, w["attn.query"]) / math.sqrt(2)
     a = np.exp(scores - scores.max(1, keepdims=True))
     a /= a.sum(1, keepdims=True)
@@ -124,12 +133,13 @@ def test_forward_matches_hand_computation() -> None:
 
     with torch.no_grad():
         z_model = model.embeddings(tokens)
-        np.testing.assert_allclose(np.linalg.norm(z_model.numpy(), axis=-1), 1.0, rtol=1e-6)
+        # the paper's RMS-norm puts d=2 vectors on the circle of radius sqrt(2), not the unit circle
+        np.testing.assert_allclose(np.linalg.norm(z_model.numpy(), axis=-1), math.sqrt(2), rtol=1e-6)
         np.testing.assert_allclose(model.attn.weights(z_model).numpy(), a, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(model.attn(z_model).numpy(), pooled, rtol=1e-5, atol=1e-6)
         logits = model(tokens).numpy()
 
-    pre = unit(pooled) @ w["mlp.fc1.weight"].T + w["mlp.fc1.bias"]
+    pre = rms(pooled) @ w["mlp.fc1.weight"].T + w["mlp.fc1.bias"]
     gelu = 0.5 * pre * (1 + np.vectorize(math.erf)(pre / math.sqrt(2)))
     out = pooled + gelu @ w["mlp.fc2.weight"].T + w["mlp.fc2.bias"]
     np.testing.assert_allclose(logits, out @ w["embed.weight"].T, rtol=1e-5, atol=1e-6)
