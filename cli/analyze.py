@@ -76,19 +76,44 @@ def _engine_options() -> list[click.Option]:
     ]
 
 
+def expand_stores(patterns: tuple[str, ...]) -> list[str]:
+    """Paths of the stores: each argument a path, or a quoted glob pattern (``'runs/wd*.zarr'``)."""
+    import glob
+    import os
+
+    stores: list[str] = []
+    for pattern in patterns:
+        if os.path.exists(pattern) or not glob.has_magic(pattern):
+            stores.append(pattern)
+            continue
+        matches = sorted(glob.glob(pattern))
+        if not matches:
+            msg = f"no store matches {pattern!r}"
+            raise click.UsageError(msg)
+        stores.extend(matches)
+    return list(dict.fromkeys(stores))
+
+
 def _make_command(name: str, analyzer: Any) -> click.Command:
-    def callback(store: str, **values: Any) -> None:
+    def callback(stores: tuple[str, ...], **values: Any) -> None:
         from plugins.engine import run
 
         engine = {k: values.pop(k) for k in ENGINE_OPTIONS}
         options = {k: v for k, v in values.items() if v is not None}
-        report = run(name, store, registry=registry(), **engine, **options)
-        for dependency in report.dependencies:
-            click.echo(_report_line(dependency))
-        click.echo(_report_line(report))
-        click.echo(f"result: analyses/{name} in {store} (ckpt show {store} {name})")
+        paths = expand_stores(stores)
+        for store in paths:
+            report = run(name, store, registry=registry(), **engine, **options)
+            prefix = f"{store}: " if len(paths) > 1 else ""
+            for dependency in report.dependencies:
+                click.echo(prefix + _report_line(dependency))
+            click.echo(prefix + _report_line(report))
+            click.echo(f"{prefix}result: analyses/{name} in {store} (ckpt show {store} {name})")
+        if len(paths) > 1:
+            click.echo(
+                f"{len(paths)} runs; in Python: plugins.analyze_runs({name!r}, [...]) gives one Dataset with a run dim"
+            )
 
-    params: list[click.Parameter] = [click.Argument(["store"], metavar="STORE")]
+    params: list[click.Parameter] = [click.Argument(["stores"], metavar="STORE...", nargs=-1, required=True)]
     params += [_click_option(key, option) for key, option in analyzer.option_spec().items()]
     params += _engine_options()
     requires = f"\n\nRequires: {', '.join(analyzer.requires)}." if analyzer.requires else ""
@@ -123,10 +148,11 @@ class AnalyzeGroup(click.Group):
 
 @click.group("analyze", cls=AnalyzeGroup)
 def analyze() -> None:
-    """Run an analyzer over a store: ckpt analyze NAME STORE [OPTIONS].
+    """Run an analyzer over a store: ckpt analyze NAME STORE... [OPTIONS].
 
     Results are saved in STORE under analyses/NAME; a rerun reuses them and
-    computes only new checkpoints.
+    computes only new checkpoints. Several stores (or a quoted glob such as
+    'runs/*.zarr') are analyzed one after the other, each keeping its result.
     """
 
 

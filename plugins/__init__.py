@@ -23,4 +23,21 @@ def analyze(name: str, store: Any, **kwargs: Any) -> Any:
     return _analyze(name, store, **kwargs)
 
 
-__all__ = ["AnalysisContext", "AnalysisError", "Analyzer", "Option", "Worker", "analyze", "hookimpl", "hookspec"]
+def analyze_runs(name: str, stores: Any, **kwargs: Any) -> Any:
+    """Run ``name`` on several stores: one Dataset with a ``run`` dim (:func:`plugins.engine.analyze_runs`)."""
+    from plugins.engine import analyze_runs as _analyze_runs
+
+    return _analyze_runs(name, stores, **kwargs)
+
+
+__all__ = [
+    "AnalysisContext",
+    "AnalysisError",
+    "Analyzer",
+    "Option",
+    "Worker",
+    "analyze",
+    "analyze_runs",
+    "hookimpl",
+    "hookspec",
+]

@@ -360,3 +360,63 @@ def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Datas
     report = run(name, store, **kwargs)
     assert report.dataset is not None
     return report.dataset
+
+
+def run_coordinates(stores: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
+    """Coordinates along ``run`` of several stores: the path, and the run settings they record.
+
+    The settings are the scalar entries of each store's ``attrs`` (``ckpt train`` records
+    ``task``, ``preset``, ``seed``) and of ``attrs["config"]`` (e.g. ``weight_decay``, ``lr``)
+    that every run has.
+    """
+    records = []
+    for where in stores:
+        attrs = ckptstore.open(str(where)).attrs
+        record = {k: v for k, v in attrs.items() if isinstance(v, str | int | float | bool)}
+        config = attrs.get("config")
+        if isinstance(config, Mapping):
+            record.update(
+                {k: v for k, v in config.items() if isinstance(v, str | int | float | bool) and k not in record}
+            )
+        records.append(record)
+    shared = set.intersection(*(set(r) for r in records)) if records else set()
+    coords: dict[str, Any] = {"run": ("run", [str(s) for s in stores])}
+    for key in sorted(shared):
+        values = [r[key] for r in records]
+        coords[key] = ("run", values if not all(isinstance(v, str) for v in values) else [str(v) for v in values])
+    return coords
+
+
+def analyze_runs(name: str, stores: Sequence[str | os.PathLike[str]], **kwargs: Any) -> xr.Dataset:
+    """Run an analyzer on several stores and return one Dataset with a ``run`` dimension.
+
+    Each store keeps its own result in ``analyses/<name>`` (computed only where missing);
+    the results are concatenated along ``run`` (an outer join on ``step``: runs of other
+    lengths are padded with NaN), with each run's path and recorded settings (seed, weight
+    decay, ...) as coordinates.
+
+    Parameters
+    ----------
+    name
+        Registered analyzer name.
+    stores
+        Paths of the runs.
+    **kwargs
+        As for :func:`analyze`.
+
+    Examples
+    --------
+    >>> import glob, plugins
+    >>> geometry = plugins.analyze_runs("loss", sorted(glob.glob("runs/wd*.zarr")))  # doctest: +SKIP
+    >>> geometry["mean_loss"].groupby("weight_decay").mean("run")                     # doctest: +SKIP
+    """
+    if not stores:
+        msg = "analyze_runs needs at least one store"
+        raise AnalysisError(msg)
+    results = [analyze(name, where, **kwargs) for where in stores]
+    combined = xr.concat(
+        [r.drop_attrs() for r in results], dim="run", join="outer", coords="minimal", compat="override"
+    )
+    combined = combined.assign_coords(run_coordinates(stores))
+    combined.attrs["ckpt"] = {"analyzer": name, "runs": [str(s) for s in stores]}
+    return combined

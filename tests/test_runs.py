@@ -1,0 +1,78 @@
+"""Runs as a dimension: one analyzer over several stores, one Dataset with a ``run`` dim."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ckptstore
+import plugins
+from plugins.runtime import clear_cache
+from tests.conftest import run_ckpt, tree_digest
+from tests.models import mlp
+
+
+def write_run(path: Path, seed: int, weight_decay: float, steps: int) -> Path:
+    """A tiny training run recording its settings as ``ckpt train`` does (attrs seed and config)."""
+    torch.manual_seed(seed)
+    model = mlp()
+    inputs, targets = torch.randn(20, 3), torch.randint(0, 4, (20,))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=weight_decay)
+    attrs = {"task": "toy", "seed": seed, "config": {"weight_decay": weight_decay, "lr": 0.05}}
+    with ckptstore.create(path, model="tests.models:mlp", config={}, objective="cross-entropy", attrs=attrs) as w:
+        w.add_data("eval", inputs=inputs, targets=targets)
+        for step in range(steps):
+            w.write(step, model)
+            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> list[Path]:
+    """Three runs: two weight decays, two seeds, one of them shorter."""
+    yield [
+        write_run(tmp_path / "wd0-s0.zarr", 0, 0.0, 4),
+        write_run(tmp_path / "wd1-s0.zarr", 0, 1.0, 4),
+        write_run(tmp_path / "wd1-s1.zarr", 1, 1.0, 3),
+    ]
+    clear_cache()
+
+
+def test_analyze_runs_stacks_results_with_the_run_settings_as_coordinates(runs: list[Path]) -> None:
+    combined = plugins.analyze_runs("loss", runs)
+    assert combined.sizes["run"] == 3
+    assert combined["run"].values.tolist() == [str(r) for r in runs]
+    assert combined["seed"].values.tolist() == [0, 0, 1]
+    assert combined["weight_decay"].values.tolist() == [0.0, 1.0, 1.0]
+    for index, path in enumerate(runs):
+        alone = ckptstore.open(path).analysis("loss")["loss"].values
+        np.testing.assert_array_equal(combined["loss"].isel(run=index).values[: len(alone)], alone)
+    # the shorter run is padded with NaN on the steps it does not have
+    assert np.isnan(combined["loss"].isel(run=2).sel(step=3).values).all()
+    by_decay = combined["mean_loss"].groupby("weight_decay").mean("run")
+    assert by_decay.sizes["weight_decay"] == 2
+
+
+def test_cli_analyzes_every_store_of_a_glob(runs: list[Path]) -> None:
+    pattern = str(runs[0].parent / "wd1-*.zarr")
+    done = run_ckpt("analyze", "loss", pattern, str(runs[0]), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    for path in runs:
+        assert f"{path}: loss: computed" in done.stdout
+        assert "loss" in ckptstore.open(path).analyses
+    assert "3 runs" in done.stdout
+
+
+def test_cli_glob_matching_nothing_is_one_error_line(runs: list[Path]) -> None:
+    before = tree_digest(runs[0])
+    done = run_ckpt("analyze", "loss", str(runs[0].parent / "nothing-*.zarr"), "--no-progress")
+    assert done.returncode == 2
+    assert "Error: no store matches" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert tree_digest(runs[0]) == before
