@@ -258,6 +258,7 @@ def main() -> None:
     parser.add_argument("--naive-examples", type=int, default=0, help="examples of the naive loop (0: all)")
     parser.add_argument("--tol", type=float, default=1e-4)
     parser.add_argument("--max-power", type=int, default=1000)
+    parser.add_argument("--only", choices=["all", "polca", "eigen", "scaling"], default="all")
     parser.add_argument("--measure")
     parser.add_argument("--store")
     parser.add_argument("--config", default="{}")
@@ -276,52 +277,67 @@ def main() -> None:
             f"addition default model, {problems} problems ({4 * problems} datapoints), K={args.k}, {args.device}, "
             f"{args.threads} torch threads"
         )
-        results = {name: child(name, args) for name in ("floor", "polca-first", "polca-steady", "polca-pair", "naive")}
-        print(f"parameters: {results['floor']['parameters']:,}")
-        for name, r in results.items():
-            print(f"  {name:<14} {r['seconds']:8.2f} s   peak {r['peak_bytes'] / 2**20:8.0f} MiB")
-        floor, pair, steady, slow = (results[n]["seconds"] for n in ("floor", "polca-pair", "polca-steady", "naive"))
-        print(f"  naive / polca pair:        {slow / pair:6.2f}x  (target >= 10x)")
-        print(f"  polca steady / floor:      {steady / floor:6.2f}x  (target <= 2.5x)")
-        print(f"  first order only / floor:  {results['polca-first']['seconds'] / floor:6.2f}x")
-        print(f"  polca pair / (2 x floor):  {pair / (2 * floor):6.2f}x  (both checkpoints' forward passes)")
+        if args.only in ("all", "polca"):
+            polca_section(args)
+        if args.only in ("all", "eigen"):
+            eigen_section(args)
+        if args.only in ("all", "scaling"):
+            scaling_section(args, tmp, problems)
 
-        reference = child("eigen-reference", args)
-        lanczos = child("eigen-lanczos", args)
-        # power iteration stops at Lanczos's accuracy or at 1e-4 relative, whichever is looser:
-        # ARPACK typically lands near 1e-12, which power iteration needs thousands of products for
-        lanczos_error = [
-            abs(a - b) / abs(b) for a, b in zip(lanczos["eigenvalues"], reference["eigenvalues"], strict=True)
-        ]
-        accuracy = [max(error, 1e-4) for error in lanczos_error]
+
+def polca_section(args: argparse.Namespace) -> None:
+    """POLCA against the naive computation and against the floor."""
+    results = {name: child(name, args) for name in ("floor", "polca-first", "polca-steady", "polca-pair", "naive")}
+    print(f"parameters: {results['floor']['parameters']:,}")
+    for name, r in results.items():
+        print(f"  {name:<14} {r['seconds']:8.2f} s   peak {r['peak_bytes'] / 2**20:8.0f} MiB")
+    floor, pair, steady, slow = (results[n]["seconds"] for n in ("floor", "polca-pair", "polca-steady", "naive"))
+    print(f"  naive / polca pair:        {slow / pair:6.2f}x  (target >= 10x)")
+    print(f"  polca steady / floor:      {steady / floor:6.2f}x  (target <= 2.5x)")
+    print(f"  first order only / floor:  {results['polca-first']['seconds'] / floor:6.2f}x")
+    print(f"  polca pair / (2 x floor):  {pair / (2 * floor):6.2f}x  (both checkpoints' forward passes)")
+
+
+def eigen_section(args: argparse.Namespace) -> None:
+    """Lanczos against power iteration with deflation, at a loose and at Lanczos's own accuracy."""
+    reference = child("eigen-reference", args)
+    lanczos = child("eigen-lanczos", args)
+    lanczos_error = [abs(a - b) / abs(b) for a, b in zip(lanczos["eigenvalues"], reference["eigenvalues"], strict=True)]
+    print("Hessian basis, top 4 deflated eigenpairs over 256 problems:")
+    print(f"  reference eigenvalues  {', '.join(f'{v:.6g}' for v in reference['eigenvalues'])}")
+    rows = [("lanczos", lanczos, lanczos_error)]
+    # power iteration stopped at 1e-4 relative (looser than Lanczos), then at Lanczos's own accuracy
+    for label, floor in (("power 1e-4", 1e-4), ("power =", 1e-13)):
+        accuracy = [max(error, floor) for error in lanczos_error]
         power = child(
             "eigen-power", args, reference=json.dumps(reference["eigenvalues"]), accuracy=json.dumps(accuracy)
         )
-        power_error = [abs(a - b) / abs(b) for a, b in zip(power["eigenvalues"], reference["eigenvalues"], strict=True)]
-        print("Hessian basis, top 4 deflated eigenpairs over 256 problems:")
-        print(f"  reference eigenvalues  {', '.join(f'{v:.6g}' for v in reference['eigenvalues'])}")
-        for label, r, err in (("lanczos", lanczos, lanczos_error), ("power", power, power_error)):
-            print(
-                f"  {label:<8} {r['seconds']:7.2f} s  {r['matvecs']:5d} HVPs  peak {r['peak_bytes'] / 2**20:6.0f} MiB  "
-                f"max rel. error {max(err):.2e}"
-            )
-        print(f"  power / lanczos time: {power['seconds'] / lanczos['seconds']:.2f}x")
+        error = [abs(a - b) / abs(b) for a, b in zip(power["eigenvalues"], reference["eigenvalues"], strict=True)]
+        rows.append((label, power, error))
+    for label, r, err in rows:
+        print(
+            f"  {label:<10} {r['seconds']:7.2f} s  {r['matvecs']:5d} HVPs  peak {r['peak_bytes'] / 2**20:6.0f} MiB  "
+            f"max rel. error {max(err):.2e}  ({r['seconds'] / lanczos['seconds']:.2f}x Lanczos's time)"
+        )
 
-        print("Scaling of one checkpoint's POLCA terms (first + second order):")
-        for k in (4, 8, 16):
-            r = child("polca-steady", args, k=k)
-            print(f"  K={k:<3}             {r['seconds']:7.2f} s  peak {r['peak_bytes'] / 2**20:6.0f} MiB")
-        for count in (problems // 4, problems // 2, problems):
-            path = str(Path(tmp) / f"n{count}.zarr")
-            make_store(Path(path), DEFAULT, count)
-            r = child("polca-steady", args, store=path)
-            print(f"  {4 * count:>5} datapoints  {r['seconds']:7.2f} s  peak {r['peak_bytes'] / 2**20:6.0f} MiB")
-        for width in (32, 64, 128):
-            config = {**DEFAULT, "d_model": width, "d_mlp": 4 * width}
-            path = str(Path(tmp) / f"d{width}.zarr")
-            make_store(Path(path), config, problems)
-            r = child("polca-steady", args, store=path, config=json.dumps(config))
-            print(f"  {r['parameters']:>9,} params  {r['seconds']:7.2f} s  peak {r['peak_bytes'] / 2**20:6.0f} MiB")
+
+def scaling_section(args: argparse.Namespace, tmp: str, problems: int) -> None:
+    """Time and peak memory of one checkpoint's terms against K, datapoints and parameters."""
+    print("Scaling of one checkpoint's POLCA terms (first + second order):")
+    for k in (4, 8, 16):
+        r = child("polca-steady", args, k=k)
+        print(f"  K={k:<3}             {r['seconds']:7.2f} s  peak {r['peak_bytes'] / 2**20:6.0f} MiB")
+    for count in (problems // 4, problems // 2, problems):
+        path = str(Path(tmp) / f"n{count}.zarr")
+        make_store(Path(path), DEFAULT, count)
+        r = child("polca-steady", args, store=path)
+        print(f"  {4 * count:>5} datapoints  {r['seconds']:7.2f} s  peak {r['peak_bytes'] / 2**20:6.0f} MiB")
+    for width in (32, 64, 128):
+        config = {**DEFAULT, "d_model": width, "d_mlp": 4 * width}
+        path = str(Path(tmp) / f"d{width}.zarr")
+        make_store(Path(path), config, problems)
+        r = child("polca-steady", args, store=path, config=json.dumps(config))
+        print(f"  {r['parameters']:>9,} params  {r['seconds']:7.2f} s  peak {r['peak_bytes'] / 2**20:6.0f} MiB")
 
 
 if __name__ == "__main__":

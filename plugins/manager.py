@@ -28,6 +28,10 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "analyzers.polca",
     "analyzers.fisher",
     "analyzers.lca",
+    "analyzers.clusters",
+    "analyzers.grad_norms",
+    "analyzers.sparsity",
+    "analyzers.embedding_geometry",
     "sandboxes",
 )
 """Modules of ckpt's own plugins, registered exactly like third-party ones."""

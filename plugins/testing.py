@@ -32,7 +32,7 @@ from dask.callbacks import Callback
 
 import ckptstore
 from plugins.analyzer import PER_PAIR, PER_RUN, AnalysisContext, Analyzer, Option, TaskSpec
-from plugins.engine import run
+from plugins.engine import run, stored_provenance
 from plugins.manager import Registry, load_registry
 from plugins.runtime import clear_cache
 
@@ -100,7 +100,10 @@ class AnalyzerTests:
         dependency_options = analyzer.dependency_options()
         results = {}
         for name in analyzer.requires:
-            report = run(name, path, registry=registry, **dependency_options.get(name, {}))
+            options = dependency_options.get(name, {})
+            if options is None:  # the stored result's options, as the engine reads them
+                options = dict((stored_provenance(ckptstore.open(path), name) or {}).get("options") or {})
+            report = run(name, path, registry=registry, **options)
             results[name] = report.dataset
         context = AnalysisContext(ckptstore.open(path), self.expected_steps(path), TaskSpec(str(path)), results)
         with _CountComputes() as counter:

@@ -6,6 +6,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,24 @@ def make_tensors(step: int) -> dict[str, np.ndarray]:
         "block.0.fc.bias": rng.standard_normal(8).astype(np.float16),
         "counter": np.asarray(step, dtype=np.int64),
     }
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread for tests of tiny models (extra threads only add contention on a small, busy CPU).
+
+    Modules use it with ``pytestmark = pytest.mark.usefixtures("one_thread")``; the
+    worker caches are cleared afterwards.
+    """
+    import torch
+
+    from plugins.runtime import clear_cache
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    clear_cache()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,14 +14,7 @@ from sandboxes.base import TaskError, train
 from sandboxes.sparse_modular_addition import SparseModularAddition, build_model
 from tests.conftest import run_ckpt
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # tiny matmuls: extra torch threads only add contention on a small, busy CPU
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def data_for(seed: int = 0, **options: object):

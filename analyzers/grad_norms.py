@@ -1,0 +1,591 @@
+"""``grad-norms`` and ``loss-spikes``: gradient and update norms per tensor and layer, loss spikes (Clustering Head).
+
+Design: two analyzers, because spike detection needs the whole run while the
+norms do not.
+
+- ``grad-norms`` (``per="checkpoint"``) computes, with one Dask task per
+  checkpoint (``ctx.map_checkpoints``), the expensive part: the gradient of the
+  mean loss over a split at each checkpoint, its norm per tensor, per layer and
+  in total, the mean loss itself, and the update norms. Adding checkpoints and
+  rerunning computes only the new ones.
+- ``loss-spikes`` (``per="run"``) requires ``grad-norms`` (run with the
+  ``--split``, ``--batch-size`` and ``--seed`` given to ``loss-spikes``, its
+  defaults otherwise) and runs the spike detection on the whole series: cheap
+  numpy on two 1-D arrays, recomputed whole whenever the steps change, so the
+  result is never stale.
+
+Gradient norms. The gradient is taken in the model's eval mode (no dropout),
+with the checkpoint's tensors swapped in by ``torch.func.functional_call``, of
+the mean of the store's objective over the datapoints of ``--split`` (default
+``train`` when the store has it, else ``eval``), with respect to the model's
+trainable floating-point parameters (buffers have none: NaN). It is
+accumulated in float64 over chunks of ``--chunk-size`` examples, so memory is
+bounded while the value is that of the full batch. With ``--batch-size B`` the
+examples are instead permuted by ``np.random.default_rng(seed).permutation(n)``
+and cut into consecutive minibatches of B examples (a last incomplete
+minibatch is dropped, unless it is the only one); each minibatch's gradient
+(of its own mean loss) is normed, and every reported norm is the *mean over
+minibatches of the per-minibatch norm* (per tensor, per layer and in total,
+each averaged separately: the expected norm of a stochastic gradient of batch
+size B, which exceeds the full-batch norm by the gradient noise). ``loss`` is
+the mean loss of the datapoints used (the mean of the minibatch losses).
+
+A *layer* is a tensor name up to its last dot (``blocks.0.attn.q.weight`` ->
+``blocks.0.attn.q``; a name without a dot is its own layer); a layer's norm is
+the norm of all its tensors' entries together.
+
+Update norms ``||θ_t - θ_prev||`` (per tensor, per layer, in total, float64)
+need only the weights, so they are computed on every store, with or without a
+model. ``update_norm`` at step t is the update *into* t, from the previous
+checkpoint (NaN at the first checkpoint), not the update out of t: a stored
+per-checkpoint value must not depend on checkpoints written later, or an
+incremental run would keep a stale NaN at the old last step. The update out of
+t is ``update_norm.shift(step=-1)``. For a store without a model spec,
+``grad-norms`` holds the update norms only.
+
+Spikes (``loss-spikes``). For a series x over the checkpoints, the baseline at
+t is the median of the previous ``--window`` finite values (a trailing window:
+a spike is a rise above the recent past, and a smoothly decreasing loss always
+lies below it), and the scale is ``max(1.4826 * MAD, floor * |median|, 1e-12)``
+with MAD the median absolute deviation from that median in the same window
+(1.4826 makes it the standard deviation for Gaussian noise; the floor keeps a
+flat stretch with zero MAD from flagging rounding noise). t is a spike when
+``x_t - median > threshold * scale``: a robust z-score above ``--threshold``.
+The default, 5, is above the 3.5 usual for the modified z-score of Iglewicz
+and Hoaglin because the median and MAD of 20 values are themselves noisy: on
+pure Gaussian noise, threshold 3.5 flagged 0.5% of the points (1.6% with a
+window of 10), threshold 5 flagged 0.05%. Checkpoints with fewer than 5
+earlier finite values are never spikes. A trailing window lags a falling
+curve, and its spread grows with the slope, so during a steep descent only
+large spikes clear the threshold (a smaller ``--window`` follows it closer).
+The loss series is the training metric stored by the run (``train_loss``,
+else ``loss``, in ``store.metrics``, when it covers every checkpoint; or
+``--metric NAME``), otherwise the mean loss evaluated by ``grad-norms``; the gradient
+series is its ``total_grad_norm``. ``cooccurrence`` is the fraction of loss
+spikes with a gradient-norm spike within ±``--tolerance`` training steps;
+``chance`` is the same fraction for a loss spike placed at a uniformly random
+checkpoint: the fraction of all checkpoints within ±tolerance of a
+gradient-norm spike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
+from plugins.analyzer import PER_RUN
+from plugins.derivatives import DTYPES, chunks, parameter_space, torch_dtype
+from plugins.runtime import objective_for
+
+MAD_SCALE = 1.4826
+"""MAD times this estimates the standard deviation of Gaussian noise."""
+MIN_PERIODS = 5
+"""Earlier values a checkpoint needs before it can be a spike."""
+LOSS_METRICS = ("train_loss", "loss")
+"""Training metrics used as the loss series, in order of preference."""
+EVALUATED = "evaluated"
+"""``--metric`` value for the mean loss evaluated by ``grad-norms``."""
+
+
+# -- spike detection (pure numpy, on 1-D series) ---------------------------------------------------
+
+
+def rolling_baseline(values: Sequence[float], window: int, min_periods: int = MIN_PERIODS) -> tuple[Any, Any]:
+    """Trailing rolling median and scaled MAD of ``values``, from the previous ``window`` finite values.
+
+    Parameters
+    ----------
+    values
+        A 1-D series.
+    window
+        How many earlier values (not counting the current one) form the baseline.
+    min_periods
+        Fewer earlier finite values than this give NaN.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``median`` and ``1.4826 * MAD`` at every position (NaN where undefined).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1:
+        msg = f"spike detection works on 1-D series, got shape {x.shape}"
+        raise ValueError(msg)
+    if window < 1:
+        msg = f"window must be at least 1, got {window}"
+        raise ValueError(msg)
+    median = np.full(x.shape, np.nan)
+    scale = np.full(x.shape, np.nan)
+    for t in range(len(x)):
+        past = x[max(0, t - window) : t]
+        past = past[np.isfinite(past)]
+        if len(past) >= max(1, min_periods):
+            median[t] = np.median(past)
+            scale[t] = MAD_SCALE * np.median(np.abs(past - median[t]))
+    return median, scale
+
+
+def detect_spikes(
+    values: Sequence[float],
+    *,
+    window: int = 20,
+    threshold: float = 5.0,
+    floor: float = 0.01,
+    min_periods: int = MIN_PERIODS,
+) -> np.ndarray:
+    """Where a series rises more than ``threshold`` robust deviations above its trailing median.
+
+    Parameters
+    ----------
+    values
+        A 1-D series (loss or gradient norm per checkpoint).
+    window
+        Earlier values forming the baseline (see :func:`rolling_baseline`).
+    threshold
+        Spike when ``x_t - median_t > threshold * scale_t``.
+    floor
+        ``scale_t = max(1.4826 * MAD_t, floor * |median_t|, 1e-12)``: the smallest
+        scale, relative to the median, so a flat stretch (MAD 0) does not flag noise.
+    min_periods
+        Earlier finite values needed; positions with fewer are never spikes.
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, one per value. NaN values are never spikes; ``+inf`` always is
+        (once a baseline exists).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    median, scale = rolling_baseline(x, window, min_periods)
+    scale = np.fmax(np.fmax(scale, floor * np.abs(median)), 1e-12)
+    with np.errstate(invalid="ignore"):
+        return np.asarray((x - median) > threshold * scale) & np.isfinite(median) & ~np.isnan(x)
+
+
+def near(steps: Sequence[int], targets: Sequence[int], tolerance: int) -> np.ndarray:
+    """For each of ``steps``, whether some step of ``targets`` is within ``±tolerance`` of it (boolean)."""
+    s = np.asarray(steps, dtype=np.int64).reshape(-1)
+    g = np.sort(np.asarray(targets, dtype=np.int64).reshape(-1))
+    if not len(g):
+        return np.zeros(s.shape, bool)
+    index = np.clip(np.searchsorted(g, s), 1, len(g)) - 1  # the target at or before s (or the first)
+    after = np.clip(index + 1, 0, len(g) - 1)
+    distance = np.minimum(np.abs(s - g[index]), np.abs(g[after] - s))
+    return distance <= tolerance
+
+
+def cooccurrence(loss_spike_steps: Sequence[int], grad_spike_steps: Sequence[int], tolerance: int = 0) -> float:
+    """Fraction of loss spikes with a gradient-norm spike within ``±tolerance`` steps (NaN without loss spikes)."""
+    hits = near(loss_spike_steps, grad_spike_steps, tolerance)
+    return float(hits.mean()) if hits.size else float("nan")
+
+
+def chance_cooccurrence(steps: Sequence[int], grad_spike_steps: Sequence[int], tolerance: int = 0) -> float:
+    """The :func:`cooccurrence` expected of a loss spike at a uniformly random one of ``steps``.
+
+    That is the fraction of ``steps`` within ``±tolerance`` of a gradient-norm
+    spike (NaN when there are no steps).
+    """
+    hits = near(steps, grad_spike_steps, tolerance)
+    return float(hits.mean()) if hits.size else float("nan")
+
+
+def spike_table(
+    loss: Any, grad: Any, *, steps: Sequence[int], window: int, threshold: float, floor: float, tolerance: int
+) -> dict[str, Any]:
+    """Baselines, spikes and co-occurrence of the loss and gradient-norm series (runs in a Dask task)."""
+    steps = np.asarray(steps, dtype=np.int64)
+    out: dict[str, Any] = {}
+    spikes = {}
+    for key, series in (("loss", loss), ("grad_norm", grad)):
+        x = np.asarray(series, dtype=np.float64) if series is not None else np.full(len(steps), np.nan)
+        median, scale = rolling_baseline(x, window)
+        spikes[key] = detect_spikes(x, window=window, threshold=threshold, floor=floor)
+        out[key] = x
+        out[f"{key}_median"] = median
+        out[f"{key}_mad"] = scale
+        out[f"{key}_spike"] = spikes[key]
+    loss_at, grad_at = steps[spikes["loss"]], steps[spikes["grad_norm"]]
+    out["cooccurrence"] = np.float64(cooccurrence(loss_at, grad_at, tolerance) if grad is not None else np.nan)
+    out["chance"] = np.float64(chance_cooccurrence(steps, grad_at, tolerance) if grad is not None else np.nan)
+    return out
+
+
+# -- norms (on workers) -----------------------------------------------------------------------------------
+
+
+def layer_of(name: str) -> str:
+    """The layer of a tensor: its name up to the last dot (``blocks.0.attn.q.weight`` -> ``blocks.0.attn.q``)."""
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def layer_index(names: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """The layers of ``names`` (first-appearance order) and the layer index of each name."""
+    layers: list[str] = []
+    for name in names:
+        if layer_of(name) not in layers:
+            layers.append(layer_of(name))
+    return layers, np.array([layers.index(layer_of(name)) for name in names], dtype=np.int64)
+
+
+def _grouped(squares: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
+    """Square roots of the sums of ``squares`` within each group (NaN entries skipped; NaN for an all-NaN group)."""
+    valid = np.isfinite(squares)
+    sums = np.bincount(groups[valid], weights=squares[valid], minlength=count)
+    present = np.bincount(groups[valid], minlength=count) > 0
+    return np.where(present, np.sqrt(sums), np.nan)
+
+
+def minibatches(n: int, batch_size: int | None, seed: int) -> list[np.ndarray]:
+    """The example groups whose gradients are normed: all of them, or seeded minibatches.
+
+    ``batch_size=None``: one group, ``arange(n)``. Otherwise
+    ``np.random.default_rng(seed).permutation(n)`` cut into consecutive groups of
+    ``batch_size``; a last incomplete group is dropped unless it is the only one.
+    """
+    if batch_size is None or batch_size >= n:
+        return [np.arange(n)]
+    order = np.random.default_rng(seed).permutation(n)
+    return [order[start : start + batch_size] for start in range(0, n - batch_size + 1, batch_size)]
+
+
+def _update_norms(worker: Worker, step: int, names: list[str]) -> np.ndarray:
+    """Squared ``||θ_step - θ_prev||`` per tensor (NaN at the first checkpoint), in float64."""
+    after = worker.params(step)  # first: it refreshes the worker's view of the store when step is new to it
+    steps = np.asarray(worker.store.steps)
+    index = int(np.searchsorted(steps, step))
+    if index == 0:
+        return np.full(len(names), np.nan)
+    before = worker.params(int(steps[index - 1]))
+    return np.array([float(((after[n].double() - before[n].double()) ** 2).sum()) for n in names])
+
+
+def checkpoint_norms(
+    worker: Worker,
+    step: int,
+    *,
+    names: list[str],
+    trainable: list[str],
+    split: str | None,
+    objective: str | None,
+    batch_size: int | None,
+    seed: int,
+    chunk_size: int,
+    dtype: str,
+) -> dict[str, np.ndarray]:
+    """Gradient norms (when ``split``) and update norms of every tensor at ``step`` (runs on a worker)."""
+    layers, groups = layer_index(names)
+    update = _update_norms(worker, step, names)
+    out = {
+        "update_norm": np.sqrt(update),
+        "layer_update_norm": _grouped(update, groups, len(layers)),
+        "total_update_norm": np.float64(np.sqrt(update.sum())),
+    }
+    if split is None:
+        return out
+    squares, loss = _gradient_squares(worker, step, trainable, split, objective, batch_size, seed, chunk_size, dtype)
+    position = {name: i for i, name in enumerate(names)}
+    per_tensor = np.full((len(squares), len(names)), np.nan)
+    per_tensor[:, [position[n] for n in trainable]] = squares
+    out["grad_norm"] = np.sqrt(per_tensor).mean(0)
+    out["layer_grad_norm"] = np.mean([_grouped(row, groups, len(layers)) for row in per_tensor], axis=0)
+    out["total_grad_norm"] = np.float64(np.sqrt(squares.sum(1)).mean())
+    out["loss"] = np.float64(loss)
+    return out
+
+
+def _gradient_squares(
+    worker: Worker,
+    step: int,
+    trainable: list[str],
+    split: str,
+    objective: str | None,
+    batch_size: int | None,
+    seed: int,
+    chunk_size: int,
+    dtype: str,
+) -> tuple[np.ndarray, float]:
+    """Squared gradient norm of each trainable tensor per minibatch ``[B, tensors]``, and the mean loss."""
+    import torch
+    from torch.func import functional_call
+
+    precision = torch_dtype(dtype)
+    model = worker.model_for(None if precision == torch.float32 else precision)
+    params = worker.params(step)
+    data = worker.data(split)
+    losses = worker.objective(objective).losses
+    fixed = {k: v.to(precision) if v.is_floating_point() else v for k, v in params.items() if k not in trainable}
+    n = len(data["inputs"])
+    rows_squares, batch_losses = [], []
+    for group in minibatches(n, batch_size, seed):
+        primal = {k: params[k].to(precision).detach().requires_grad_() for k in trainable}
+        total = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in primal.items()}
+        loss_sum, count = 0.0, 0
+        for part in chunks(len(group), chunk_size):
+            rows = torch.as_tensor(group[part], device=worker.device)
+            inputs = data["inputs"][rows]
+            if inputs.is_floating_point():
+                inputs = inputs.to(precision)
+            targets = data["targets"][rows] if "targets" in data else data["inputs"][rows]
+            mask = data["mask"][rows] if "mask" in data else None
+            with torch.enable_grad():
+                values = losses(functional_call(model, {**fixed, **primal}, (inputs,)), targets, mask)
+                grads = torch.autograd.grad(values.sum(), list(primal.values()), allow_unused=True)
+            for name, grad in zip(primal, grads, strict=True):
+                if grad is not None:
+                    total[name] += grad.double()
+            loss_sum += float(values.detach().double().sum())
+            count += int(values.numel())
+        if count == 0:
+            msg = f"split {split!r} has no datapoints under the objective; pass another --split"
+            raise AnalysisError(msg)
+        rows_squares.append([float((total[k] / count).pow(2).sum()) for k in trainable])
+        batch_losses.append(loss_sum / count)
+    return np.array(rows_squares, dtype=np.float64), float(np.mean(batch_losses))
+
+
+# -- the analyzers ------------------------------------------------------------------------------------
+
+
+class GradNorms(Analyzer):
+    """Gradient norm of the mean loss per tensor and layer, and update norms, at every checkpoint."""
+
+    name = "grad-norms"
+    version = "1"
+    description = "Gradient norm of the mean loss per tensor/layer, and update norms, at every checkpoint."
+
+    split = Option(str, None, "Data split of the loss (default: train when the store has it, else eval).")
+    objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
+    batch_size = Option(int, None, "Minibatch size: average the per-minibatch gradient norms (default: full batch).")
+    seed = Option(int, 0, "Seed of the minibatch permutation (with --batch-size).")
+    chunk_size = Option(int, 1024, "Examples per forward/backward pass (bounds memory, not the result).")
+    dtype = Option(str, "float32", "Precision of the gradient computation.", choices=DTYPES)
+
+    def resolved_split(self, store: Any) -> str:
+        """``--split``, else ``train`` when the store has it, else ``eval``."""
+        if self.split:
+            return str(self.split)
+        return "train" if "train" in store.splits else "eval"
+
+    def compute(self, ctx: AnalysisContext) -> xr.Dataset:
+        """One task per checkpoint: gradient norms (when the store has a model) and update norms."""
+        store = ctx.store
+        names = [name for name, info in store.schema.items() if "float" in info.dtype]
+        if not names:
+            msg = f"{store.path} has no floating-point tensors; grad-norms needs weights"
+            raise AnalysisError(msg)
+        for option in ("batch_size", "chunk_size"):
+            value = self.options[option]
+            if value is not None and value < 1:
+                msg = f"--{option.replace('_', '-')} must be at least 1, got {value}"
+                raise AnalysisError(msg)
+        layers, groups = layer_index(names)
+        split, trainable = None, []
+        if store.model is not None:
+            split = self.resolved_split(store)
+            if split not in store.splits:
+                msg = f"{store.path} has no data split {split!r}; pass --split one of: {', '.join(store.splits)}"
+                raise AnalysisError(msg)
+            objective_for(store, self.objective)  # an unknown or missing objective fails here, not on a worker
+            trainable = list(parameter_space(store).names)
+        outputs: dict[str, Any] = {
+            "update_norm": (("tensor",), np.float64),
+            "layer_update_norm": (("layer",), np.float64),
+            "total_update_norm": ((), np.float64),
+        }
+        if split is not None:
+            outputs |= {
+                "grad_norm": (("tensor",), np.float64),
+                "layer_grad_norm": (("layer",), np.float64),
+                "total_grad_norm": ((), np.float64),
+                "loss": ((), np.float64),
+            }
+        result = ctx.map_checkpoints(
+            checkpoint_norms,
+            outputs,
+            sizes={"tensor": len(names), "layer": len(layers)},
+            coords={
+                "tensor": np.array(names, dtype=object),
+                "layer": np.array(layers, dtype=object),
+                "tensor_layer": ("tensor", np.array([layers[g] for g in groups], dtype=object)),
+            },
+            names=names,
+            trainable=trainable,
+            split=split,
+            objective=self.objective,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            chunk_size=self.chunk_size,
+            dtype=self.dtype,
+        )
+        self._describe(result, split)
+        return result
+
+    def _describe(self, result: xr.Dataset, split: str | None) -> None:
+        how = "full batch" if self.batch_size is None else f"mean over batches of {self.batch_size}, seed {self.seed}"
+        texts = {
+            "update_norm": "||theta_t - theta_prev|| (float64), the update into this checkpoint; NaN at the first",
+            "layer_update_norm": "update norm of all tensors of the layer together",
+            "total_update_norm": "update norm of all floating-point tensors together",
+            "grad_norm": f"norm of the gradient of the mean loss on {split!r} ({how}); NaN for non-parameters",
+            "layer_grad_norm": f"gradient norm of all parameters of the layer together ({how})",
+            "total_grad_norm": f"gradient norm of all parameters together ({how})",
+            "loss": f"mean loss on {split!r} of the datapoints used",
+        }
+        for name, text in texts.items():
+            if name in result:
+                result[name].attrs["description"] = text
+        for name in ("grad_norm", "layer_grad_norm", "total_grad_norm", "loss"):
+            if name in result:
+                result[name].attrs["split"] = split  # variable attrs are stored; the Dataset's are the engine's
+
+    def summarize(self, result: xr.Dataset) -> str:
+        """Loss, total gradient and update norms at a few steps; per-layer gradient norms at the last."""
+        steps = result["step"].values
+        if not len(steps):
+            return "  (empty result)"
+        picks = sorted({0, *np.linspace(0, len(steps) - 1, 6).astype(int).tolist()})
+        has_grad = "total_grad_norm" in result
+        header = f"  {'step':>10}" + (f"  {'loss':>10}  {'grad norm':>10}" if has_grad else "") + f"  {'update':>10}"
+        rows = [f"  {result.sizes['tensor']} tensors in {result.sizes['layer']} layers, {len(steps)} checkpoints"]
+        if not has_grad:
+            rows.append("  (no model spec in the store: update norms only)")
+        rows.append(header)
+        loss = result["loss"].values if has_grad else None
+        grad = result["total_grad_norm"].values if has_grad else None
+        update = result["total_update_norm"].values
+        for i in picks:
+            cells = f"  {loss[i]:>10.5g}  {grad[i]:>10.4g}" if has_grad else ""  # type: ignore[index]
+            rows.append(f"  {int(steps[i]):>10}{cells}  {update[i]:>10.4g}")
+        variable = "layer_grad_norm" if has_grad else "layer_update_norm"
+        last = result[variable].isel(step=-1).values
+        rows.append(f"  {variable} at step {int(steps[-1])}:")
+        rows += [f"    {layer!s:<32} {value:.4g}" for layer, value in zip(result["layer"].values, last, strict=True)]
+        return "\n".join(rows)
+
+
+class LossSpikes(Analyzer):
+    """Loss and gradient-norm spikes over the run, and how often they coincide."""
+
+    name = "loss-spikes"
+    version = "1"
+    description = "Loss and gradient-norm spikes (rolling median + MAD) and their co-occurrence over the run."
+    requires = ("grad-norms",)
+    per = PER_RUN
+
+    metric = Option(str, None, "Loss series: a stored metric or 'evaluated' (default: train_loss, loss, evaluated).")
+    window = Option(int, 20, "Earlier checkpoints in the rolling median and MAD.")
+    threshold = Option(float, 5.0, "Spike when the rise above the median exceeds this many scaled MADs.")
+    floor = Option(float, 0.01, "Smallest scale, as a fraction of |median| (guards against a zero MAD).")
+    tolerance = Option(int, 0, "Loss and gradient spikes at most this many training steps apart co-occur.")
+
+    split = Option(str, None, "Passed on to grad-norms: data split (default: train when stored, else eval).")
+    batch_size = Option(int, None, "Passed on to grad-norms: minibatch size (default: full batch).")
+    seed = Option(int, 0, "Passed on to grad-norms: seed of the minibatch permutation.")
+
+    def dependency_options(self) -> dict[str, Any]:
+        """``grad-norms`` with this analyzer's ``split``, ``batch_size`` and ``seed`` (its defaults otherwise)."""
+        return {"grad-norms": {"split": self.split, "batch_size": self.batch_size, "seed": self.seed}}
+
+    def loss_series(self, store: Any, norms: xr.Dataset) -> tuple[str, Any]:
+        """The loss series (numpy or lazy) on the checkpoints and where it comes from."""
+        steps = norms["step"].values
+        metrics = store.metrics
+        candidates = [self.metric] if self.metric else [*LOSS_METRICS, EVALUATED]
+        for name in candidates:
+            if name == EVALUATED:
+                if "loss" not in norms:
+                    msg = f"{store.path} records no model spec, so no loss can be evaluated; pass --metric NAME"
+                    raise AnalysisError(msg)
+                return "mean loss evaluated by grad-norms", norms["loss"].data
+            if name in metrics and np.isin(steps, metrics["step"].values).all():
+                return f"metric {name!r}", metrics[name].sel(step=steps).values.astype(np.float64)
+            if self.metric:
+                known = ", ".join([*metrics.data_vars, EVALUATED])
+                msg = f"no metric {name!r} at every checkpoint of {store.path}; pass --metric one of: {known}"
+                raise AnalysisError(msg)
+        msg = f"{store.path} has no loss metric and no model to evaluate one; pass --metric NAME"
+        raise AnalysisError(msg)
+
+    def compute(self, ctx: AnalysisContext) -> xr.Dataset:
+        """One Dask task over the whole series (the norms come lazily from ``grad-norms``)."""
+        import dask
+        import dask.array as da
+
+        if self.window < MIN_PERIODS:
+            msg = f"--window must be at least {MIN_PERIODS}, got {self.window}"
+            raise AnalysisError(msg)
+        if self.threshold <= 0 or self.floor < 0 or self.tolerance < 0:
+            msg = "--threshold must be positive, --floor and --tolerance non-negative"
+            raise AnalysisError(msg)
+        norms = ctx.result("grad-norms")
+        steps = [int(s) for s in norms["step"].values]
+        source, loss = self.loss_series(ctx.store, norms)
+        grad = norms["total_grad_norm"].data if "total_grad_norm" in norms else None
+        task = dask.delayed(spike_table, pure=True)(
+            loss,
+            grad,
+            steps=steps,
+            window=self.window,
+            threshold=self.threshold,
+            floor=self.floor,
+            tolerance=self.tolerance,
+        )
+        n = len(steps)
+        variables = {}
+        for key in ("loss", "grad_norm"):
+            for suffix, dtype in (("", np.float64), ("_median", np.float64), ("_mad", np.float64), ("_spike", bool)):
+                variables[key + suffix] = ("step", da.from_delayed(task[key + suffix], shape=(n,), dtype=dtype))
+        for key in ("cooccurrence", "chance"):
+            variables[key] = ((), da.from_delayed(task[key], shape=(), dtype=np.float64))
+        result = xr.Dataset(variables, coords={"step": ("step", steps)})
+        texts = {
+            "loss": f"loss series: {source}",
+            "grad_norm": "total_grad_norm of grad-norms (NaN without a model)",
+            "cooccurrence": f"fraction of loss spikes with a gradient-norm spike within +-{self.tolerance} steps",
+            "chance": "the same fraction for a loss spike at a uniformly random checkpoint",
+        }
+        for key in ("loss", "grad_norm"):
+            result[f"{key}_median"].attrs["description"] = f"median of the previous {self.window} values"
+            result[f"{key}_mad"].attrs["description"] = "1.4826 * median absolute deviation in the same window"
+            result[f"{key}_spike"].attrs["description"] = (
+                f"{key} - median > {self.threshold} * max(mad, {self.floor} * |median|)"
+            )
+        for key, text in texts.items():
+            result[key].attrs["description"] = text
+        return result
+
+    def summarize(self, result: xr.Dataset) -> str:
+        """Spike steps of both series, and their co-occurrence against chance."""
+        options = (result.attrs.get("ckpt") or {}).get("options") or {}
+        steps = result["step"].values
+        loss_at = steps[result["loss_spike"].values.astype(bool)]
+        grad_at = steps[result["grad_norm_spike"].values.astype(bool)]
+
+        def listing(at: np.ndarray) -> str:
+            shown = ", ".join(str(int(s)) for s in at[:20])
+            return f"{len(at)}" + (f" at steps {shown}" if len(at) else "") + (" ..." if len(at) > 20 else "")
+
+        source = result["loss"].attrs.get("description", "loss")
+        tolerance = options.get("tolerance", 0)
+        co, chance = float(result["cooccurrence"]), float(result["chance"])
+        return "\n".join(
+            [
+                f"  {len(steps)} checkpoints; window {options.get('window', 20)}, threshold"
+                f" {options.get('threshold', 5.0)}; {source}",
+                f"  loss spikes:      {listing(loss_at)}",
+                f"  grad-norm spikes: {listing(grad_at)}",
+                f"  loss spikes within +-{tolerance} steps of a grad-norm spike: {co:.3g} (chance {chance:.3g})",
+            ]
+        )
+
+
+@hookimpl
+def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
+    """Register ``grad-norms`` and ``loss-spikes``."""
+    register(GradNorms)
+    register(LossSpikes)
