@@ -17,6 +17,8 @@ from plugins import AnalysisError, Option
 from plugins.derivatives import DTYPES
 
 HESSIAN_BASIS = "hessian-basis"
+PASSED_TO_BASIS = ("every", "at_steps", "k", "seed", "hessian_split", "samples", "tol", "vectors")
+"""Options of the analyzers that read a basis which only choose the basis."""
 RANDOM_BASIS = "random-basis"
 
 
@@ -125,9 +127,25 @@ class BasisReader(HessianOptions, ComputeOptions):
             raise AnalysisError(msg)
         self.requires = (basis,)
 
+    def provenance(self) -> dict[str, Any]:
+        """Without the options passed to the basis: the basis's own provenance covers them.
+
+        So a rerun without ``--every`` (using the stored basis) reuses a result computed
+        with ``--every 400``, and a different basis still recomputes everything.
+        """
+        record = super().provenance()  # type: ignore[misc]
+        record["options"] = {k: v for k, v in record["options"].items() if k not in PASSED_TO_BASIS}
+        return record
+
     def dependency_options(self) -> dict[str, dict[str, Any] | None]:
-        """The schedule options for the built-in bases; a plugin basis keeps its stored options."""
+        """The schedule options for the built-in bases; none given: the stored basis, whatever its options.
+
+        A plugin basis always keeps its stored options (its defaults when there is none).
+        """
         o = self.options
+        spec = self.option_spec()  # type: ignore[attr-defined]
+        if all(o[key] == spec[key].default for key in PASSED_TO_BASIS):
+            return {o["basis"]: None}
         schedule = {key: o[key] for key in ("every", "at_steps", "k", "seed")}
         if o["basis"] == HESSIAN_BASIS:
             hessian = {key: o[key] for key in ("hessian_split", "samples", "tol", "dtype", "batch_size")}

@@ -369,7 +369,9 @@ def test_polca_result_is_filtered_as_the_rules_say(mlp_run: Path, tmp_path: Path
         result = run("clusters", path, registry=registry, min_cluster_size=2, delta=1).dataset.load()
     finally:
         clear_cache()
-    assert result.attrs["ckpt"]["requires"]["polca"]["options"]["k"] == 2  # the stored polca is reused
+    used = result.attrs["ckpt"]["requires"]["polca"]  # the stored polca is reused, with its basis
+    assert used["options"]["dtype"] == "float64"
+    assert used["requires"]["hessian-basis"]["options"]["k"] == 2
     basis_kept, kept = tr.polca_filter(polca["projected_loss"].values)
     np.testing.assert_array_equal(result["basis_kept"].values, basis_kept)
     np.testing.assert_array_equal(result["filtered"].values, ~kept)
