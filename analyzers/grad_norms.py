@@ -78,7 +78,8 @@ import xarray as xr
 
 from plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
 from plugins.analyzer import PER_RUN
-from plugins.derivatives import DTYPES, chunks, parameter_space, torch_dtype
+from plugins.derivatives import DTYPES, ParamSpace, chunks, loss_function, parameter_space
+from plugins.derivatives import trainable as trainable_tensors
 from plugins.runtime import objective_for
 
 MAD_SCALE = 1.4826
@@ -311,29 +312,21 @@ def _gradient_squares(
 ) -> tuple[np.ndarray, float]:
     """Squared gradient norm of each trainable tensor per minibatch ``[B, tensors]``, and the mean loss."""
     import torch
-    from torch.func import functional_call
 
-    precision = torch_dtype(dtype)
-    model = worker.model_for(None if precision == torch.float32 else precision)
     params = worker.params(step)
-    data = worker.data(split)
-    losses = worker.objective(objective).losses
-    fixed = {k: v.to(precision) if v.is_floating_point() else v for k, v in params.items() if k not in trainable}
-    n = len(data["inputs"])
+    space = ParamSpace(tuple(trainable), tuple(tuple(params[k].shape) for k in trainable))
+    n = len(worker.data(split)["inputs"])
     rows_squares, batch_losses = [], []
     for group in minibatches(n, batch_size, seed):
-        primal = {k: params[k].to(precision).detach().requires_grad_() for k in trainable}
+        primal = {k: v.detach().requires_grad_() for k, v in trainable_tensors(params, space, dtype).items()}
         total = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in primal.items()}
         loss_sum, count = 0.0, 0
         for part in chunks(len(group), chunk_size):
-            rows = torch.as_tensor(group[part], device=worker.device)
-            inputs = data["inputs"][rows]
-            if inputs.is_floating_point():
-                inputs = inputs.to(precision)
-            targets = data["targets"][rows] if "targets" in data else data["inputs"][rows]
-            mask = data["mask"][rows] if "mask" in data else None
+            f = loss_function(
+                worker, params, space, split=split, examples=group[part], objective=objective, dtype=dtype
+            )
             with torch.enable_grad():
-                values = losses(functional_call(model, {**fixed, **primal}, (inputs,)), targets, mask)
+                values = f(primal)
                 grads = torch.autograd.grad(values.sum(), list(primal.values()), allow_unused=True)
             for name, grad in zip(primal, grads, strict=True):
                 if grad is not None:

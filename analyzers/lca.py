@@ -53,18 +53,20 @@ def allocate(
     gradients = {"start": [], "middle": [], "end": []}
     for rows in chunks(examples, batch_size):
         per_point = {key: [] for key in gradients}
+        # buffers (the tensors held fixed) from θ_t for the start and the midpoint, from θ_t+1 at the end
+        f_before = loss_function(worker, before, space, split=split, examples=rows, objective=objective, dtype=dtype)
+        f_after = loss_function(worker, after, space, split=split, examples=rows, objective=objective, dtype=dtype)
         for columns in chunks(len(selected), basis_batch):
             flat = torch.zeros(
                 columns.stop - columns.start, space.size, dtype=start_point[space.names[0]].dtype, device=worker.device
             )
             flat[torch.arange(flat.shape[0]), torch.as_tensor(selected[columns])] = 1.0
             directions = space.unflatten(flat)
-            for key, point, params in (
-                ("start", start_point, before),
-                ("middle", midpoint, before),
-                ("end", end_point, after),
+            for key, point, f in (
+                ("start", start_point, f_before),
+                ("middle", midpoint, f_before),
+                ("end", end_point, f_after),
             ):
-                f = loss_function(worker, params, space, split=split, examples=rows, objective=objective, dtype=dtype)
                 _, first, _ = directional_derivatives(f, point, directions, order=1)
                 per_point[key].append(first)
         for key in gradients:

@@ -21,8 +21,6 @@ Run by hand (not in CI)::
 from __future__ import annotations
 
 import argparse
-import copy
-import inspect
 import time
 from multiprocessing import Pool
 
@@ -54,25 +52,15 @@ def run_one(job: tuple[float, int, int, float | None, str]) -> tuple[float, int,
 
 def run_vectorized(weight_decay: float, seeds: int, steps: int, lr: float | None, preset: str) -> list:
     """All ``seeds`` of one weight decay at once (see the module docstring); same results as :func:`run_one`."""
-    from torch.func import functional_call, stack_module_state, vmap
+    from vectorized import stack_seeds
 
-    torch.set_num_threads(1)
     task = ModularAddition()
     config = task.config(preset, {"weight_decay": weight_decay, "lr": lr})
-    models, datas = [], []
-    for seed in range(seeds):  # the seeding order of run_one / train()
-        torch.manual_seed(seed)
-        datas.append(task.make_data(config, seed))
-        models.append(task.build_model(config))
-    params, buffers = stack_module_state(models)
-    skeleton = copy.deepcopy(models[0]).to("meta")
-    forward = vmap(lambda prm, buf, x: functional_call(skeleton, (prm, buf), (x,)))
-    optimizer, scheduler = task.make_optimizer(models[0], config)  # the task's AdamW and its settings
-    if scheduler is not None:
+    stacked = stack_seeds(task, config, range(seeds))
+    if stacked.scheduler is not None:
         raise NotImplementedError("--vectorize does not replay a learning-rate schedule")
-    accepted = inspect.signature(type(optimizer)).parameters  # defaults may hold keys __init__ does not take
-    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    optimizer = type(optimizer)(list(params.values()), **settings)
+    models, datas, params, buffers = stacked.models, stacked.datas, stacked.params, stacked.buffers
+    forward, optimizer = stacked.forward, stacked.optimizer
     inputs = torch.stack([d.train_inputs for d in datas])  # every seed has 122 training pairs
     targets = torch.stack([d.train_targets for d in datas])
     for _ in range(steps):

@@ -29,8 +29,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
-import inspect
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
@@ -77,26 +75,15 @@ def run_seed(seed: int, epochs: int, p: int) -> dict[str, Any]:
 
 def run_seeds_vectorized(seeds: list[int], epochs: int, p: int) -> list[dict[str, Any]]:
     """Train all ``seeds`` at once (see the module docstring); same summaries as :func:`run_seed`."""
-    from torch.func import functional_call, stack_module_state, vmap
+    from vectorized import stack_seeds
 
     from sandboxes.sparse_modular_addition import SparseModularAddition
 
-    torch.set_num_threads(1)
     task = SparseModularAddition()
     config = task.config("paper", {"p": p})
-    models, datas = [], []
-    for seed in seeds:  # the per-seed seeding order of run_seed / train()
-        torch.manual_seed(seed)
-        datas.append(task.make_data(config, seed))
-        models.append(task.build_model(config))
-    params, buffers = stack_module_state(models)
-    skeleton = copy.deepcopy(models[0]).to("meta")
-    forward = vmap(lambda prm, buf, x: functional_call(skeleton, (prm, buf), (x,)))
-    # the task's optimizer (Adam, its lr and betas), over the stacked parameters
-    optimizer, _ = task.make_optimizer(models[0], config)
-    accepted = inspect.signature(type(optimizer)).parameters  # defaults may hold keys __init__ does not take
-    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    optimizer = type(optimizer)(list(params.values()), **settings)
+    stacked = stack_seeds(task, config, seeds)  # the task's optimizer (Adam, its lr and betas)
+    datas, params, buffers = stacked.datas, stacked.params, stacked.buffers
+    forward, optimizer = stacked.forward, stacked.optimizer
     count = len(seeds)
     test_x = torch.stack([d.test_inputs for d in datas])
     test_y = torch.stack([d.test_targets for d in datas])

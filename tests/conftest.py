@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -85,8 +86,20 @@ def small_store(tmp_path: Path) -> Path:
     return path
 
 
-def write_mlp_run(path: Path, steps: int = 6, *, examples: int = 50, seed: int = 0) -> Path:
-    """A real (small) training run of ``tests.models:mlp`` with an eval split, as users write one."""
+def write_mlp_run(
+    path: Path,
+    steps: int = 6,
+    *,
+    examples: int = 50,
+    seed: int = 0,
+    optimizer: Any = None,
+    attrs: dict[str, Any] | None = None,
+) -> Path:
+    """A real (small) training run of ``tests.models:mlp`` with an eval split, as users write one.
+
+    ``optimizer(parameters)`` builds the optimizer (default SGD, lr 0.5); ``attrs`` are the
+    run's recorded settings (``ckptstore.create(attrs=...)``).
+    """
     import torch
 
     from tests.models import mlp
@@ -94,8 +107,8 @@ def write_mlp_run(path: Path, steps: int = 6, *, examples: int = 50, seed: int =
     torch.manual_seed(seed)
     model = mlp()
     inputs, targets = torch.randn(examples, 3), torch.randint(0, 4, (examples,))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    with ckptstore.create(path, model="tests.models:mlp", config={}, objective="cross-entropy") as writer:
+    optimizer = (optimizer or (lambda p: torch.optim.SGD(p, lr=0.5)))(model.parameters())
+    with ckptstore.create(path, model="tests.models:mlp", config={}, objective="cross-entropy", attrs=attrs) as writer:
         writer.add_data("eval", inputs=inputs, targets=targets, labels={"odd": targets % 2})
         for step in range(steps):
             writer.write(step, model)

@@ -11,26 +11,20 @@ import torch
 import ckptstore
 import plugins
 from plugins.runtime import clear_cache
-from tests.conftest import run_ckpt, tree_digest
-from tests.models import mlp
+from tests.conftest import run_ckpt, tree_digest, write_mlp_run
 
 
 def write_run(path: Path, seed: int, weight_decay: float, steps: int) -> Path:
-    """A tiny training run recording its settings as ``ckpt train`` does (attrs seed and config)."""
-    torch.manual_seed(seed)
-    model = mlp()
-    inputs, targets = torch.randn(20, 3), torch.randint(0, 4, (20,))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=weight_decay)
+    """A tiny AdamW run recording its settings as ``ckpt train`` does (attrs seed and config)."""
     attrs = {"task": "toy", "seed": seed, "config": {"weight_decay": weight_decay, "lr": 0.05}}
-    with ckptstore.create(path, model="tests.models:mlp", config={}, objective="cross-entropy", attrs=attrs) as w:
-        w.add_data("eval", inputs=inputs, targets=targets)
-        for step in range(steps):
-            w.write(step, model)
-            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    return path
+    return write_mlp_run(
+        path,
+        steps,
+        examples=20,
+        seed=seed,
+        attrs=attrs,
+        optimizer=lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=weight_decay),
+    )
 
 
 @pytest.fixture
