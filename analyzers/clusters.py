@@ -20,17 +20,21 @@ The breakthrough of a cluster is the argmax over checkpoints t of
 [f(t+Δ) − f(t)] − [f(t) − f(t−Δ)], f the cluster's median trajectory; it is
 *hidden* when it is more than τ steps from the breakthrough of the aggregate curve
 (the whole dataset's mean loss, found the same way). See
-:mod:`analyzers.trajectories` for the exact definitions.
+:mod:`analyzers.trajectories` for the exact definitions. On splits with text,
+:mod:`analyzers.text_labels` adds each cluster's most common tokens and
+part-of-speech sequences (spaCy) and the contexts nearest its medoid.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from analyzers import text_labels
 from analyzers import trajectories as tr
 from plugins import AnalysisContext, AnalysisError, Analyzer, Option, hookimpl
 from plugins.analyzer import PER_RUN
@@ -42,6 +46,16 @@ SOURCES = ("loss", "loss-change", "polca", "fisher", "lca")
 _TRAJECTORY = {"loss": "loss", "loss-change": "loss", "polca": "projected_loss", "fisher": "fisher", "lca": "lca"}
 _FILTERED = ("polca", "lca")  # cumulative loss allocations: the paper's filters apply
 _BASIS_COORDS = ("found_at_step", "tensor", "index", "final_magnitude")
+
+
+def prepared(trajectories: np.ndarray, *, cumulative: bool, difference: bool) -> np.ndarray:
+    """``[step, datapoint]`` float64 trajectories, after the running sum (LCA) or the differences (loss change)."""
+    values = np.asarray(trajectories, dtype=np.float64)
+    if cumulative:
+        values = np.cumsum(values, axis=0)
+    if difference:
+        values = np.diff(values, axis=0)
+    return values
 
 
 def cluster_basis(
@@ -89,11 +103,7 @@ def cluster_basis(
     place_values, places
         The place label of every datapoint and the allowed places (None: no restriction).
     """
-    values = np.asarray(trajectories, dtype=np.float64)
-    if cumulative:
-        values = np.cumsum(values, axis=0)
-    if difference:
-        values = np.diff(values, axis=0)
+    values = prepared(trajectories, cumulative=cumulative, difference=difference)
     count = values.shape[1]
     finite = np.isfinite(values).all(axis=0)
     if apply_filter:
@@ -169,6 +179,11 @@ class Clusters(Analyzer):
     place_label = Option(str, "place", "Label giving each token's place, for --place-restrict.")
     places = Option(str, "1,2", "Allowed --place-label values for --place-restrict (addition: 1=100s, 2=10s).")
     place_fraction = Option(float, 0.85, "Least fraction of a cluster's label tokens in --places (the paper: 0.85).")
+    spacy_model = Option(
+        str, "en_core_web_sm", "Splits with text: spaCy pipeline of the text labels (package, saved path, or none)."
+    )
+    pos_window = Option(int, 2, "Text labels: POS tags per sequence (the target token's and those before it).")
+    text_top = Option(int, 5, "Text labels: tokens, POS sequences and medoid contexts listed per cluster.")
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -188,6 +203,7 @@ class Clusters(Analyzer):
         if self.place_restrict and not self.label:
             raise AnalysisError("--place-restrict needs --label (e.g. --label carry)")
         self._places = self._parse_places(self.places)
+        text_labels.check_options(self.pos_window, self.text_top)
 
     @property
     def _source(self) -> str:
@@ -251,11 +267,26 @@ class Clusters(Analyzer):
         }
         outputs = self._outputs(count, slots, len(steps))
         columns: dict[str, list[Any]] = {name: [] for name in outputs}
+        per_basis = []
         for b in range(bases):
             task = dask.delayed(cluster_basis, pure=True)(variable.isel(basis=b).data, aggregate_step, **settings)
+            per_basis.append((variable.isel(basis=b).data, task))
             for name, (_, dtype, shape) in outputs.items():
                 columns[name].append(da.from_delayed(task[name], shape=shape, dtype=dtype))
         variables = {name: (("basis", *outputs[name][0]), da.stack(column)) for name, column in columns.items()}
+        prepare = functools.partial(prepared, cumulative=settings["cumulative"], difference=settings["difference"])
+        text, text_coords = text_labels.text_variables(
+            ctx.store.data(split),
+            example,
+            position,
+            per_basis,
+            model=self.spacy_model,
+            window=self.pos_window,
+            top=self.text_top,
+            prepare=prepare,
+            slots=slots,
+        )
+        variables.update(text)
         variables["mean_trajectory"] = (("step",), aggregate.data)
         variables["mean_breakthrough_step"] = ((), da.from_delayed(aggregate_step, shape=(), dtype=np.float64))
         coords: dict[str, Any] = {
@@ -271,7 +302,7 @@ class Clusters(Analyzer):
         if self.label:
             variables.update(self._ranking(variables["homogeneity"][1], variables.get("place_fraction")))
             coords["rank"] = ("rank", np.arange(3))
-        result = xr.Dataset(variables, coords=coords)
+        result = xr.Dataset(variables, coords={**coords, **text_coords})
         self._describe(result, slots)
         return result
 
@@ -436,6 +467,7 @@ class Clusters(Analyzer):
                         f"{result['recall'].values[b, c]:>7.3f} {result['f1'].values[b, c]:>6.3f}"
                     )
                 lines.append(row)
+                lines += text_labels.summary_lines(result, b, c)
         if label:
             restricted = " (place-restricted)" if options.get("place_restrict") else ""
             lines.append(f"  top homogeneities of {label!r}{restricted}:")

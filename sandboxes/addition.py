@@ -223,6 +223,21 @@ def build_model(
     return AdditionTransformer(layers, d_model, heads, d_mlp, vocab, max_len)
 
 
+def warmup_adamw(
+    model: torch.nn.Module, config: Mapping[str, Any]
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (betas 0.9, 0.95) with the linear warm-up ``min(step / warmup, 1)``, stepped every step.
+
+    The paper's optimizer for ``addition``; ``tiny-lm`` trains the same way.
+    """
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=float(config["lr"]), betas=(0.9, 0.95), weight_decay=float(config["weight_decay"])
+    )
+    warmup = max(1, int(config["warmup"]))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(step / warmup, 1.0))
+    return optimizer, scheduler
+
+
 class Addition(Task):
     """3-digit addition (Hidden Breakthroughs in Language Model Training).
 
@@ -306,12 +321,7 @@ class Addition(Task):
         self, model: torch.nn.Module, config: Mapping[str, Any]
     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         """AdamW (betas 0.9, 0.95) with the linear warm-up ``min(step / warmup, 1)``, stepped every step."""
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=float(config["lr"]), betas=(0.9, 0.95), weight_decay=float(config["weight_decay"])
-        )
-        warmup = max(1, int(config["warmup"]))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(step / warmup, 1.0))
-        return optimizer, scheduler
+        return warmup_adamw(model, config)
 
     def evaluate(self, model: torch.nn.Module, data: Dataset) -> dict[str, float]:
         """Loss and answer-token accuracy on the test data and on the first 5,000 training problems.
