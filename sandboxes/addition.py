@@ -223,22 +223,34 @@ def build_model(
     return AdditionTransformer(layers, d_model, heads, d_mlp, vocab, max_len)
 
 
-def warmup_adamw(
-    model: torch.nn.Module, config: Mapping[str, Any]
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (betas 0.9, 0.95) with the linear warm-up ``min(step / warmup, 1)``, stepped every step.
+class TransformerTask(Task):
+    """A task trained as the paper trains ``addition``: a decoder-only transformer, AdamW with linear warm-up.
 
-    The paper's optimizer for ``addition``; ``tiny-lm`` trains the same way.
+    Shared by ``addition`` and ``tiny-lm``: the model-size and optimizer options
+    and :meth:`make_optimizer`.
     """
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=float(config["lr"]), betas=(0.9, 0.95), weight_decay=float(config["weight_decay"])
-    )
-    warmup = max(1, int(config["warmup"]))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(step / warmup, 1.0))
-    return optimizer, scheduler
+
+    layers = Option(int, None, "Transformer blocks.")
+    d_model = Option(int, None, "Residual stream width.")
+    heads = Option(int, None, "Attention heads (must divide d_model).")
+    d_mlp = Option(int, None, "MLP hidden width.")
+    lr = Option(float, None, "AdamW peak learning rate.")
+    weight_decay = Option(float, None, "AdamW weight decay.")
+    warmup = Option(int, None, "Linear learning-rate warm-up steps: lr * min(step / warmup, 1).")
+
+    def make_optimizer(
+        self, model: torch.nn.Module, config: Mapping[str, Any]
+    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        """AdamW (betas 0.9, 0.95) with the linear warm-up ``min(step / warmup, 1)``, stepped every step."""
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=float(config["lr"]), betas=(0.9, 0.95), weight_decay=float(config["weight_decay"])
+        )
+        warmup = max(1, int(config["warmup"]))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(step / warmup, 1.0))
+        return optimizer, scheduler
 
 
-class Addition(Task):
+class Addition(TransformerTask):
     """3-digit addition (Hidden Breakthroughs in Language Model Training).
 
     Held-out problems (the ``eval`` split, which is also the test data) are
@@ -282,14 +294,7 @@ class Addition(Task):
         },
     }
 
-    layers = Option(int, None, "Transformer blocks.")
-    d_model = Option(int, None, "Residual stream width.")
-    heads = Option(int, None, "Attention heads (must divide d_model).")
-    d_mlp = Option(int, None, "MLP hidden width.")
-    lr = Option(float, None, "AdamW peak learning rate.")
-    weight_decay = Option(float, None, "AdamW weight decay.")
     batch_size = Option(int, None, "Problems per step.")
-    warmup = Option(int, None, "Linear learning-rate warm-up steps: lr * min(step / warmup, 1).")
 
     def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Keyword arguments of :func:`build_model`."""
@@ -316,12 +321,6 @@ class Addition(Task):
             test_mask=torch.from_numpy(eval_split["mask"]),
             splits={"eval": eval_split, "train": train_split},
         )
-
-    def make_optimizer(
-        self, model: torch.nn.Module, config: Mapping[str, Any]
-    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-        """AdamW (betas 0.9, 0.95) with the linear warm-up ``min(step / warmup, 1)``, stepped every step."""
-        return warmup_adamw(model, config)
 
     def evaluate(self, model: torch.nn.Module, data: Dataset) -> dict[str, float]:
         """Loss and answer-token accuracy on the test data and on the first 5,000 training problems.

@@ -48,8 +48,8 @@ import numpy as np
 import torch
 
 from plugins.analyzer import Option
-from sandboxes.addition import AdditionTransformer, warmup_adamw
-from sandboxes.base import Dataset, Task, TaskError
+from sandboxes.addition import AdditionTransformer, TransformerTask
+from sandboxes.base import Dataset, TaskError
 
 TEXT_PATH = Path(__file__).with_name("data") / "grimm.txt"
 """The bundled text (see ``sandboxes/data/README.md`` for its source)."""
@@ -148,7 +148,7 @@ def build_model(layers: int, d_model: int, heads: int, d_mlp: int, vocab: int, m
     return AdditionTransformer(layers, d_model, heads, d_mlp, vocab, max_len)
 
 
-class TinyLM(Task):
+class TinyLM(TransformerTask):
     """Next-word prediction on the bundled fairy tales; every token of the eval windows is a datapoint."""
 
     name = "tiny-lm"
@@ -188,17 +188,10 @@ class TinyLM(Task):
         },
     }
 
-    layers = Option(int, None, "Transformer blocks.")
-    d_model = Option(int, None, "Residual stream width.")
-    heads = Option(int, None, "Attention heads (must divide d_model).")
-    d_mlp = Option(int, None, "MLP hidden width.")
     vocab = Option(int, None, "Vocabulary size, <unk> included (the most frequent lower-cased tokens).")
     context = Option(int, None, "Tokens per input window.")
     eval_sequences = Option(int, None, "Held-out windows stored as the eval split (each gives context datapoints).")
-    lr = Option(float, None, "AdamW peak learning rate.")
-    weight_decay = Option(float, None, "AdamW weight decay.")
     batch_size = Option(int, None, "Windows per step.")
-    warmup = Option(int, None, "Linear learning-rate warm-up steps: lr * min(step / warmup, 1).")
 
     def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Keyword arguments of :func:`build_model`."""
@@ -235,9 +228,3 @@ class TinyLM(Task):
             test_mask=torch.from_numpy(eval_split["mask"]),
             splits={"eval": eval_split, "train": train_split},
         )
-
-    def make_optimizer(
-        self, model: torch.nn.Module, config: Mapping[str, Any]
-    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-        """AdamW (betas 0.9, 0.95) with the linear warm-up ``min(step / warmup, 1)``, stepped every step."""
-        return warmup_adamw(model, config)
