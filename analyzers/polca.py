@@ -101,6 +101,24 @@ def checkpoint_terms(
     return {"loss": torch.cat(losses).double().cpu().numpy(), "first": first_all, "second": second_all}
 
 
+def recent_checkpoint_terms(worker: Worker, step: int, **options: object) -> dict[str, np.ndarray]:
+    """:func:`checkpoint_terms`, reused when this worker computed them for the previous block of pairs.
+
+    A block of pairs ends at the checkpoint the next block starts from; the
+    worker keeps its last few checkpoints' terms instead of recomputing them.
+    """
+    examples = options["examples"]
+    assert isinstance(examples, slice)
+    key = (
+        "polca-terms",
+        step,
+        examples.start,
+        examples.stop,
+        *sorted((k, v) for k, v in options.items() if k != "examples"),
+    )
+    return worker.recent(key, lambda: checkpoint_terms(worker, step, **options))  # type: ignore[arg-type]
+
+
 def step_projections(
     worker: Worker, step: int, next_step: int, *, basis: str, created: str, dtype: str
 ) -> dict[str, np.ndarray]:
@@ -150,7 +168,7 @@ class Polca(BasisReader, Analyzer):
         needed = sorted(set(pairs) | set(following))
         shared = {"basis": self.basis, "created": created}
         terms = ctx.map_checkpoints(
-            checkpoint_terms,
+            recent_checkpoint_terms,
             {
                 "loss": (("datapoint",), np.float64),
                 "first": (("basis", "datapoint"), np.float64),

@@ -148,6 +148,14 @@ class Analyzer:
         """Options to run each required analyzer with (default: their defaults)."""
         return {}
 
+    def preflight(self, store: Any) -> None:
+        """Check the options against ``store`` before anything, dependencies included, is computed.
+
+        Raise :class:`AnalysisError` for a user mistake that would otherwise surface
+        only after the required analyzers had run and written their results (a
+        missing label, a model that is not installed). Default: nothing to check.
+        """
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Return the result for ``ctx.steps`` as a lazy (dask-backed) Dataset."""
         raise NotImplementedError

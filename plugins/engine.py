@@ -208,6 +208,8 @@ def run(
         "registry": registry,
         "storage_options": storage_options,
     }
+    # user mistakes first: an error after the dependencies ran would leave the store changed
+    analyzer.preflight(ckptstore.open(str(store), storage_options=storage_options))
     report = RunReport(name)
     results: dict[str, xr.Dataset] = {}
     requirements: dict[str, Any] = {}
