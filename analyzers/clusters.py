@@ -77,6 +77,7 @@ def cluster_basis(
     binary: bool,
     place_values: np.ndarray | None,
     places: tuple[int, ...],
+    place_kinds: tuple[int, ...] = (),
 ) -> dict[str, np.ndarray]:
     """Filter, cluster and describe the trajectories of one basis vector (a Dask task).
 
@@ -101,7 +102,10 @@ def cluster_basis(
     label_values, binary
         The label of every datapoint, and whether it is a 0/1 label (None: no label).
     place_values, places
-        The place label of every datapoint and the allowed places (None: no restriction).
+        The place label of every datapoint (None: the split has none) and the
+        places allowed by the restriction.
+    place_kinds
+        The place values a cluster's make-up (``place_share``) is reported over.
     """
     values = prepared(trajectories, cumulative=cumulative, difference=difference)
     count = values.shape[1]
@@ -137,6 +141,8 @@ def cluster_basis(
         "breakthrough_score": scores,
         "hidden": tr.hidden_flags(breakthroughs, float(aggregate_step), tau),
     }
+    if place_values is not None:
+        result["place_share"] = tr.value_shares(labels, place_values, slots, place_kinds)
     if label_values is not None:
         scored = tr.label_scores(labels, label_values, slots, binary=binary)
         result.update({f"label_{k}" if k == "value" else k: v for k, v in scored.items()})
@@ -218,6 +224,25 @@ class Clusters(Analyzer):
             msg = f"--places must be comma-separated integers, got {text!r}"
             raise AnalysisError(msg) from None
 
+    def preflight(self, store: Any) -> None:
+        """The label and the spaCy pipeline, before POLCA or Fisher are computed for nothing."""
+        stored = store.analysis(self._source).attrs if self._source in store.analyses else {}
+        split = ((stored.get("ckpt") or {}).get("options") or {}).get("split") or self.split or "eval"
+        if split not in store.splits:
+            return  # the analyzer clustered reports a missing split in its own words
+        data = store.data(split)
+        self._check_labels(data, split)
+        if self.spacy_model != text_labels.NO_MODEL and text_labels.has_text(data):
+            text_labels.check_pipeline(self.spacy_model)
+
+    def _check_labels(self, data: xr.Dataset, split: str) -> None:
+        known = data.attrs.get("labels", [])
+        wanted = ([self.label] if self.label else []) + ([self.place_label] if self.place_restrict else [])
+        for name in wanted:
+            if name not in known:
+                msg = f"split {split!r} has no label {name!r}; its labels are: {', '.join(known) or '(none)'}"
+                raise AnalysisError(msg)
+
     def dependency_options(self) -> dict[str, dict[str, Any] | None]:
         """The stored options of each dependency (None), or just ``--split`` when it is given."""
         return {name: None if self.split is None else {"split": self.split} for name in self.requires}
@@ -265,7 +290,7 @@ class Clusters(Analyzer):
             "tau": self.tau,
             **labels,
         }
-        outputs = self._outputs(count, slots, len(steps))
+        outputs = self._outputs(count, slots, len(steps), labels["place_kinds"])
         columns: dict[str, list[Any]] = {name: [] for name in outputs}
         per_basis = []
         for b in range(bases):
@@ -299,8 +324,11 @@ class Clusters(Analyzer):
         for name in _BASIS_COORDS:
             if name in variable.coords and set(variable[name].dims) == {"basis"}:
                 coords[name] = variable[name].variable
+        if labels["place_kinds"]:
+            coords["place"] = ("place", np.asarray(labels["place_kinds"], dtype=np.int64))
         if self.label:
-            variables.update(self._ranking(variables["homogeneity"][1], variables.get("place_fraction")))
+            place = variables.get("place_fraction") if self.place_restrict else None
+            variables.update(self._ranking(variables["homogeneity"][1], place))
             coords["rank"] = ("rank", np.arange(3))
         result = xr.Dataset(variables, coords={**coords, **text_coords})
         self._describe(result, slots)
@@ -339,26 +367,26 @@ class Clusters(Analyzer):
 
     def _labels(self, ctx: AnalysisContext, split: str, example: np.ndarray, position: np.ndarray) -> dict[str, Any]:
         """The label (and place) of every datapoint, read from the data split (no Dask)."""
-        empty = {"label_values": None, "binary": False, "place_values": None, "places": self._places}
-        if not self.label:
-            return empty
         data = ctx.store.data(split)
+        self._check_labels(data, split)
         known = data.attrs.get("labels", [])
-        wanted = [self.label] + ([self.place_label] if self.place_restrict else [])
-        for name in wanted:
-            if name not in known:
-                msg = f"split {split!r} has no label {name!r}; its labels are: {', '.join(known) or '(none)'}"
-                raise AnalysisError(msg)
+        found: dict[str, Any] = {"label_values": None, "binary": False, "place_values": None, "place_kinds": ()}
+        found["places"] = self._places
         try:
-            values = tr.datapoint_labels(data[self.label].values, example, position)
-            places = (
-                tr.datapoint_labels(data[self.place_label].values, example, position) if self.place_restrict else None
-            )
+            if self.label:
+                found["label_values"] = tr.datapoint_labels(data[self.label].values, example, position)
+                found["binary"] = tr.is_binary(found["label_values"])
+            # every cluster's make-up by the place label, whenever the split has one
+            if self.place_label in known:
+                found["place_values"] = tr.datapoint_labels(data[self.place_label].values, example, position)
+                found["place_kinds"] = tuple(int(v) for v in np.unique(found["place_values"]))
         except ValueError as exc:
-            raise AnalysisError(f"label {self.label!r}: {exc}") from None
-        return {"label_values": values, "binary": tr.is_binary(values), "place_values": places, "places": self._places}
+            raise AnalysisError(f"label {self.label or self.place_label!r}: {exc}") from None
+        return found
 
-    def _outputs(self, count: int, slots: int, steps: int) -> dict[str, tuple[tuple[str, ...], Any, tuple[int, ...]]]:
+    def _outputs(
+        self, count: int, slots: int, steps: int, place_kinds: tuple[int, ...] = ()
+    ) -> dict[str, tuple[tuple[str, ...], Any, tuple[int, ...]]]:
         """Each per-basis output: (dims after basis, dtype, shape)."""
         per_cluster = (("cluster",), (slots,))
         trajectory = (("cluster", "step"), (slots, steps))
@@ -376,11 +404,13 @@ class Clusters(Analyzer):
             "breakthrough_score": (per_cluster[0], np.float64, per_cluster[1]),
             "hidden": (per_cluster[0], np.bool_, per_cluster[1]),
         }
+        if place_kinds:
+            outputs["place_share"] = (("cluster", "place"), np.float64, (slots, len(place_kinds)))
         if self.label:
             for name, dtype in (("label_value", np.int64), ("homogeneity", np.float64), ("recall", np.float64)):
                 outputs[name] = (per_cluster[0], dtype, per_cluster[1])
             outputs["f1"] = (per_cluster[0], np.float64, per_cluster[1])
-            if self.place_restrict:
+            if place_kinds:  # for --place-restrict, and for anyone ranking both ways
                 outputs["place_fraction"] = (per_cluster[0], np.float64, per_cluster[1])
         return outputs
 
@@ -418,6 +448,7 @@ class Clusters(Analyzer):
             "recall": "fraction of the dataset's datapoints with label_value that are in the cluster",
             "f1": "harmonic mean of homogeneity and recall",
             "place_fraction": "fraction of the cluster's label_value datapoints in the allowed places",
+            "place_share": "fraction of the cluster's datapoints at each value of --place-label (its make-up)",
             "top_homogeneity": "three highest homogeneities over all basis vectors and clusters",
             "top_basis": "basis vector of each top homogeneity",
             "top_cluster": "cluster of each top homogeneity",
@@ -446,6 +477,9 @@ class Clusters(Analyzer):
         header = f"    {'cluster':>7} {'size':>7} {'breakthrough':>12} {'hidden':>6}"
         if label:
             header += f"  {label:>8} {'homog.':>7} {'recall':>7} {'F1':>6}"
+        if "place_share" in result:
+            kinds = "/".join(str(int(k)) for k in result["place"].values)
+            header += f"  {options.get('place_label', 'place')} {kinds} (%)"
         for b in range(result.sizes["basis"]):
             found = int(result["clusters"].values[b])
             noise = int(((result["cluster_label"].values[b] < 0) & ~result["filtered"].values[b]).sum())
@@ -466,6 +500,8 @@ class Clusters(Analyzer):
                         f"  {int(result['label_value'].values[b, c]):>8} {result['homogeneity'].values[b, c]:>7.3f} "
                         f"{result['recall'].values[b, c]:>7.3f} {result['f1'].values[b, c]:>6.3f}"
                     )
+                if "place_share" in result:
+                    row += "  " + "/".join(f"{100 * v:.0f}" for v in result["place_share"].values[b, c])
                 lines.append(row)
                 lines += text_labels.summary_lines(result, b, c)
         if label:

@@ -367,6 +367,21 @@ def place_fractions(
     return result
 
 
+def value_shares(labels: np.ndarray, values: np.ndarray, slots: int, kinds: Sequence[int]) -> np.ndarray:
+    """``[slot, kind]``: the fraction of each cluster's datapoints whose ``values`` is each of ``kinds``.
+
+    A cluster's make-up by a categorical label (addition: the place of each answer
+    token). NaN for unused slots.
+    """
+    labels, values = np.asarray(labels), np.asarray(values)
+    result = np.full((slots, len(kinds)), np.nan)
+    for c in range(slots):
+        members = values[labels == c]
+        if members.size:
+            result[c] = [float((members == kind).mean()) for kind in kinds]
+    return result
+
+
 def top_homogeneities(
     homogeneity: np.ndarray, allowed: np.ndarray | None = None, k: int = 3
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

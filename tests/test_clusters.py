@@ -332,6 +332,12 @@ def test_place_restriction_end_to_end(planted_run: tuple[Path, np.ndarray], tmp_
     labels = result["cluster_label"].values[0]
     carry = int(np.bincount(labels[groups == 1]).argmax())
     np.testing.assert_allclose(result["place_fraction"].values[0, carry], 1.0)
+    # every cluster's make-up by the place label, recomputed from the labels
+    kinds = result["place"].values
+    assert kinds.tolist() == sorted(set(groups.tolist()))
+    for c in range(int(result["clusters"].values[0])):
+        shares = [np.mean(groups[labels == c] == k) for k in kinds]
+        np.testing.assert_allclose(result["place_share"].values[0, c], shares)
     np.testing.assert_allclose(result["top_homogeneity"].values, [1.0, np.nan, np.nan])
     # no carry datapoint is in group 2: nothing qualifies
     result = run("clusters", path, registry=registry, places="2", **options).dataset.load()

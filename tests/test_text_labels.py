@@ -164,7 +164,8 @@ def test_clusters_of_a_tiny_lm_run_get_spacy_pos_labels_through_the_cli(
 def test_a_missing_spacy_model_is_one_error_line_and_the_store_is_unchanged(trained: Path, tmp_path: Path) -> None:
     assert Clusters.option_spec()["spacy_model"].default == "en_core_web_sm"
     path = fresh(trained, tmp_path)
-    run("loss", path, scheduler="sync")  # the dependency exists: the failing command writes nothing at all
+    # the dependency (loss) is not stored: the check comes before it would be computed
+    assert "loss" not in ckptstore.open(path).analyses
     before = tree_digest(path)
     options = f"--on loss --spacy-model {MISSING} --no-progress".split()
     result = run_ckpt("analyze", "clusters", str(path), *options, extra_env=ONE_THREAD)
@@ -174,6 +175,11 @@ def test_a_missing_spacy_model_is_one_error_line_and_the_store_is_unchanged(trai
     assert f"python -m spacy download {MISSING}" in lines[0] and "--spacy-model none" in lines[0]
     assert tree_digest(path) == before
     assert "clusters" not in ckptstore.open(path).analyses
+    # so does a label the data lacks, on POLCA (whose basis would take the longest)
+    result = run_ckpt("analyze", "clusters", str(path), "--on", "polca", "--label", "nope", extra_env=ONE_THREAD)
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("Error: ") and "has no label 'nope'" in result.stderr
+    assert tree_digest(path) == before
 
 
 def test_no_text_labels_with_none_or_without_text(trained: Path, tmp_path: Path) -> None:
