@@ -72,10 +72,10 @@ def cli() -> None:
 
 def _register_commands() -> None:
     # one module per command group; imported here, not at package import
-    from cli import analyze, info, io, train
+    from cli import analyze, demo, info, io, train
 
     commands = (info.info, info.verify, io.import_command, io.repair)
-    commands += (analyze.analyze, analyze.plugins_command, analyze.show, train.train_command, train.demo)
+    commands += (analyze.analyze, analyze.plugins_command, analyze.show, train.train_command, demo.demo)
     for command in commands:
         cli.add_command(command)
 

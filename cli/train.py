@@ -1,9 +1,8 @@
-"""``ckpt train`` and ``ckpt demo``: training the sandboxes, and the embedded default."""
+"""``ckpt train``: training the sandboxes (task plugins) into a store."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -80,75 +79,3 @@ def train_command() -> None:
     evaluation data with its labels, and the model spec, through the public
     ckptstore writer.
     """
-
-
-PLACES = ("1000s", "100s", "10s", "1s")
-
-
-def _place_table(store: Any, result: Any) -> list[str]:
-    import numpy as np
-
-    data = store.data("eval")
-    example, position = result["example"].values, result["position"].values
-    place = data["place"].values[example, position]
-    carry = data["carry"].values[example, position]
-    losses = result["loss"].values
-    steps = result["step"].values
-    picks = sorted(set(np.linspace(0, len(steps) - 1, 8).round().astype(int).tolist()))
-    header = f"  {'step':>7}  " + "  ".join(f"{p:>7}" for p in PLACES) + f"  {'carry':>7}  {'no carry':>8}"
-    rows = [header]
-    for i in picks:
-        cells = [losses[i][place == k].mean() for k in range(4)]
-        # the 1s digit never receives a carry: compare carry / no carry on the other places
-        receives = place < 3
-        with_carry = losses[i][receives & (carry == 1)].mean()
-        without = losses[i][receives & (carry == 0)].mean()
-        row = f"  {int(steps[i]):>7}  " + "  ".join(f"{c:7.3f}" for c in cells)
-        rows.append(row + f"  {with_carry:7.3f}  {without:8.3f}")
-    return rows
-
-
-@click.command("demo")
-@click.argument("directory", metavar="[DIR]", default="ckpt-demo", required=False)
-@click.option("--preset", default="default", show_default=True, help="Preset of the addition task (paper: GPU).")
-@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda", help="Torch device.")
-def demo(directory: str, preset: str, device: str) -> None:
-    """The embedded default: train 3-digit addition, analyze it, print what happened.
-
-    Trains the `addition` sandbox into DIR/addition.zarr (reused if it is
-    already there), computes the exact loss of every answer token at every
-    checkpoint, and prints per-place loss curves. Offline; about 3-5 minutes
-    on a 2-core CPU.
-    """
-    import ckptstore
-    from plugins.engine import run
-    from sandboxes.base import train
-
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "addition.zarr"
-    started = time.perf_counter()
-    if path.exists():
-        click.echo(f"using the run already in {path} (delete it to train again)")
-    else:
-        click.echo(f"training the addition task ({preset} preset) into {path} ...")
-        train(registry().tasks["addition"], str(path), preset=preset, device=device, progress=True)
-    trained = time.perf_counter()
-    click.echo("computing the exact loss of every answer token at every checkpoint ...")
-    report = run("loss", str(path), registry=registry(), progress=True, device="cpu")
-    store = ckptstore.open(path)
-    final = store.metrics.isel(step=-1)
-    click.echo("")
-    click.echo(
-        f"{len(store.steps)} checkpoints (steps {int(store.steps[0])}..{int(store.steps[-1])}); "
-        f"final answer-token accuracy: train {float(final['train_accuracy']):.1%}, "
-        f"test {float(final['test_accuracy']):.1%}"
-    )
-    click.echo("mean loss of the answer digits by place, and (1000s-10s) by whether a carry comes into that place:")
-    for line in _place_table(store, report.dataset.load()):
-        click.echo(line)
-    click.echo("")
-    click.echo(
-        f"trained in {trained - started:.0f} s, analyzed in {time.perf_counter() - trained:.0f} s. "
-        f"Next: ckpt info {path}; ckpt show {path} loss"
-    )

@@ -1,0 +1,230 @@
+"""``ckpt demo``: the embedded default. Train 3-digit addition and show its hidden breakthroughs.
+
+The demo trains the ``addition`` sandbox, then runs the analyses of "Hidden
+Breakthroughs in Language Model Training" through the ordinary engine:
+``loss``, ``hessian-basis`` and ``polca``, ``fisher``, and ``clusters --label
+carry`` on the exact loss, the projected Fisher information and POLCA. It prints
+the shape of the paper's Table 3 (the top three carry homogeneities of each) and,
+for the POLCA basis vectors holding the best clusters, each cluster's size,
+place/carry make-up and breakthrough step.
+
+The store keeps one result per analyzer, so each ``clusters`` result is read
+right after it is computed; the POLCA one (computed last) stays in the store for
+``ckpt show STORE clusters``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from cli.analyze import registry
+
+PLACES = ("1000s", "100s", "10s", "1s")
+"""Names of the ``place`` label values of the addition task (0..3)."""
+
+PAPER_TABLE_3 = {"exact loss": "0.514", "Fisher": "0.664", "POLCA": "0.973 0.946 0.903"}
+"""Top-3 carry homogeneities in Table 3 of the paper (its 9.5M-parameter run)."""
+
+DEMO_ANALYSES: dict[str, dict[str, Any]] = {
+    # A basis vector every 400 steps from 640 sampled problems: 6 vectors in about
+    # 40 s on 2 cores. 256 samples were 3x cheaper but lost the carry cluster (best
+    # POLCA homogeneity 0.51 instead of 0.95 on the seed-0 run); 1,250 (the paper)
+    # gave the same clusters as 640 in twice the time. First-order POLCA: at this
+    # preset's step size (lr 3e-3, a checkpoint every 40 steps) the paper's
+    # second-order approximation swamps the first-order terms (docs/sandboxes.md).
+    "default": {"basis": {"every": 400, "samples": 640}, "second_order": "none"},
+    # The paper's setting (for a GPU): small steps, where its approximation holds.
+    "paper": {"basis": {"every": 200, "samples": 1250}, "second_order": "paper"},
+}
+
+
+def place_table(store: Any, result: Any) -> list[str]:
+    """Mean loss of the answer digits by place and by carry, at eight checkpoints."""
+    data = store.data("eval")
+    example, position = result["example"].values, result["position"].values
+    place = data["place"].values[example, position]
+    carry = data["carry"].values[example, position]
+    losses = result["loss"].values
+    steps = result["step"].values
+    picks = sorted(set(np.linspace(0, len(steps) - 1, 8).round().astype(int).tolist()))
+    header = f"  {'step':>7}  " + "  ".join(f"{p:>7}" for p in PLACES) + f"  {'carry':>7}  {'no carry':>8}"
+    rows = [header]
+    for i in picks:
+        cells = [losses[i][place == k].mean() for k in range(4)]
+        # the 1s digit never receives a carry: compare carry / no carry on the other places
+        receives = place < 3
+        with_carry = losses[i][receives & (carry == 1)].mean()
+        without = losses[i][receives & (carry == 0)].mean()
+        row = f"  {int(steps[i]):>7}  " + "  ".join(f"{c:7.3f}" for c in cells)
+        rows.append(row + f"  {with_carry:7.3f}  {without:8.3f}")
+    return rows
+
+
+def top_homogeneities(clusters: Any, restricted: bool) -> list[tuple[float, int, int]]:
+    """The three best carry homogeneities (value, basis, cluster) of a loaded ``clusters`` result.
+
+    ``restricted``: only clusters whose carry tokens are >= 85% in the 10s or 100s
+    place (the paper's restriction; the result's ``place_fraction``).
+    """
+    from analyzers.trajectories import top_homogeneities as ranked
+
+    homogeneity = clusters["homogeneity"].values
+    allowed = clusters["place_fraction"].values >= 0.85 if restricted else None  # NaN compares False
+    values, bases, cells = ranked(homogeneity, allowed, k=3)
+    return [(float(v), int(b), int(c)) for v, b, c in zip(values, bases, cells, strict=True)]
+
+
+def _ranking_text(ranked: list[tuple[float, int, int]]) -> str:
+    return " ".join(f"{v:.3f}" if np.isfinite(v) else "  -  " for v, _, _ in ranked)
+
+
+def table_3(rows: Mapping[str, Any]) -> list[str]:
+    """The paper's Table 3 shape: top-3 carry homogeneity per method, unrestricted and restricted."""
+    lines = [f"  {'method':<22} {'top 3 (all clusters)':<22} {'top 3 (10s/100s)':<22} paper (its run)"]
+    for method, clusters in rows.items():
+        paper = PAPER_TABLE_3.get(method.split(" (")[0], "")
+        free, restricted = top_homogeneities(clusters, False), top_homogeneities(clusters, True)
+        lines.append(f"  {method:<22} {_ranking_text(free):<22} {_ranking_text(restricted):<22} {paper}")
+    return lines
+
+
+def cluster_makeup(clusters: Any, bases: list[int]) -> list[str]:
+    """Per cluster of the given basis vectors: size, share of each place, carry share, breakthrough."""
+    header = (
+        f"  {'basis':>5} {'cluster':>7} {'size':>6}  "
+        + " ".join(f"{p:>5}" for p in PLACES)
+        + f"  {'carry':>5}  {'breakthrough':>12}  hidden"
+    )
+    lines = [header]
+    places = [int(p) for p in clusters["place"].values]
+    for b in bases:
+        for c in range(int(clusters["clusters"].values[b])):
+            share = dict(zip(places, clusters["place_share"].values[b, c], strict=True))
+            step = float(clusters["breakthrough_step"].values[b, c])
+            lines.append(
+                f"  {b:>5} {c:>7} {int(clusters['size'].values[b, c]):>6}  "
+                + " ".join(f"{share.get(k, 0.0):>5.0%}" for k in range(len(PLACES)))
+                + f"  {clusters['homogeneity'].values[b, c]:>5.0%}  "
+                + f"{(f'{step:g}' if np.isfinite(step) else '-'):>12}  "
+                + ("yes" if clusters["hidden"].values[b, c] else "no")
+            )
+    return lines
+
+
+def best_bases(clusters: Any, count: int = 3) -> list[int]:
+    """The basis vectors holding the best carry clusters, best first (at most ``count``)."""
+    chosen: list[int] = []
+    for restricted in (False, True):
+        for value, basis, _ in top_homogeneities(clusters, restricted):
+            if np.isfinite(value) and basis not in chosen:
+                chosen.append(basis)
+    return chosen[:count]
+
+
+@click.command("demo")
+@click.argument("directory", metavar="[DIR]", default="ckpt-demo", required=False)
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(DEMO_ANALYSES)),
+    default="default",
+    show_default=True,
+    help="Preset of the addition task (paper: 9.5M parameters, for a GPU).",
+)
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda", help="Torch device.")
+@click.option("--steps", type=click.IntRange(min=1), help="Train this many steps instead of the preset's.")
+def demo(directory: str, preset: str, device: str, steps: int | None) -> None:
+    """The embedded default: train 3-digit addition and find its hidden breakthroughs.
+
+    Trains the `addition` sandbox into DIR/addition.zarr (reused if it is already
+    there), then runs loss, hessian-basis, polca, fisher and clusters (--label
+    carry) on it and prints per-place loss curves, the top carry homogeneities
+    of clusters on the exact loss, Fisher and POLCA (the shape of Table 3 of
+    "Hidden Breakthroughs in Language Model Training"), and the POLCA clusters'
+    place/carry make-up and breakthrough steps. Offline; about 4-5 minutes on a
+    2-core CPU.
+    """
+    import ckptstore
+    from plugins.engine import run
+    from sandboxes.base import train
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "addition.zarr"
+    started = time.perf_counter()
+    if path.exists():
+        click.echo(f"using the run already in {path} (delete it to train again)")
+    else:
+        click.echo(f"training the addition task ({preset} preset) into {path} ...")
+        train(registry().tasks["addition"], str(path), preset=preset, steps=steps, device=device, progress=True)
+    trained = time.perf_counter()
+    settings = DEMO_ANALYSES[preset]
+    engine = {"registry": registry(), "device": device}
+
+    def analyze(what: str, name: str, **options: Any) -> Any:
+        began = time.perf_counter()
+        click.echo(f"{what} ...", nl=False)
+        report = run(name, str(path), **engine, **options)
+        click.echo(f" {time.perf_counter() - began:.0f} s")
+        return report.dataset.load()
+
+    loss = analyze("exact loss of every answer token at every checkpoint (loss)", "loss")
+    basis = settings["basis"]
+    order = settings["second_order"]
+    analyze(f"Hessian basis, a top eigenvector every {basis['every']} steps (hessian-basis)", "hessian-basis", **basis)
+    order_text = "first order" if order == "none" else f"{order} second order"
+    analyze(f"POLCA, {order_text} (polca)", "polca", second_order=order, **basis)
+    analyze("projected Fisher information (fisher)", "fisher", **basis)
+    label = "POLCA" if order == "paper" else f"POLCA ({order_text})"
+    clustered: dict[str, Any] = {}
+    for method, on in (("exact loss", "loss"), ("Fisher", "fisher"), (label, "polca")):
+        clustered[method] = analyze(
+            f"HDBSCAN clusters on {method} (clusters --on {on})", "clusters", on=on, label="carry"
+        )
+
+    store = ckptstore.open(path)
+    _report(store, loss, clustered, label)
+    click.echo("")
+    click.echo(
+        f"trained in {trained - started:.0f} s, analyzed in {time.perf_counter() - trained:.0f} s. "
+        f"Next: ckpt show {path} clusters; ckpt show {path} polca"
+    )
+
+
+def _report(store: Any, loss: Any, clustered: Mapping[str, Any], label: str) -> None:
+    echo: Callable[[str], None] = click.echo
+    final = store.metrics.isel(step=-1)
+    echo("")
+    echo(
+        f"{len(store.steps)} checkpoints (steps {int(store.steps[0])}..{int(store.steps[-1])}); "
+        f"final answer-token accuracy: train {float(final['train_accuracy']):.1%}, "
+        f"test {float(final['test_accuracy']):.1%}"
+    )
+    echo("mean loss of the answer digits by place, and (1000s-10s) by whether a carry comes into that place:")
+    for line in place_table(store, loss):
+        echo(line)
+    echo("")
+    echo("carry homogeneity of the best clusters (Table 3 of Hidden Breakthroughs; 10s/100s: clusters whose")
+    echo("carry tokens are >= 85% in the 10s or 100s place, the paper's restriction; '-': no such cluster):")
+    for line in table_3(clustered):
+        echo(line)
+    polca = clustered[label]
+    bases = best_bases(polca)
+    echo("")
+    if not bases:
+        echo(f"{label}: no clusters were found.")
+        return
+    mean_step = float(polca["mean_breakthrough_step"])
+    tau = float(((polca.attrs.get("ckpt") or {}).get("options") or {}).get("tau", 1000))
+    echo(f"{label} clusters of the basis vectors holding the best ones: size, share of each place, share")
+    echo(
+        f"with a carry, breakthrough step (eq. 9; the mean loss breaks through at step {mean_step:g}; "
+        f"hidden: more than {tau:g} steps away):"
+    )
+    for line in cluster_makeup(polca, bases):
+        echo(line)

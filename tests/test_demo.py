@@ -1,0 +1,58 @@
+"""``ckpt demo`` end to end on a short real run: the analyses it runs and the tables it prints."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+import ckptstore
+from tests.conftest import run_ckpt
+
+
+def _row(out: str, method: str) -> list[str]:
+    """The cells after ``method`` on its Table-3 line."""
+    table = out[out.index("carry homogeneity of the best clusters") :]
+    lines = [line for line in table.splitlines() if re.match(re.escape(method) + r"\s+[-0-9]", line.strip())]
+    assert len(lines) == 1, out
+    return lines[0].strip()[len(method) :].split()
+
+
+def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    # 400 steps: 11 checkpoints, basis vectors found at steps 0 and 400, 10 POLCA transitions
+    result = run_ckpt("demo", str(folder), "--steps", "400", "--device", "cpu", timeout=600)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    store = ckptstore.open(folder / "addition.zarr")
+    assert [int(s) for s in store.steps] == list(range(0, 401, 40))
+    assert {"loss", "hessian-basis", "polca", "fisher", "clusters"} <= set(store.analyses)
+    polca = store.analysis("polca")
+    assert polca.attrs["ckpt"]["options"]["second_order"] == "none"
+    assert polca.sizes["basis"] == 2
+
+    # the stored clusters are the POLCA ones; recompute their carry homogeneities from the labels
+    clusters = store.analysis("clusters").load()
+    assert clusters.attrs["ckpt"]["options"]["on"] == "polca"
+    data = store.data("eval")
+    example, position = clusters["example"].values, clusters["position"].values
+    carry = data["carry"].values[example, position]
+    place = data["place"].values[example, position]
+    found = []
+    for b in range(clusters.sizes["basis"]):
+        labels = clusters["cluster_label"].values[b]
+        for c in range(int(clusters["clusters"].values[b])):
+            members = labels == c
+            found.append(carry[members].mean())
+            shares = [np.mean(place[members] == k) for k in range(4)]
+            np.testing.assert_allclose(clusters["place_share"].values[b, c], shares)
+    assert found, "the POLCA clusters of this run are what the table reports"
+    expected = sorted(found, reverse=True)[:3]
+    cells = _row(out, "POLCA (first order)")
+    printed = [float(v) for v in cells[:3] if v != "-"]
+    np.testing.assert_allclose(printed, np.round(expected, 3), atol=5e-4)
+    for method in ("exact loss", "Fisher"):
+        assert _row(out, method), method
+    assert "0.973 0.946 0.903" in out, "the paper's figures are printed next to ours"
+    assert "final answer-token accuracy" in out
