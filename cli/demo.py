@@ -138,7 +138,8 @@ def best_bases(clusters: Any, count: int = 3) -> list[int]:
 )
 @click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda", help="Torch device.")
 @click.option("--steps", type=click.IntRange(min=1), help="Train this many steps instead of the preset's.")
-def demo(directory: str, preset: str, device: str, steps: int | None) -> None:
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the training run.")
+def demo(directory: str, preset: str, device: str, steps: int | None, seed: int) -> None:
     """The embedded default: train 3-digit addition and find its hidden breakthroughs.
 
     Trains the `addition` sandbox into DIR/addition.zarr (reused if it is already
@@ -158,10 +159,18 @@ def demo(directory: str, preset: str, device: str, steps: int | None) -> None:
     path = folder / "addition.zarr"
     started = time.perf_counter()
     if path.exists():
+        stored = ckptstore.open(path).attrs
+        asked = {"preset": preset, "seed": seed}
+        differs = {k: stored.get(k) for k in asked if stored.get(k) is not None and stored.get(k) != asked[k]}
+        if differs:
+            held = ", ".join(f"{k} {v}" for k, v in differs.items())
+            msg = f"{path} holds a run with {held}; pass the same options, another DIR, or delete it to train again"
+            raise click.ClickException(msg)
         click.echo(f"using the run already in {path} (delete it to train again)")
     else:
-        click.echo(f"training the addition task ({preset} preset) into {path} ...")
-        train(registry().tasks["addition"], str(path), preset=preset, steps=steps, device=device, progress=True)
+        click.echo(f"training the addition task ({preset} preset, seed {seed}) into {path} ...")
+        task = registry().tasks["addition"]
+        train(task, str(path), preset=preset, steps=steps, seed=seed, device=device, progress=True)
     trained = time.perf_counter()
     settings = DEMO_ANALYSES[preset]
     engine = {"registry": registry(), "device": device}

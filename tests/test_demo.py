@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 import ckptstore
-from tests.conftest import run_ckpt
+from tests.conftest import run_ckpt, tree_digest
 
 
 def _row(out: str, method: str) -> list[str]:
@@ -56,3 +56,10 @@ def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
         assert _row(out, method), method
     assert "0.973 0.946 0.903" in out, "the paper's figures are printed next to ours"
     assert "final answer-token accuracy" in out
+
+    # the run in DIR is reused only for the same preset and seed; another seed is refused, untouched
+    before = tree_digest(folder)
+    refused = run_ckpt("demo", str(folder), "--seed", "1")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("Error: ") and "holds a run with seed 0" in refused.stderr
+    assert tree_digest(folder) == before
