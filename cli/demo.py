@@ -155,7 +155,11 @@ def demo(directory: str, preset: str, device: str, steps: int | None, seed: int)
     from sandboxes.base import train
 
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        msg = f"cannot use {folder} as the demo's folder ({exc.strerror}); pass a directory path"
+        raise click.ClickException(msg) from None
     path = folder / "addition.zarr"
     started = time.perf_counter()
     if path.exists():

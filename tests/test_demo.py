@@ -63,3 +63,12 @@ def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
     assert refused.stderr.startswith("Error: ") and "holds a run with seed 0" in refused.stderr
     assert tree_digest(folder) == before
+
+
+def test_demo_refuses_a_file_as_its_folder(tmp_path: Path) -> None:
+    taken = tmp_path / "notes.txt"
+    taken.write_text("keep me")
+    result = run_ckpt("demo", str(taken))
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("Error: cannot use") and result.stderr.count("\n") == 1, result.stderr
+    assert taken.read_text() == "keep me"
