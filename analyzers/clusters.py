@@ -226,8 +226,10 @@ class Clusters(Analyzer):
 
     def preflight(self, store: Any) -> None:
         """The label and the spaCy pipeline, before POLCA or Fisher are computed for nothing."""
-        stored = store.analysis(self._source).attrs if self._source in store.analyses else {}
-        split = ((stored.get("ckpt") or {}).get("options") or {}).get("split") or self.split or "eval"
+        from plugins.engine import stored_provenance  # the engine (and dask) only when an analysis runs
+
+        stored = stored_provenance(store, self._source) or {}
+        split = (stored.get("options") or {}).get("split") or self.split or "eval"
         if split not in store.splits:
             return  # the analyzer clustered reports a missing split in its own words
         data = store.data(split)

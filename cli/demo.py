@@ -16,7 +16,7 @@ right after it is computed; the POLCA one (computed last) stays in the store for
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +69,18 @@ def place_table(store: Any, result: Any) -> list[str]:
 def top_homogeneities(clusters: Any, restricted: bool) -> list[tuple[float, int, int]]:
     """The three best carry homogeneities (value, basis, cluster) of a loaded ``clusters`` result.
 
-    ``restricted``: only clusters whose carry tokens are >= 85% in the 10s or 100s
-    place (the paper's restriction; the result's ``place_fraction``).
+    Unrestricted: the result's own ``top_homogeneity`` ranking. ``restricted``: only
+    clusters whose carry tokens are at least ``--place-fraction`` (0.85) in the 10s
+    or 100s place (the paper's restriction; the result's ``place_fraction``).
     """
     from analyzers.trajectories import top_homogeneities as ranked
 
-    homogeneity = clusters["homogeneity"].values
-    allowed = clusters["place_fraction"].values >= 0.85 if restricted else None  # NaN compares False
-    values, bases, cells = ranked(homogeneity, allowed, k=3)
+    if restricted:
+        least = float(((clusters.attrs.get("ckpt") or {}).get("options") or {}).get("place_fraction", 0.85))
+        allowed = clusters["place_fraction"].values >= least  # NaN compares False
+        values, bases, cells = ranked(clusters["homogeneity"].values, allowed, k=3)
+    else:
+        values, bases, cells = (clusters[name].values for name in ("top_homogeneity", "top_basis", "top_cluster"))
     return [(float(v), int(b), int(c)) for v, b, c in zip(values, bases, cells, strict=True)]
 
 
@@ -210,7 +214,7 @@ def demo(directory: str, preset: str, device: str, steps: int | None, seed: int)
 
 
 def _report(store: Any, loss: Any, clustered: Mapping[str, Any], label: str) -> None:
-    echo: Callable[[str], None] = click.echo
+    echo = click.echo
     final = store.metrics.isel(step=-1)
     echo("")
     echo(
