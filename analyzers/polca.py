@@ -21,9 +21,9 @@ each datapoint x, with Δ = θ_t+1 - θ_t and g_t(x) = ∇ℓ(x; θ_t):
   ``unexplained`` = loss_change - Σ_b polca.
 
 The ``step`` of a transition θ_t → θ_t+1 is t. Every checkpoint's quantities
-(loss, ⟨g(x), b⟩ and bᵀH(x)b for all x and b) are computed once, by one JVP
-pass vectorized over the basis vectors (``torch.func.vmap`` shares the
-primal), and used by both pairs that contain it; ⟨b, Δ⟩ comes from the two
+(loss, ⟨g(x), b⟩ and, where a pair starts, bᵀH(x)b for all x and b) are
+computed once, by one JVP pass vectorized over the basis vectors
+(``torch.func.vmap`` shares the primal), and used by both pairs that contain it; ⟨b, Δ⟩ comes from the two
 checkpoints' weights in float64.
 """
 
@@ -70,9 +70,17 @@ def checkpoint_terms(
     batch_size: int,
     basis_batch: int,
     dtype: str,
+    first_order_at: tuple[int, ...] = (),
 ) -> dict[str, np.ndarray]:
-    """Loss, ⟨g(x), b⟩ and (order 2) bᵀH(x)b of the datapoints of ``examples`` at ``step`` (on a worker)."""
+    """Loss, ⟨g(x), b⟩ and (order 2) bᵀH(x)b of the datapoints of ``examples`` at ``step`` (on a worker).
+
+    At the steps of ``first_order_at`` (checkpoints that only end a pair, whose
+    curvature no term uses) order 2 is lowered to 1 and bᵀH(x)b is returned as 0.
+    """
     import torch
+
+    if step in first_order_at:
+        order = 1
 
     space = worker_space(worker)
     directions = load_basis(worker, basis, created, space, dtype)
@@ -183,6 +191,9 @@ class Polca(BasisReader, Analyzer):
             batch_size=self.batch_size,
             basis_batch=self.basis_batch,
             dtype=self.dtype,
+            # a checkpoint that starts no pair (the run's last) needs no curvature: for a single
+            # pair this halves the second-order work
+            first_order_at=tuple(sorted(set(following) - set(pairs))),
             **shared,
         )
         delta = ctx.map_pairs(

@@ -143,6 +143,35 @@ def test_paper_second_order_matches_its_formula(store: Path) -> None:
     np.testing.assert_allclose(result["curvature"][1].values, curvature.numpy(), rtol=1e-5)
 
 
+def test_the_curvature_is_skipped_only_where_no_pair_starts(store: Path) -> None:
+    """The run's last checkpoint gets the first-order pass alone; its loss and slopes are unchanged."""
+    from analyzers.polca import checkpoint_terms
+    from plugins.analyzer import TaskSpec
+    from plugins.runtime import worker_for
+
+    plugins.analyze("polca", store, second_order="exact", dtype="float64", k=2)
+    basis = ckptstore.open(store).analysis("hessian-basis").load()
+    last = int(ckptstore.open(store).steps[-1])
+    options = {
+        "examples": slice(0, EXAMPLES),
+        "basis": "hessian-basis",
+        "created": basis.attrs["ckpt"]["created"],
+        "split": "eval",
+        "objective": None,
+        "order": 2,
+        "batch_size": 5,
+        "basis_batch": 2,
+        "dtype": "float64",
+    }
+    worker = worker_for(TaskSpec(str(store)))
+    full = checkpoint_terms(worker, last, **options)
+    reduced = checkpoint_terms(worker, last, first_order_at=(last,), **options)
+    assert np.abs(full["second"]).max() > 0
+    assert not reduced["second"].any()
+    np.testing.assert_array_equal(reduced["first"], full["first"])
+    np.testing.assert_array_equal(reduced["loss"], full["loss"])
+
+
 def test_complete_basis_first_order_sums_to_the_gradient_step(store: Path) -> None:
     """With K = D orthonormal vectors, Σ_b first-order POLCA = ⟨∇ℓ(x), Δθ⟩ for every datapoint."""
     dimension = parameter_space(ckptstore.open(store)).size
