@@ -406,16 +406,34 @@ class TestPolcaConformance(AnalyzerTests):
         return write_mlp_run(tmp_path / "mlp.zarr", steps=3, examples=EXAMPLES)
 
 
-def test_second_directional_derivatives_through_layer_norm_equal_explicit_hessians() -> None:
-    """bᵀ H(x) b by the nested JVP on a model with LayerNorm, against explicit per-datapoint Hessians.
+def _normalized_model(norm: str) -> torch.nn.Module:
+    """Linear(3, 8) -> a normalization layer -> tanh -> Linear(8, 4), in float64."""
+    layers = {
+        "layer": [torch.nn.LayerNorm(8)],
+        # each example's statistics over 4 positions of 2 channels
+        "instance": [torch.nn.Unflatten(1, (2, 4)), torch.nn.InstanceNorm1d(2, affine=True), torch.nn.Flatten()],
+        # batch statistics even in eval mode
+        "batch": [torch.nn.BatchNorm1d(8, track_running_stats=False)],
+    }[norm]
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), *layers, torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    with torch.no_grad():  # affine parameters away from (1, 0), so that they matter
+        for layer in model:
+            if getattr(layer, "weight", None) is not None and not isinstance(layer, torch.nn.Linear):
+                layer.weight.uniform_(0.5, 1.5)
+                layer.bias.uniform_(-0.5, 0.5)
+    return model.double().eval()
 
-    torch's own forward-mode rule of layer_norm is wrong under forward-over-forward
-    (8-25% off); without plugins.derivatives.composite_layer_norm this test fails.
+
+@pytest.mark.parametrize("norm", ["layer", "instance", "batch"])
+def test_second_directional_derivatives_through_normalization_equal_explicit_hessians(norm: str) -> None:
+    """bᵀ H(x) b by the nested JVP through LayerNorm, InstanceNorm and batch-statistics BatchNorm.
+
+    Against explicit per-datapoint Hessians. torch's own forward-mode rules of these
+    norms are wrong under forward-over-forward (7-25% off); without
+    plugins.derivatives.composite_norms this test fails.
     """
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(3, 5), torch.nn.LayerNorm(5), torch.nn.Tanh(), torch.nn.Linear(5, 4)
-    ).double()
+    model = _normalized_model(norm)
     inputs, targets = torch.randn(6, 3, dtype=torch.float64), torch.randint(0, 4, (6,))
     primal = {name: p.detach() for name, p in model.named_parameters()}
 
