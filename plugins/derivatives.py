@@ -26,6 +26,7 @@ reverse mode would need one backward pass per datapoint.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -214,7 +215,7 @@ def directional_derivatives(
     tuple
         ``loss [X]``, ``first [K, X]``, ``second [K, X]`` (None for order 1).
     """
-    with FORWARD_AD_LOCK:
+    with forward_mode(composite=order == 2):
         return _directional_derivatives(f, primal, directions, order)
 
 
@@ -239,9 +240,28 @@ def _directional_derivatives(
         (first, loss), (second, _) = jvp(slope, (primal,), (direction,))
         return loss, first, second
 
-    with composite_norms():
-        loss, first, second = vmap(along2, out_dims=(None, 0, 0))(directions)
+    loss, first, second = vmap(along2, out_dims=(None, 0, 0))(directions)
     return loss, first, second
+
+
+@contextlib.contextmanager
+def forward_mode(*, composite: bool) -> Iterator[None]:
+    """What forward-mode AD through any model needs; every JVP and HVP here runs in it.
+
+    - :data:`FORWARD_AD_LOCK`;
+    - attention's math backend: the fused ``scaled_dot_product_attention``
+      kernels have no forward-mode rule;
+    - a torch-function mode (:func:`composite_norms`): while one is active,
+      ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` skip their
+      fused inference paths (``_native_multi_head_attention``,
+      ``_transformer_encoder_layer_fwd``), which have no forward-mode rule either;
+      with ``composite``, normalization layers run as elementary ops (needed for
+      the second order of a nested JVP).
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with FORWARD_AD_LOCK, sdpa_kernel(SDPBackend.MATH), composite_norms(replace=composite):
+        yield
 
 
 def _normalized(input: Any, dims: tuple[int, ...], eps: float) -> Any:  # noqa: A002 (torch's argument name)
@@ -315,8 +335,11 @@ def _instance_norm(
     return _per_channel(_normalized(input, tuple(range(2, input.ndim)), eps), weight, bias)
 
 
-def composite_norms() -> Any:
+def composite_norms(*, replace: bool = True) -> Any:
     """A context in which normalization layers run as elementary ops inside nested JVPs.
+
+    With ``replace=False`` it changes nothing but being a torch-function mode
+    (see :func:`forward_mode`).
 
     torch's forward-mode rules for ``native_layer_norm`` and for batch norm with
     batch statistics (which ``instance_norm`` uses too) are right to first order
@@ -338,6 +361,8 @@ def composite_norms() -> Any:
         torch.nn.functional.batch_norm: _batch_norm,
         torch.nn.functional.instance_norm: _instance_norm,
     }
+    if not replace:
+        replacements = {}
 
     class _Mode(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -383,7 +408,7 @@ def hessian_vector_product(
         def scalar(params: Mapping[str, Any], f: Callable = f, weight: float = weight) -> Any:
             return f(params).sum() * weight
 
-        with FORWARD_AD_LOCK:
+        with forward_mode(composite=False):
             _, hv = jvp(grad(scalar), (primal,), (vector,))
         total = dict(hv) if total is None else {k: total[k] + hv[k] for k in total}
     assert total is not None

@@ -15,8 +15,7 @@ Model (embedding dimension d=2, so every activation can be drawn in the plane):
 3. an MLP block with pre-norm, GELU and a residual: ``h = y + W2 gelu(W1 rms_normalize(y) + b1) + b2``;
 4. tied decoding: ``logits = h · E^T`` (p classes).
 
-Attention is written with explicit matmuls and softmax (no fused SDPA) so that
-forward-mode AD (``torch.func.jvp``) works on the model.
+Attention is written with explicit matmuls and softmax (no fused SDPA).
 """
 
 from __future__ import annotations

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ckptstore
 import plugins
 from plugins import AnalysisContext, Analyzer, hookimpl
 from plugins.analyzer import PER_RUN
-from plugins.derivatives import basis_dims, directional_derivatives, parameter_space
+from plugins.derivatives import basis_dims, directional_derivatives, hessian_vector_product, parameter_space
 from plugins.manager import load_registry
 from plugins.runtime import clear_cache
 from plugins.testing import AnalyzerTests
@@ -406,15 +407,21 @@ class TestPolcaConformance(AnalyzerTests):
         return write_mlp_run(tmp_path / "mlp.zarr", steps=3, examples=EXAMPLES)
 
 
-def _normalized_model(norm: str) -> torch.nn.Module:
-    """Linear(3, 8) -> a normalization layer -> tanh -> Linear(8, 4), in float64."""
+def _model_with(layer: str) -> torch.nn.Module:
+    """Linear(3, 8) -> ``layer`` -> tanh -> Linear(8, 4), in float64, in eval mode."""
     layers = {
-        "layer": [torch.nn.LayerNorm(8)],
+        "layer-norm": [torch.nn.LayerNorm(8)],
         # each example's statistics over 4 positions of 2 channels
-        "instance": [torch.nn.Unflatten(1, (2, 4)), torch.nn.InstanceNorm1d(2, affine=True), torch.nn.Flatten()],
+        "instance-norm": [torch.nn.Unflatten(1, (2, 4)), torch.nn.InstanceNorm1d(2, affine=True), torch.nn.Flatten()],
         # batch statistics even in eval mode
-        "batch": [torch.nn.BatchNorm1d(8, track_running_stats=False)],
-    }[norm]
+        "batch-norm": [torch.nn.BatchNorm1d(8, track_running_stats=False)],
+        # torch's own attention block: fused kernels and fast paths without forward-mode rules
+        "torch-attention": [
+            torch.nn.Unflatten(1, (2, 4)),
+            torch.nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, batch_first=True),
+            torch.nn.Flatten(),
+        ],
+    }[layer]
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), *layers, torch.nn.Tanh(), torch.nn.Linear(8, 4))
     with torch.no_grad():  # affine parameters away from (1, 0), so that they matter
         for layer in model:
@@ -424,16 +431,16 @@ def _normalized_model(norm: str) -> torch.nn.Module:
     return model.double().eval()
 
 
-@pytest.mark.parametrize("norm", ["layer", "instance", "batch"])
-def test_second_directional_derivatives_through_normalization_equal_explicit_hessians(norm: str) -> None:
-    """bᵀ H(x) b by the nested JVP through LayerNorm, InstanceNorm and batch-statistics BatchNorm.
+@pytest.mark.parametrize("layer", ["layer-norm", "instance-norm", "batch-norm", "torch-attention"])
+def test_directional_derivatives_and_hvps_through_norms_and_attention_equal_explicit_hessians(layer: str) -> None:
+    """⟨g(x), b⟩, bᵀ H(x) b and H(X) v through norms and torch's attention, against explicit Hessians.
 
-    Against explicit per-datapoint Hessians. torch's own forward-mode rules of these
-    norms are wrong under forward-over-forward (7-25% off); without
-    plugins.derivatives.composite_norms this test fails.
+    torch's own forward-mode rules of layer, instance and batch-statistics norms are
+    wrong under forward-over-forward (7-112% off), and its fused attention has none:
+    without plugins.derivatives.forward_mode this test fails for all four.
     """
     torch.manual_seed(0)
-    model = _normalized_model(norm)
+    model = _model_with(layer)
     inputs, targets = torch.randn(6, 3, dtype=torch.float64), torch.randint(0, 4, (6,))
     primal = {name: p.detach() for name, p in model.named_parameters()}
 
@@ -443,6 +450,7 @@ def test_second_directional_derivatives_through_normalization_equal_explicit_hes
 
     directions = {name: torch.randn(2, *p.shape, dtype=torch.float64) for name, p in primal.items()}
     _, first, second = directional_derivatives(losses, primal, directions, order=2)
+    _, first_only, _ = directional_derivatives(losses, primal, directions, order=1)
 
     sizes = [p.numel() for p in primal.values()]
 
@@ -452,10 +460,22 @@ def test_second_directional_derivatives_through_normalization_equal_explicit_hes
 
     flat = torch.cat([p.reshape(-1) for p in primal.values()])
     flat_directions = torch.cat([d.reshape(2, -1) for d in directions.values()], dim=1)
+    mean_hessian = torch.zeros(len(flat), len(flat), dtype=torch.float64)
     for i in range(len(targets)):
-        hessian = torch.autograd.functional.hessian(lambda v, i=i: losses(unflatten(v))[i], flat)
-        gradient = torch.autograd.functional.jacobian(lambda v, i=i: losses(unflatten(v))[i], flat)
+        # brute force by reverse over reverse, through attention's math kernel (the fused one has no double backward)
+        with sdpa_kernel(SDPBackend.MATH):
+            hessian = torch.autograd.functional.hessian(lambda v, i=i: losses(unflatten(v))[i], flat)
+            gradient = torch.autograd.functional.jacobian(lambda v, i=i: losses(unflatten(v))[i], flat)
+        mean_hessian += hessian / len(targets)
         for k in range(2):
             b = flat_directions[k]
             np.testing.assert_allclose(float(second[k, i]), float(b @ hessian @ b), rtol=1e-10)
             np.testing.assert_allclose(float(first[k, i]), float(gradient @ b), rtol=1e-10)
+            np.testing.assert_allclose(float(first_only[k, i]), float(gradient @ b), rtol=1e-10)
+    hv = hessian_vector_product([(losses, 1.0 / len(targets))], primal, unflatten(flat_directions[0]))
+    np.testing.assert_allclose(
+        torch.cat([hv[name].reshape(-1) for name in primal]).numpy(),
+        (mean_hessian @ flat_directions[0]).numpy(),
+        rtol=1e-9,
+        atol=1e-12,
+    )
