@@ -372,8 +372,13 @@ class Clusters(Analyzer):
         data = ctx.store.data(split)
         self._check_labels(data, split)
         known = data.attrs.get("labels", [])
-        found: dict[str, Any] = {"label_values": None, "binary": False, "place_values": None, "place_kinds": ()}
-        found["places"] = self._places
+        found: dict[str, Any] = {
+            "label_values": None,
+            "binary": False,
+            "place_values": None,
+            "place_kinds": (),
+            "places": self._places,
+        }
         try:
             if self.label:
                 found["label_values"] = tr.datapoint_labels(data[self.label].values, example, position)

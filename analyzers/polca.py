@@ -23,8 +23,8 @@ each datapoint x, with Δ = θ_t+1 - θ_t and g_t(x) = ∇ℓ(x; θ_t):
 The ``step`` of a transition θ_t → θ_t+1 is t. Every checkpoint's quantities
 (loss, ⟨g(x), b⟩ and, where a pair starts, bᵀH(x)b for all x and b) are
 computed once, by one JVP pass vectorized over the basis vectors
-(``torch.func.vmap`` shares the primal), and used by both pairs that contain it; ⟨b, Δ⟩ comes from the two
-checkpoints' weights in float64.
+(``torch.func.vmap`` shares the primal), and used by both pairs that contain
+it; ⟨b, Δ⟩ comes from the two checkpoints' weights in float64.
 """
 
 from __future__ import annotations

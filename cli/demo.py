@@ -76,12 +76,17 @@ def top_homogeneities(clusters: Any, restricted: bool) -> list[tuple[float, int,
     from analyzers.trajectories import top_homogeneities as ranked
 
     if restricted:
-        least = float(((clusters.attrs.get("ckpt") or {}).get("options") or {}).get("place_fraction", 0.85))
+        least = float(_stored_option(clusters, "place_fraction", 0.85))
         allowed = clusters["place_fraction"].values >= least  # NaN compares False
         values, bases, cells = ranked(clusters["homogeneity"].values, allowed, k=3)
     else:
         values, bases, cells = (clusters[name].values for name in ("top_homogeneity", "top_basis", "top_cluster"))
     return [(float(v), int(b), int(c)) for v, b, c in zip(values, bases, cells, strict=True)]
+
+
+def _stored_option(result: Any, name: str, default: Any) -> Any:
+    """The option ``name`` a stored result was computed with (``default`` when it records none)."""
+    return ((result.attrs.get("ckpt") or {}).get("options") or {}).get(name, default)
 
 
 def _ranking_text(ranked: list[tuple[float, int, int]]) -> str:
@@ -237,7 +242,7 @@ def _report(store: Any, loss: Any, clustered: Mapping[str, Any], label: str) -> 
         echo(f"{label}: no clusters were found.")
         return
     mean_step = float(polca["mean_breakthrough_step"])
-    tau = float(((polca.attrs.get("ckpt") or {}).get("options") or {}).get("tau", 1000))
+    tau = float(_stored_option(polca, "tau", 1000))
     echo(f"{label} clusters of the basis vectors holding the best ones: size, share of each place, share")
     echo(
         f"with a carry, breakthrough step (eq. 9; the mean loss breaks through at step {mean_step:g}; "

@@ -356,13 +356,15 @@ def composite_norms(*, replace: bool = True) -> Any:
     import torch
     from torch.overrides import TorchFunctionMode
 
-    replacements = {
-        torch.nn.functional.layer_norm: _layer_norm,
-        torch.nn.functional.batch_norm: _batch_norm,
-        torch.nn.functional.instance_norm: _instance_norm,
-    }
-    if not replace:
-        replacements = {}
+    replacements = (
+        {
+            torch.nn.functional.layer_norm: _layer_norm,
+            torch.nn.functional.batch_norm: _batch_norm,
+            torch.nn.functional.instance_norm: _instance_norm,
+        }
+        if replace
+        else {}
+    )
 
     class _Mode(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

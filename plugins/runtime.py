@@ -112,17 +112,12 @@ class Worker:
 
     def params(self, step: int) -> dict[str, Any]:
         """The checkpoint's tensors as torch tensors on the worker's device (last 2 steps cached)."""
-        with self._lock:
-            if step in self._params:
-                self._params.move_to_end(step)
-                return self._params[step]
-        self._ensure_step(step)
-        params = self._store.tensors(step, device=self.device)
-        with self._lock:
-            self._params[step] = params
-            while len(self._params) > 2:
-                self._params.popitem(last=False)
-        return params
+
+        def load() -> dict[str, Any]:
+            self._ensure_step(step)
+            return self._store.tensors(step, device=self.device)
+
+        return self._least_recently_used(self._params, step, load, keep=2)
 
     @property
     def model(self) -> Any:
@@ -178,15 +173,19 @@ class Worker:
         recomputed its first checkpoint: 74 instead of 51 checkpoint passes for
         POLCA on the addition demo run).
         """
+        return self._least_recently_used(self._recent, key, factory, keep)
+
+    def _least_recently_used(self, cache: OrderedDict, key: Any, factory: Any, keep: int) -> Any:
+        """``cache[key]``, made by ``factory()`` when missing; ``cache`` keeps its ``keep`` most recently used."""
         with self._lock:
-            if key in self._recent:
-                self._recent.move_to_end(key)
-                return self._recent[key]
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
         value = factory()
         with self._lock:
-            self._recent[key] = value
-            while len(self._recent) > keep:
-                self._recent.popitem(last=False)
+            cache[key] = value
+            while len(cache) > keep:
+                cache.popitem(last=False)
         return value
 
     def analysis(self, name: str) -> Any:
