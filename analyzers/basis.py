@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from plugins import AnalysisError, Option
-from plugins.derivatives import DTYPES
+from ckpt.plugins import DTYPES, AnalysisError, Option
 
 HESSIAN_BASIS = "hessian-basis"
 PASSED_TO_BASIS = ("every", "at_steps", "k", "seed", "hessian_split", "samples", "tol", "vectors")

@@ -7,7 +7,7 @@ finds each cluster's breakthrough (eq. 9) and whether the aggregate loss hides
 it (eq. 10). ``--on`` chooses the trajectories:
 
 - ``polca``: the projected loss of each basis vector (``projected_loss``), after
-  the paper's filters (:func:`analyzers.trajectories.polca_filter`): keep the basis
+  the paper's filters (:func:`ckpt.analyzers.trajectories.polca_filter`): keep the basis
   vectors whose mean projected loss decreases over the run, and in them the
   datapoints whose projected loss does not increase;
 - ``loss``: the exact loss (one clustering); ``loss-change``: its change over each
@@ -20,8 +20,8 @@ The breakthrough of a cluster is the argmax over checkpoints t of
 [f(t+Δ) − f(t)] − [f(t) − f(t−Δ)], f the cluster's median trajectory; it is
 *hidden* when it is more than τ steps from the breakthrough of the aggregate curve
 (the whole dataset's mean loss, found the same way). See
-:mod:`analyzers.trajectories` for the exact definitions. On splits with text,
-:mod:`analyzers.text_labels` adds each cluster's most common tokens and
+:mod:`ckpt.analyzers.trajectories` for the exact definitions. On splits with text,
+:mod:`ckpt.analyzers.text_labels` adds each cluster's most common tokens and
 part-of-speech sequences (spaCy) and the contexts nearest its medoid.
 """
 
@@ -29,16 +29,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 
-from analyzers import text_labels
-from analyzers import trajectories as tr
-from plugins import AnalysisContext, AnalysisError, Analyzer, Option, hookimpl
-from plugins.analyzer import PER_RUN
-from plugins.runtime import datapoint_index
+from ckpt.analyzers import text_labels
+from ckpt.analyzers import trajectories as tr
+from ckpt.plugins import PER_RUN, AnalysisContext, AnalysisError, Analyzer, Option, datapoint_index, hookimpl
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 SOURCES = ("loss", "loss-change", "polca", "fisher", "lca")
 """What ``--on`` can cluster."""
@@ -92,11 +92,11 @@ def cluster_basis(
     cumulative, difference
         Take the running sum (LCA) or the differences (loss change) over steps first.
     apply_filter
-        Apply :func:`analyzers.trajectories.polca_filter`.
+        Apply :func:`ckpt.analyzers.trajectories.polca_filter`.
     slots
         Length of the cluster axis.
     min_cluster_size, min_samples, selection, allow_single_cluster
-        HDBSCAN settings (:func:`analyzers.trajectories.cluster_matrix`).
+        HDBSCAN settings (:func:`ckpt.analyzers.trajectories.cluster_matrix`).
     delta, tau
         Δ and τ in steps.
     label_values, binary
@@ -226,7 +226,7 @@ class Clusters(Analyzer):
 
     def preflight(self, store: Any) -> None:
         """The label and the spaCy pipeline, before POLCA or Fisher are computed for nothing."""
-        from plugins.engine import stored_provenance  # the engine (and dask) only when an analysis runs
+        from ckpt.plugins import stored_provenance  # the engine (and dask) only when an analysis runs
 
         stored = stored_provenance(store, self._source) or {}
         split = (stored.get("options") or {}).get("split") or self.split or "eval"
@@ -253,9 +253,10 @@ class Clusters(Analyzer):
         """One Dask task per basis vector (filter, HDBSCAN, statistics), lazily."""
         import dask
         import dask.array as da
+        import xarray as xr
 
         source = ctx.result(self._source)
-        options = (source.attrs.get("ckpt") or {}).get("options") or {}
+        options = source.ckpt.options
         split = options.get("split") or self.split or "eval"
         example, position = datapoint_index(ctx.store, split, options.get("objective"))
         variable = source[_TRAJECTORY[self.on]]
@@ -345,7 +346,7 @@ class Clusters(Analyzer):
         if self.on == "polca":  # the mean loss relative to the first checkpoint, after each transition
             return source["loss_change"].mean("datapoint").cumsum("step")
         loss = ctx.result("loss")
-        loss_split = ((loss.attrs.get("ckpt") or {}).get("options") or {}).get("split")
+        loss_split = loss.ckpt.option("split")
         if loss_split != split:
             msg = (
                 f"the stored loss is on split {loss_split!r} and {self.on} on {split!r}; "
@@ -469,7 +470,7 @@ class Clusters(Analyzer):
 
     def summarize(self, result: xr.Dataset) -> str:
         """Per basis vector, each cluster's size, label make-up and breakthrough; then the top homogeneities."""
-        options = (result.attrs.get("ckpt") or {}).get("options") or {}
+        options = result.ckpt.options
         result = result.load()
         steps = result["step"].values
         shift = result["breakthrough_step"].attrs.get("delta_steps")

@@ -97,12 +97,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 
-from plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
+from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 SEQUENCE_TASK = "sparse-modular-addition"
 """Stores trained by this sandbox task get the sequence metrics with ``--sequence auto``."""
@@ -586,7 +588,7 @@ class EmbeddingGeometry(Analyzer):
 
     def summarize(self, result: xr.Dataset) -> str:
         """The metrics at the first, a few middle, and the last steps."""
-        options = (result.attrs.get("ckpt") or {}).get("options") or {}
+        options = result.ckpt.options
         variable = result["circularity"]
         tensor = options.get("tensor") or variable.attrs.get("tensor") or "the token embedding"
         modulus = variable.attrs.get("modulus", options.get("modulus"))

@@ -8,15 +8,16 @@ It shares POLCA's per-checkpoint JVP pass (first order only).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
-from analyzers.basis import BasisReader
-from analyzers.polca import checkpoint_terms
-from plugins import AnalysisContext, Analyzer, Option, hookimpl
-from plugins.derivatives import check_basis, parameter_space
-from plugins.runtime import datapoint_index
+from ckpt.analyzers.basis import BasisReader
+from ckpt.analyzers.polca import checkpoint_terms
+from ckpt.plugins import AnalysisContext, Analyzer, Option, check_basis, datapoint_index, hookimpl, parameter_space
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 
 class Fisher(BasisReader, Analyzer):
@@ -34,6 +35,8 @@ class Fisher(BasisReader, Analyzer):
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One first-order JVP pass per checkpoint and block of examples."""
+        import xarray as xr
+
         basis = ctx.result(self.basis)
         count = check_basis(basis, parameter_space(ctx.store), self.basis)
         example, position = datapoint_index(ctx.store, self.split, self.objective)
@@ -49,7 +52,7 @@ class Fisher(BasisReader, Analyzer):
             basis_batch=self.basis_batch,
             dtype=self.dtype,
             basis=self.basis,
-            created=str((basis.attrs.get("ckpt") or {}).get("created", "")),
+            created=str(basis.ckpt.created or ""),
         )
         fisher = terms["first"] ** 2
         fisher.attrs["description"] = "<b, grad loss(x; theta_t)>^2"

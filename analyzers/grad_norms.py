@@ -71,16 +71,29 @@ gradient-norm spike.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 
-from plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
-from plugins.analyzer import PER_RUN
-from plugins.derivatives import DTYPES, ParamSpace, chunks, loss_function, parameter_space
-from plugins.derivatives import trainable as trainable_tensors
-from plugins.runtime import objective_for
+from ckpt.plugins import (
+    DTYPES,
+    PER_RUN,
+    AnalysisContext,
+    AnalysisError,
+    Analyzer,
+    Option,
+    ParamSpace,
+    Worker,
+    chunks,
+    hookimpl,
+    loss_function,
+    objective_for,
+    parameter_space,
+)
+from ckpt.plugins import trainable as trainable_tensors
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 MAD_SCALE = 1.4826
 """MAD times this estimates the standard deviation of Gaussian noise."""
@@ -508,6 +521,7 @@ class LossSpikes(Analyzer):
         """One Dask task over the whole series (the norms come lazily from ``grad-norms``)."""
         import dask
         import dask.array as da
+        import xarray as xr
 
         if self.window < MIN_PERIODS:
             msg = f"--window must be at least {MIN_PERIODS}, got {self.window}"
@@ -554,7 +568,7 @@ class LossSpikes(Analyzer):
 
     def summarize(self, result: xr.Dataset) -> str:
         """Spike steps of both series, and their co-occurrence against chance."""
-        options = (result.attrs.get("ckpt") or {}).get("options") or {}
+        options = result.ckpt.options
         steps = result["step"].values
         loss_at = steps[result["loss_spike"].values.astype(bool)]
         grad_at = steps[result["grad_norm_spike"].values.astype(bool)]

@@ -18,26 +18,32 @@ basis checkpoint.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 
-from analyzers.basis import ComputeOptions, HessianOptions, basis_steps, sample_examples
-from plugins import AnalysisContext, Analyzer, Option, Worker, hookimpl
-from plugins.analyzer import PER_RUN
-from plugins.derivatives import (
+from ckpt.analyzers.basis import ComputeOptions, HessianOptions, basis_steps, sample_examples
+from ckpt.plugins import (
+    PER_RUN,
+    AnalysisContext,
+    Analyzer,
+    Option,
     ParamSpace,
+    Worker,
     basis_dims,
     chunks,
+    datapoint_index,
     hessian_vector_product,
+    hookimpl,
     loss_function,
     parameter_space,
     top_eigenpairs,
     torch_dtype,
     trainable,
 )
-from plugins.runtime import datapoint_index
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 
 def eigenvectors_at(
@@ -113,13 +119,14 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """A chain of one Dask task per basis checkpoint; the vectors split back into tensors."""
         import dask.array as da
+        import xarray as xr
 
         store = ctx.store
         space = parameter_space(store)
         steps = basis_steps(store, self.every, self.at_steps)
         split = self.hessian_split(store)
         if split not in store.splits:
-            from plugins import AnalysisError
+            from ckpt.plugins import AnalysisError
 
             msg = f"{store.path} has no data split {split!r}; its splits: {', '.join(store.splits) or '(none)'}"
             raise AnalysisError(msg)

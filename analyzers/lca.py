@@ -17,16 +17,30 @@ the result is recomputed whole when checkpoints are added (``per = "run"``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
-from analyzers.basis import ComputeOptions
-from analyzers.polca import worker_space
-from plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
-from plugins.analyzer import PER_RUN
-from plugins.derivatives import chunks, directional_derivatives, loss_function, parameter_space, trainable
-from plugins.runtime import datapoint_index
+from ckpt.analyzers.basis import ComputeOptions
+from ckpt.analyzers.polca import worker_space
+from ckpt.plugins import (
+    PER_RUN,
+    AnalysisContext,
+    AnalysisError,
+    Analyzer,
+    Option,
+    Worker,
+    chunks,
+    datapoint_index,
+    directional_derivatives,
+    hookimpl,
+    loss_function,
+    parameter_space,
+    trainable,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 
 def allocate(

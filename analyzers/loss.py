@@ -9,12 +9,14 @@ loss per datapoint (one example, or one selected token). One Dask task per
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
-from plugins import AnalysisContext, Analyzer, Option, Worker, hookimpl
-from plugins.runtime import datapoint_index
+from ckpt.plugins import AnalysisContext, Analyzer, Option, Worker, datapoint_index, hookimpl
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 
 def datapoint_losses(

@@ -30,24 +30,31 @@ it; ⟨b, Δ⟩ comes from the two checkpoints' weights in float64.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
-from analyzers.basis import BasisReader
-from plugins import AnalysisContext, Analyzer, Option, Worker, hookimpl
-from plugins.analyzer import PER_PAIR
-from plugins.derivatives import (
+from ckpt.analyzers.basis import BasisReader
+from ckpt.plugins import (
+    PER_PAIR,
+    AnalysisContext,
+    Analyzer,
+    Option,
     ParamSpace,
+    Worker,
     check_basis,
     chunks,
+    datapoint_index,
     directional_derivatives,
+    hookimpl,
     load_basis,
     loss_function,
     parameter_space,
     trainable,
 )
-from plugins.runtime import datapoint_index
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 SECOND_ORDER = ("paper", "exact", "none")
 
@@ -166,10 +173,12 @@ class Polca(BasisReader, Analyzer):
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Per-checkpoint terms once per checkpoint, combined lazily into per-pair POLCA."""
+        import xarray as xr
+
         basis = ctx.result(self.basis)
         space = parameter_space(ctx.store)
         count = check_basis(basis, space, self.basis)
-        created = str((basis.attrs.get("ckpt") or {}).get("created", ""))
+        created = str(basis.ckpt.created or "")
         example, position = datapoint_index(ctx.store, self.split, self.objective)
         pairs = ctx.steps
         following = [ctx.next_step(s) for s in pairs]
@@ -226,6 +235,8 @@ class Polca(BasisReader, Analyzer):
         return result
 
     def _second_order(self, at_t: xr.Dataset, at_next: xr.Dataset, delta: xr.DataArray) -> xr.DataArray:
+        import xarray as xr
+
         if self.second_order == "none":
             return xr.zeros_like(at_t["first"])
         if self.second_order == "exact":

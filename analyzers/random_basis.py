@@ -8,14 +8,25 @@ decomposition, so that POLCA over it is the paper's random-basis baseline.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
-from analyzers.basis import ScheduleOptions, basis_steps
-from plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
-from plugins.analyzer import PER_RUN
-from plugins.derivatives import basis_dims, parameter_space
+from ckpt.analyzers.basis import ScheduleOptions, basis_steps
+from ckpt.plugins import (
+    PER_RUN,
+    AnalysisContext,
+    AnalysisError,
+    Analyzer,
+    Option,
+    Worker,
+    basis_dims,
+    hookimpl,
+    parameter_space,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 
 def orthonormal_rows(worker: Worker, count: int, size: int, seed: int) -> dict[str, np.ndarray]:
@@ -41,6 +52,7 @@ class RandomBasis(ScheduleOptions, Analyzer):
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task draws all vectors; the result is split back into tensors."""
         import dask.array as da
+        import xarray as xr
 
         space = parameter_space(ctx.store)
         steps = basis_steps(ctx.store, self.every, self.at_steps)

@@ -10,7 +10,7 @@ fraction of units it switches off).
 
 By default the modules are the model's activation-function modules
 (``nn.GELU``, ``nn.ReLU``, ``nn.Tanh``, ... instances; see
-:mod:`plugins.activations`). Only modules can be captured: a model that calls
+:mod:`ckpt.plugins`). Only modules can be captured: a model that calls
 ``torch.nn.functional.gelu`` directly has none, and the analyzer then stops
 with an error asking for ``--modules``. Capture the *input* of the module that
 consumes the activation instead: ``--modules mlp.fc2 --capture input`` gives
@@ -26,13 +26,23 @@ task per checkpoint.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 
-from plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
-from plugins.activations import iter_activations, select_modules
+from ckpt.plugins import (
+    AnalysisContext,
+    AnalysisError,
+    Analyzer,
+    Option,
+    Worker,
+    hookimpl,
+    iter_activations,
+    select_modules,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 CAPTURE = ("output", "input")
 
@@ -162,7 +172,7 @@ class Sparsity(Analyzer):
 
     def summarize(self, result: xr.Dataset) -> str:
         """Per module, at the first and last checkpoints: non-positive inputs and sparsity at a few ε."""
-        options = (result.attrs.get("ckpt") or {}).get("options") or {}
+        options = result.ckpt.options
         epsilons = result["epsilon"].values
         steps = result["step"].values
         modules = [str(m) for m in result["module"].values]

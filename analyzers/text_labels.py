@@ -33,12 +33,14 @@ import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 
-from plugins import AnalysisError
+from ckpt.plugins import AnalysisError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 SPAN_LABELS = ("char_start", "char_end")
 """Per-token labels giving each target token's character span in its example's ``text``."""

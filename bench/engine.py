@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from distributed import LocalCluster  # noqa: E402
 
-import ckptstore  # noqa: E402
-from plugins.engine import run  # noqa: E402
+import ckpt.store as ckptstore  # noqa: E402
+from ckpt.plugins._engine import run  # noqa: E402
 from tests.models import mlp  # noqa: E402
 
 CONFIG = {"d_in": 64, "hidden": 512, "classes": 10}

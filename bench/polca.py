@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import ckptstore  # noqa: E402
-from sandboxes.addition import EVAL_PROBLEMS, build_model, split_arrays  # noqa: E402
+import ckpt.store as ckptstore  # noqa: E402
+from ckpt.sandboxes.addition import EVAL_PROBLEMS, build_model, split_arrays  # noqa: E402
 
 DEFAULT = {"layers": 2, "d_model": 64, "heads": 4, "d_mlp": 256}
 
@@ -62,7 +62,7 @@ def make_store(path: Path, model_config: dict, problems: int) -> None:
     mask = torch.from_numpy(split["mask"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with ckptstore.create(
-        path, model="sandboxes.addition:build_model", config=model_config, objective="token-cross-entropy"
+        path, model="ckpt.sandboxes.addition:build_model", config=model_config, objective="token-cross-entropy"
     ) as writer:
         writer.add_data("eval", **split)
         writer.write(0, model)
@@ -85,28 +85,27 @@ class Setup:
     """The worker-side objects of one store (what an analysis task has)."""
 
     def __init__(self, path: Path, device: str) -> None:
-        from plugins.analyzer import TaskSpec
-        from plugins.derivatives import parameter_space
-        from plugins.runtime import worker_for
+        from ckpt.plugins import TaskSpec, parameter_space
+        from ckpt.plugins._runtime import worker_for
 
         self.worker = worker_for(TaskSpec(str(path), device))
         self.space = parameter_space(self.worker.store, self.worker.model)
         self.device = device
 
     def f(self, step: int, rows: slice):
-        from plugins.derivatives import loss_function
+        from ckpt.plugins import loss_function
 
         params = self.worker.params(step)
         return loss_function(self.worker, params, self.space, split="eval", examples=rows), params
 
     def primal(self, step: int) -> dict:
-        from plugins.derivatives import trainable
+        from ckpt.plugins import trainable
 
         return trainable(self.worker.params(step), self.space)
 
 
 def terms(setup: Setup, step: int, basis: dict, batch: int, order: int = 2) -> None:
-    from plugins.derivatives import chunks, directional_derivatives
+    from ckpt.plugins import chunks, directional_derivatives
 
     examples = len(setup.worker.data("eval")["inputs"])
     for rows in chunks(examples, batch):
@@ -162,14 +161,14 @@ def measure(name: str, args: argparse.Namespace) -> dict:
 
 
 def _chunks(setup: Setup, batch: int):
-    from plugins.derivatives import chunks
+    from ckpt.plugins import chunks
 
     return chunks(len(setup.worker.data("eval")["inputs"]), batch)
 
 
 def naive(setup: Setup, basis: dict, config: dict, args: argparse.Namespace) -> dict:
     """Per-datapoint backward passes at both checkpoints, projection, and K HVPs for λ."""
-    from plugins.derivatives import hessian_vector_product
+    from ckpt.plugins import hessian_vector_product
 
     flat_basis = setup.space.flatten(basis, batch_dims=1)
     data = setup.worker.data("eval")
@@ -195,7 +194,7 @@ def naive(setup: Setup, basis: dict, config: dict, args: argparse.Namespace) -> 
 
 def eigen(setup: Setup, method: str, args: argparse.Namespace) -> dict:
     """Top 4 deflated eigenpairs by Lanczos or by power iteration, over the first 256 problems."""
-    from plugins.derivatives import hessian_vector_product, top_eigenpairs
+    from ckpt.plugins import hessian_vector_product, top_eigenpairs
 
     f, _ = setup.f(1, slice(0, 256))
     primal = setup.primal(1)

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from zarr.storage import WrapperStore
 
-import ckptstore
+import ckpt.store as ckptstore
 
 
 class Block(nn.Module):

@@ -1,4 +1,4 @@
-"""ckptstore: the checkpoint store of ckpt.
+"""ckpt.store: the checkpoint store of ckpt.
 
 A training run, in any framework, writes its checkpoints into one chunked Zarr
 v3 store; analyzers read from it and save their results next to the weights.
@@ -6,22 +6,22 @@ The store is readable by plain zarr and xarray without this package.
 
 Examples
 --------
->>> import ckptstore
->>> w = ckptstore.create("run.zarr", model="mypkg.models:build", config={"d_model": 128},
+>>> import ckpt
+>>> w = ckpt.create("run.zarr", model="mypkg.models:build", config={"d_model": 128},
 ...                      objective="cross-entropy", framework="torch")  # doctest: +SKIP
 >>> w.write(0, model.state_dict(), metrics={"loss": 0.7})              # doctest: +SKIP
 >>> w.close()                                                           # doctest: +SKIP
->>> s = ckptstore.open("run.zarr")                                      # doctest: +SKIP
+>>> s = ckpt.open("run.zarr")                                      # doctest: +SKIP
 
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
-from ckptstore.errors import (
+from ckpt.errors import (
     CkptError,
     CorruptChunkError,
     DataError,
@@ -38,17 +38,38 @@ from ckptstore.errors import (
     StoreExistsError,
     StoreLockedError,
     StoreNotFoundError,
+    TensorNotFoundError,
     UnsupportedFormatError,
     UnsupportedTensorError,
 )
-from ckptstore.format import FORMAT_VERSION
-from ckptstore.reader import ModelSpec, Store, TensorInfo
-from ckptstore.writer import Writer, create
+from ckpt.store.format import FORMAT_VERSION
 
-try:
-    __version__ = version("ckpt")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0.0.0+unknown"
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt.store.reader import ModelSpec, Store, TensorInfo
+    from ckpt.store.writer import Writer, create
+
+# The reader and writer import zarr and xarray (~0.5 s): loaded on first use (PEP 562), so that
+# `ckpt --help` and the plugin host's registration stay cheap.
+_LAZY = {
+    "ModelSpec": "ckpt.store.reader",
+    "Store": "ckpt.store.reader",
+    "TensorInfo": "ckpt.store.reader",
+    "Writer": "ckpt.store.writer",
+    "create": "ckpt.store.writer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        import ckpt
+
+        return ckpt.__version__
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    msg = f"module 'ckpt.store' has no attribute {name!r}"
+    raise AttributeError(msg)
 
 
 @overload
@@ -77,8 +98,12 @@ def open(path: str | os.PathLike[str], mode: str = "r", **kwargs: Any) -> Store 
 
     """
     if mode == "r":
+        from ckpt.store.reader import Store
+
         return Store(path, **kwargs)
     if mode == "a":
+        from ckpt.store.writer import Writer
+
         return Writer(path, **kwargs)
     msg = f"mode must be 'r' (read) or 'a' (append), got {mode!r}"
     raise ValueError(msg)
@@ -105,6 +130,7 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "TensorInfo",
+    "TensorNotFoundError",
     "UnsupportedFormatError",
     "UnsupportedTensorError",
     "Writer",

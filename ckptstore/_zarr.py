@@ -1,4 +1,4 @@
-"""The thin layer between ckptstore and zarr: opening stores, the commit record, locks.
+"""The thin layer between ckpt.store and zarr: opening stores, the commit record, locks.
 
 The commit record of a store is the consolidated metadata in its root
 ``zarr.json``: a snapshot of every committed node (group or array) with the
@@ -23,7 +23,7 @@ import zarr.storage
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from ckptstore.errors import NotAStoreError, StoreLockedError, StoreNotFoundError
+from ckpt.errors import NotAStoreError, StoreLockedError, StoreNotFoundError
 
 ROOT_KEY = "zarr.json"
 
@@ -225,7 +225,7 @@ def commit(
 @contextlib.contextmanager
 def translated_read_errors(describe: str) -> Iterator[None]:
     """Turn zarr/zarrs decoding failures into :class:`CorruptChunkError` naming ``describe``."""
-    from ckptstore.errors import CorruptChunkError
+    from ckpt.errors import CorruptChunkError
 
     try:
         yield

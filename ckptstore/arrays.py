@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ckptstore.errors import UnsupportedTensorError
-from ckptstore.format import ENCODED_DTYPES, NATIVE_DTYPES
+from ckpt.errors import UnsupportedTensorError
+from ckpt.store.format import ENCODED_DTYPES, NATIVE_DTYPES
 
 
 def _is_torch_tensor(value: Any) -> bool:

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from ckptstore.arrays import to_numpy
-from ckptstore.errors import DataError, InvalidNameError, UnsupportedTensorError
-from ckptstore.format import DATA_VARIABLES, LABELS, check_name
+from ckpt.errors import DataError, InvalidNameError, UnsupportedTensorError
+from ckpt.store.arrays import to_numpy
+from ckpt.store.format import DATA_VARIABLES, LABELS, check_name
 
 
 def check_data(

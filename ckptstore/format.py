@@ -25,6 +25,25 @@ LABELS = "labels"
 STEP = "step"
 TOP_LEVEL_GROUPS = (CHECKPOINTS, METRICS, DATA, ANALYSES)
 
+RENAMED_FACTORIES: dict[str, str] = {
+    f"sandboxes.{module}:build_model": f"ckpt.sandboxes.{module}:build_model"
+    for module in ("addition", "modular_addition", "sparse_modular_addition", "tiny_lm")
+}
+"""Model factories that stores written before ckpt 0.2 name, and where they live now.
+
+ckpt 0.1 installed its layers as top-level packages (``sandboxes``, ``plugins`` ...);
+from 0.2 they live under the one import root ``ckpt``. Stores record the factory
+name they were written with, so the old names are mapped here, in this one place,
+when a model is rebuilt (:meth:`ckpt.store.ModelSpec.build`). Only these exact names
+are mapped: a user's own package that happens to be called ``sandboxes`` is left alone.
+"""
+
+
+def current_factory(factory: str) -> str:
+    """The importable name of a recorded model factory (an old ckpt name mapped to its new one)."""
+    return RENAMED_FACTORIES.get(factory, factory)
+
+
 DATA_VARIABLES = ("inputs", "targets", "mask", "text")
 """Arrays a data split may hold directly; labels live in the ``labels/`` subgroup."""
 

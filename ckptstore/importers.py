@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptstore import _zarr
-from ckptstore.errors import ImportFormatError, StoreNotFoundError
-from ckptstore.writer import create
+from ckpt.errors import ImportFormatError, StoreNotFoundError
+from ckpt.store import _zarr
+from ckpt.store.writer import create
 
 FORMATS = ("torch", "safetensors", "hf")
 """Source formats of :func:`import_checkpoints` (``"auto"`` picks one of them)."""
@@ -341,7 +341,7 @@ def import_checkpoints(
     format, step_pattern
         See :func:`discover`.
     model, config, objective, framework, overwrite
-        As for :func:`ckptstore.create`.
+        As for :func:`ckpt.create`.
     key
         Entry of torch checkpoint dicts holding the state_dict (see :func:`load_checkpoint`).
     progress

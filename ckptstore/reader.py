@@ -1,6 +1,6 @@
 """Read access to a checkpoint store: :class:`Store`.
 
-A Store shows the committed state of a run (see :mod:`ckptstore._zarr` for the
+A Store shows the committed state of a run (see :mod:`ckpt.store._zarr` for the
 commit record). It never sees a checkpoint that is still being written, and
 :meth:`Store.refresh` picks up checkpoints committed since it was opened.
 """
@@ -19,17 +19,18 @@ import xarray as xr
 import zarr
 from zarr.core.sync import sync
 
-from ckptstore import _zarr
-from ckptstore.arrays import decode_numpy, decode_torch
-from ckptstore.errors import (
+from ckpt.errors import (
     NotAStoreError,
     SplitNotFoundError,
     StepNotFoundError,
     StoreError,
     StoreNotFoundError,
+    TensorNotFoundError,
     UnsupportedFormatError,
 )
-from ckptstore.format import (
+from ckpt.store import _zarr, accessor  # noqa: F401 (registers ds.ckpt)
+from ckpt.store.arrays import decode_numpy, decode_torch
+from ckpt.store.format import (
     ANALYSES,
     CHECKPOINTS,
     DATA,
@@ -39,6 +40,7 @@ from ckptstore.format import (
     METRICS,
     ROOT_ATTR,
     STEP,
+    current_factory,
 )
 
 
@@ -52,8 +54,12 @@ class ModelSpec:
     """Keyword arguments of the factory (JSON-serialisable)."""
 
     def build(self) -> Any:
-        """Import the factory and call it with the config; returns the model."""
-        module_name, _, attr = self.factory.partition(":")
+        """Import the factory and call it with the config; returns the model.
+
+        A factory named by an older ckpt is imported under its current name
+        (:data:`ckpt.store.format.RENAMED_FACTORIES`).
+        """
+        module_name, _, attr = current_factory(self.factory).partition(":")
         try:
             factory: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
@@ -115,7 +121,9 @@ def check_format(attrs: dict[str, Any], where: str) -> None:
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
         newer = isinstance(version, int) and version > FORMAT_VERSION
-        hint = "upgrade ckpt (pip install -U ckpt)" if newer else "convert it with the ckpt version that wrote it"
+        hint = "upgrade ckpt (pip install -U ckpt-dynamics)"
+        if not newer:
+            hint = "convert it with the ckpt version that wrote it"
         msg = f"{where} uses store format v{version}; this ckpt reads v{FORMAT_VERSION} only: {hint}"
         raise UnsupportedFormatError(msg)
 
@@ -123,12 +131,12 @@ def check_format(attrs: dict[str, Any], where: str) -> None:
 class Store:
     """A checkpoint store opened for reading.
 
-    Use :func:`ckptstore.open`; attributes reflect the state committed when
+    Use :func:`ckpt.open`; attributes reflect the state committed when
     the store was opened or last refreshed.
 
     Examples
     --------
-    >>> s = ckptstore.open("run.zarr")            # doctest: +SKIP
+    >>> s = ckpt.open("run.zarr")                 # doctest: +SKIP
     >>> s.steps, s.tensors(s.steps[-1])["fc.weight"].shape  # doctest: +SKIP
 
     """
@@ -219,7 +227,7 @@ class Store:
 
     @property
     def attrs(self) -> dict[str, Any]:
-        """Free-form user metadata given at creation (``attrs=`` of :func:`ckptstore.create`)."""
+        """Free-form user metadata given at creation (``attrs=`` of :func:`ckpt.create`)."""
         return dict(self.metadata.get("attrs") or {})
 
     # -- checkpoints -----------------------------------------------------------------------
@@ -272,7 +280,7 @@ class Store:
         unknown = [n for n in names if n not in self._schema]
         if unknown:
             msg = f"no tensor named {unknown[0]!r} in {self._where}; tensors are: {', '.join(self._schema)}"
-            raise StepNotFoundError(msg)
+            raise TensorNotFoundError(msg)
         return names
 
     def _array(self, name: str) -> zarr.Array:
@@ -354,7 +362,7 @@ class Store:
         """All checkpoints as a lazy, dask-backed :class:`xarray.Dataset` on dim ``step``.
 
         One dask chunk per (tensor, step); nothing is read until computed. A
-        corrupt chunk raises :class:`~ckptstore.errors.CorruptChunkError`
+        corrupt chunk raises :class:`~ckpt.errors.CorruptChunkError`
         naming the tensor and step.
         """
         import dask.array as da

@@ -19,10 +19,10 @@ import xarray as xr
 import zarr
 from zarr.core.sync import sync
 
-from ckptstore import _zarr
-from ckptstore.errors import InvalidNameError
-from ckptstore.format import ANALYSES, STEP, check_name
-from ckptstore.reader import check_format, open_zarr_store
+from ckpt.errors import InvalidNameError
+from ckpt.store import _zarr
+from ckpt.store.format import ANALYSES, STEP, check_name
+from ckpt.store.reader import check_format, open_zarr_store
 
 
 def _prefix(name: str) -> str:

@@ -25,10 +25,7 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
-from ckptstore import _zarr
-from ckptstore.arrays import count_nonfinite, to_numpy
-from ckptstore.data import check_data, data_digest
-from ckptstore.errors import (
+from ckpt.errors import (
     DataError,
     InvalidNameError,
     NonFiniteError,
@@ -39,7 +36,10 @@ from ckptstore.errors import (
     StoreNotFoundError,
     UnsupportedTensorError,
 )
-from ckptstore.format import (
+from ckpt.store import _zarr
+from ckpt.store.arrays import count_nonfinite, to_numpy
+from ckpt.store.data import check_data, data_digest
+from ckpt.store.format import (
     CHECKPOINTS,
     DATA,
     FORMAT_NAME,
@@ -52,7 +52,7 @@ from ckptstore.format import (
     TOP_LEVEL_GROUPS,
     check_name,
 )
-from ckptstore.reader import Store, check_format, open_zarr_store
+from ckpt.store.reader import Store, check_format, open_zarr_store
 
 STEP_CHUNK = 4096
 """Rows per chunk of ``step`` and metric arrays (rewritten, atomically, at each commit)."""
@@ -66,7 +66,7 @@ def _now() -> str:
 
 
 def _version() -> str:
-    from ckptstore import __version__
+    from ckpt import __version__
 
     return __version__
 
@@ -127,7 +127,7 @@ def _check_metrics(metrics: Mapping[str, Any] | None, step: int) -> dict[str, fl
 class Writer:
     """A checkpoint store opened for writing.
 
-    Create one with :func:`ckptstore.create` or ``ckptstore.open(path, mode="a")``.
+    Create one with :func:`ckpt.create` or ``ckpt.open(path, mode="a")``.
     Use it as a context manager, or call :meth:`close` when done. One writer
     at a time holds a local store (an advisory ``flock``, released by the
     kernel if the process dies). :meth:`reader` gives a :class:`Store` view of

@@ -1,5 +1,5 @@
-"""``python -m cli`` runs the ``ckpt`` command."""
+"""``python -m ckpt.cli`` runs the ``ckpt`` command."""
 
-from cli.main import main
+from ckpt.cli.main import main
 
 main()

@@ -1,7 +1,7 @@
 """``ckpt analyze``, ``ckpt plugins`` and ``ckpt show``: running and reading analyzers.
 
 ``ckpt analyze`` is a group with one subcommand per registered analyzer, whose
-options are generated from the analyzer's declared :class:`plugins.Option` s.
+options are generated from the analyzer's declared :class:`ckpt.plugins.Option` s.
 """
 
 from __future__ import annotations
@@ -13,24 +13,24 @@ from typing import Any
 
 import click
 
-_REGISTRY: Any = None
-
 ENGINE_OPTIONS = ("scheduler", "address", "workers", "device", "force", "progress", "block_steps")
+
+_warned = False
 
 
 def registry() -> Any:
-    """The plugin registry, loaded once; a broken plugin is one ``Warning:`` line, not a crash."""
-    global _REGISTRY
-    if _REGISTRY is None:
-        from plugins.manager import PluginWarning, load_registry
+    """The process's plugin registry (:func:`ckpt.plugins.registry`); a broken plugin is one ``Warning:`` line."""
+    global _warned
+    from ckpt.plugins import registry as shared_registry
 
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", PluginWarning)
-            _REGISTRY = load_registry()
-        for warning in caught:
-            if issubclass(warning.category, PluginWarning):
-                click.echo(f"Warning: {' '.join(str(warning.message).split())}", err=True)
-    return _REGISTRY
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # printed below as one line each, once
+        loaded = shared_registry()
+    if not _warned:
+        _warned = True
+        for problem in loaded.problems:
+            click.echo(f"Warning: {problem}", err=True)
+    return loaded
 
 
 _TYPES = {int: click.INT, float: click.FLOAT, str: click.STRING}
@@ -96,7 +96,7 @@ def expand_stores(patterns: tuple[str, ...]) -> list[str]:
 
 def _make_command(name: str, analyzer: Any) -> click.Command:
     def callback(stores: tuple[str, ...], **values: Any) -> None:
-        from plugins.engine import run
+        from ckpt.plugins._engine import run
 
         engine = {k: values.pop(k) for k in ENGINE_OPTIONS}
         options = {k: v for k, v in values.items() if v is not None}
@@ -110,7 +110,7 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
             click.echo(f"{prefix}result: analyses/{name} in {store} (ckpt show {store} {name})")
         if len(paths) > 1:
             click.echo(
-                f"{len(paths)} runs; in Python: plugins.analyze_runs({name!r}, [...]) gives one Dataset with a run dim"
+                f"{len(paths)} runs; in Python: ckpt.analyze_runs({name!r}, [...]) gives one Dataset with a run dim"
             )
 
     params: list[click.Parameter] = [click.Argument(["stores"], metavar="STORE...", nargs=-1, required=True)]
@@ -177,23 +177,23 @@ def plugins_command() -> None:
 @click.argument("name", metavar="NAME")
 def show(store: str, name: str) -> None:
     """Summarize a stored analysis result: provenance and the analyzer's own summary."""
-    import ckptstore
-    from ckptstore.errors import CkptError
-    from plugins.analyzer import Analyzer
+    import ckpt.store as ckptstore
+    from ckpt.errors import CkptError
+    from ckpt.plugins import Analyzer
 
     result = ckptstore.open(store).analysis(name)
-    provenance = dict(result.attrs.get("ckpt") or {})
-    steps = provenance.get("steps") or []
+    record = result.ckpt
+    steps = record.steps
     click.echo(f"{name} in {store}")
-    click.echo(f"  analyzer     {provenance.get('analyzer', name)} v{provenance.get('version', '?')}")
-    click.echo(f"  options      {json.dumps(provenance.get('options', {}))}")
+    click.echo(f"  analyzer     {record.analyzer or name} v{record.version or '?'}")
+    click.echo(f"  options      {json.dumps(record.options)}")
     span = f"{len(steps)} ({steps[0]} .. {steps[-1]})" if steps else "-"
     click.echo(f"  steps        {span}")
-    click.echo(f"  computed     {provenance.get('created', '?')} by ckpt {provenance.get('ckpt_version', '?')}")
+    click.echo(f"  computed     {record.created or '?'} by {record.computed_by or 'ckpt ?'}")
     cls = registry().analyzers.get(name)
     summarizer = Analyzer()  # generic: shape and range of every variable
     if cls is not None:
         # the analyzer as it was run, so that its summary may read its options
         with contextlib.suppress(CkptError):  # options of another version: keep the generic summary
-            summarizer = cls(**provenance.get("options", {}))
+            summarizer = cls(**record.options)
     click.echo(summarizer.summarize(result.load()))

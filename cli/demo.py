@@ -23,7 +23,7 @@ from typing import Any
 import click
 import numpy as np
 
-from cli.analyze import registry
+from ckpt.cli.analyze import registry
 
 PLACES = ("1000s", "100s", "10s", "1s")
 """Names of the ``place`` label values of the addition task (0..3)."""
@@ -73,7 +73,7 @@ def top_homogeneities(clusters: Any, restricted: bool) -> list[tuple[float, int,
     clusters whose carry tokens are at least ``--place-fraction`` (0.85) in the 10s
     or 100s place (the paper's restriction; the result's ``place_fraction``).
     """
-    from analyzers.trajectories import top_homogeneities as ranked
+    from ckpt.analyzers.trajectories import top_homogeneities as ranked
 
     if restricted:
         least = float(_stored_option(clusters, "place_fraction", 0.85))
@@ -86,7 +86,7 @@ def top_homogeneities(clusters: Any, restricted: bool) -> list[tuple[float, int,
 
 def _stored_option(result: Any, name: str, default: Any) -> Any:
     """The option ``name`` a stored result was computed with (``default`` when it records none)."""
-    return ((result.attrs.get("ckpt") or {}).get("options") or {}).get(name, default)
+    return result.ckpt.option(name, default)
 
 
 def _ranking_text(ranked: list[tuple[float, int, int]]) -> str:
@@ -159,9 +159,9 @@ def demo(directory: str, preset: str, device: str, steps: int | None, seed: int)
     place/carry make-up and breakthrough steps. Offline; about 4-5 minutes on a
     2-core CPU.
     """
-    import ckptstore
-    from plugins.engine import run
-    from sandboxes.base import train
+    import ckpt.store as ckptstore
+    from ckpt.plugins._engine import run
+    from ckpt.sandboxes.base import train
 
     folder = Path(directory)
     try:

@@ -68,7 +68,7 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
 )
 def info(store: str, as_json: bool, tensors: str) -> None:
     """Show a store's metadata, checkpoints, tensors, data splits and analyses."""
-    import ckptstore
+    import ckpt.store as ckptstore
 
     if tensors != "all" and not tensors.isdigit():
         raise click.BadParameter(f"expected a number or 'all', got {tensors!r}", param_hint="--tensors")
@@ -85,8 +85,8 @@ def verify(store: str) -> None:
     """Read every chunk of a store and check its checksum; exits 1 naming what is corrupt."""
     from tqdm import tqdm
 
-    import ckptstore
-    from ckptstore.errors import CorruptChunkError
+    import ckpt.store as ckptstore
+    from ckpt.errors import CorruptChunkError
 
     s = ckptstore.open(store)
     bad = []

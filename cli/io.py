@@ -55,8 +55,8 @@ def import_command(
     """Import a folder of existing checkpoints SRC into a new store DEST, one checkpoint at a time."""
     from tqdm import tqdm
 
-    from ckptstore.importers import FORMATS, discover, import_checkpoints
-    from cli.analyze import registry
+    from ckpt.cli.analyze import registry
+    from ckpt.store.importers import FORMATS, discover, import_checkpoints
 
     importers = registry().importers
     if fmt != "auto" and fmt not in importers:
@@ -83,7 +83,7 @@ def import_command(
 @click.argument("store", metavar="STORE")
 def repair(store: str) -> None:
     """Remove what a crashed writer left beyond the last commit, so plain zarr readers agree too."""
-    import ckptstore
+    import ckpt.store as ckptstore
 
     writer = ckptstore.open(store, mode="a")
     writer.close()

@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from ckpt import DISTRIBUTION
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -29,7 +31,7 @@ class CkptGroup(click.Group):
     """A click group that reports errors as one ``Error:`` line instead of usage dumps and tracebacks."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 - see class docstring
-        from ckptstore.errors import CkptError
+        from ckpt.errors import CkptError  # imports nothing: cheap
 
         kwargs["standalone_mode"] = False
         try:
@@ -50,18 +52,8 @@ class CkptGroup(click.Group):
         sys.exit(0)
 
 
-def _version() -> str:
-    # importlib.metadata, not ckptstore: `ckpt --help` must not pay for importing zarr/xarray
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ckpt")
-    except PackageNotFoundError:
-        return "0.0.0+unknown"
-
-
 @click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(version=_version(), prog_name="ckpt", message="%(prog)s %(version)s")
+@click.version_option(package_name=DISTRIBUTION, prog_name="ckpt", message="%(prog)s %(version)s")
 def cli() -> None:
     """ckpt: analyze how neural networks learn, from a store of their checkpoints.
 
@@ -72,7 +64,7 @@ def cli() -> None:
 
 def _register_commands() -> None:
     # one module per command group; imported here, not at package import
-    from cli import analyze, demo, info, io, train
+    from ckpt.cli import analyze, demo, info, io, train
 
     commands = (info.info, info.verify, io.import_command, io.repair)
     commands += (analyze.analyze, analyze.plugins_command, analyze.show, train.train_command, demo.demo)

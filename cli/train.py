@@ -7,14 +7,14 @@ from typing import Any
 
 import click
 
-from cli.analyze import _click_option, registry
+from ckpt.cli.analyze import _click_option, registry
 
 TRAIN_OPTIONS = ("preset", "steps", "epochs", "every", "log_spaced", "seed", "device", "resume", "progress")
 
 
 def _make_train_command(name: str, task: Any) -> click.Command:
     def callback(store: str, **values: Any) -> None:
-        from sandboxes.base import train
+        from ckpt.sandboxes.base import train
 
         settings = {k: values.pop(k) for k in TRAIN_OPTIONS}
         started = time.perf_counter()
@@ -57,18 +57,27 @@ class TrainGroup(click.Group):
         return sorted(registry().tasks)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:  # noqa: D102
-        from sandboxes.base import Task
+        from ckpt.errors import PluginError
+        from ckpt.plugins import resolve_task
 
         tasks = registry().tasks
         if cmd_name not in tasks:
             msg = f"unknown task {cmd_name!r}; registered tasks: {', '.join(sorted(tasks)) or 'none'}"
             raise click.UsageError(msg, ctx)
-        task = tasks[cmd_name]
-        if not isinstance(task, Task):
+        try:
+            task = resolve_task(tasks[cmd_name])
+        except PluginError as exc:
             provider = registry().provider("tasks", cmd_name)
-            msg = f"task {cmd_name!r} registered by {provider} is not a sandboxes.base.Task and cannot be trained"
-            raise click.UsageError(msg, ctx)
+            raise click.UsageError(f"{exc} (registered by {provider})", ctx) from None
         return _make_train_command(cmd_name, task)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List the tasks by their registered descriptions, without importing them (torch)."""
+        tasks = registry().tasks
+        rows = [(name, getattr(tasks[name], "description", "") or "") for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 @click.group("train", cls=TrainGroup)
@@ -77,5 +86,5 @@ def train_command() -> None:
 
     Writes checkpoints, training metrics (train/test loss and accuracy), the
     evaluation data with its labels, and the model spec, through the public
-    ckptstore writer.
+    ckpt.store writer.
     """

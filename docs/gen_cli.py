@@ -35,7 +35,7 @@ def _commands(group: click.Group, prefix: list[str]) -> list[list[str]]:
 
 def render() -> str:
     """The reference as Markdown."""
-    from cli.main import cli
+    from ckpt.cli.main import cli
 
     runner = CliRunner()
     parts = [HEADER]

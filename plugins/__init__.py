@@ -1,43 +1,161 @@
-"""The plugin host of ckpt: hookspecs, the plugin manager, the Analyzer API and the engine.
+"""ckpt.plugins: the plugin host and everything a plugin author uses.
 
-Plugin authors need only what is exported here::
+Plugin authors (and ckpt's own analyzers, which register exactly like theirs)
+import from this package only; its private modules (``_analyzer``,
+``_engine`` ...) may change without notice::
 
-    from plugins import Analyzer, AnalysisContext, Option, Worker, hookimpl
+    from ckpt.plugins import Analyzer, AnalysisContext, Option, Worker, hookimpl
 
-Notebooks run analyzers with :func:`analyze`. Depends on :mod:`ckptstore` only.
+Notebooks run analyzers with :func:`analyze` (also ``ckpt.analyze``). Importing
+this package imports neither zarr, xarray, dask nor torch: they are loaded when
+an analysis runs, so that listing plugins and ``--help`` stay fast.
+Depends on :mod:`ckpt.store` only.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from plugins.analyzer import AnalysisContext, AnalysisError, Analyzer, Option
-from plugins.hookspecs import hookimpl, hookspec
-from plugins.runtime import Worker
+from ckpt.errors import AnalysisError, PluginError, TaskError
+from ckpt.plugins._activations import iter_activations, select_modules
+from ckpt.plugins._analyzer import (
+    ENGINE_SETTINGS,
+    PER_CHECKPOINT,
+    PER_PAIR,
+    PER_RUN,
+    Analyzer,
+    Option,
+    declared_options,
+)
+from ckpt.plugins._context import AnalysisContext
+from ckpt.plugins._derivatives import (
+    DTYPES,
+    ParamSpace,
+    basis_dims,
+    check_basis,
+    chunks,
+    directional_derivatives,
+    forward_mode,
+    hessian_vector_product,
+    load_basis,
+    loss_function,
+    parameter_space,
+    top_eigenpairs,
+    torch_dtype,
+    trainable,
+)
+from ckpt.plugins._importers import Importer
+from ckpt.plugins._manager import PluginWarning, Provider, Registry, load_registry, registry, reset_registry
+from ckpt.plugins._objectives import CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective
+from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for
+from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
+from ckpt.plugins.hookspecs import hookimpl, hookspec
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
 
 
-def analyze(name: str, store: Any, **kwargs: Any) -> Any:
-    """Run analyzer ``name`` on ``store`` (see :func:`plugins.engine.analyze`)."""
-    from plugins.engine import analyze as _analyze
+def analyze(name: str, store: Any, **kwargs: Any) -> xr.Dataset:
+    """Run analyzer ``name`` on ``store`` and return its complete result (see :func:`ckpt.plugins._engine.analyze`).
+
+    Parameters
+    ----------
+    name
+        A registered analyzer (``ckpt plugins`` lists them).
+    store
+        Path or URL of the checkpoint store.
+    **kwargs
+        Analyzer options and engine settings (``scheduler``, ``workers``, ``device``, ``force`` ...).
+
+    Returns
+    -------
+    xarray.Dataset
+        The stored result (lazy); ``result.ckpt`` holds its provenance.
+    """
+    from ckpt.plugins._engine import analyze as _analyze
 
     return _analyze(name, store, **kwargs)
 
 
-def analyze_runs(name: str, stores: Any, **kwargs: Any) -> Any:
-    """Run ``name`` on several stores: one Dataset with a ``run`` dim (:func:`plugins.engine.analyze_runs`)."""
-    from plugins.engine import analyze_runs as _analyze_runs
+def analyze_runs(name: str, stores: Any, **kwargs: Any) -> xr.Dataset:
+    """Run ``name`` on several stores: one Dataset with a ``run`` dim (see :func:`ckpt.plugins._engine.analyze_runs`).
+
+    Parameters
+    ----------
+    name
+        A registered analyzer.
+    stores
+        Paths or URLs of the runs.
+    **kwargs
+        As for :func:`analyze`.
+
+    Returns
+    -------
+    xarray.Dataset
+        The runs' results concatenated along ``run``, with each run's recorded settings as coordinates.
+    """
+    from ckpt.plugins._engine import analyze_runs as _analyze_runs
 
     return _analyze_runs(name, stores, **kwargs)
 
 
+def stored_provenance(store: Any, name: str) -> dict[str, Any] | None:
+    """The provenance record of a stored result of ``store``, or None when there is none."""
+    from ckpt.plugins._engine import stored_provenance as _stored_provenance
+
+    return _stored_provenance(store, name)
+
+
 __all__ = [
+    "CROSS_ENTROPY",
+    "DTYPES",
+    "ENGINE_SETTINGS",
+    "PER_CHECKPOINT",
+    "PER_PAIR",
+    "PER_RUN",
+    "TOKEN_CROSS_ENTROPY",
     "AnalysisContext",
     "AnalysisError",
     "Analyzer",
+    "Dataset",
+    "Importer",
+    "LazyTask",
+    "Objective",
     "Option",
+    "ParamSpace",
+    "PluginError",
+    "PluginWarning",
+    "Provider",
+    "Registry",
+    "Task",
+    "TaskError",
+    "TaskSpec",
     "Worker",
     "analyze",
     "analyze_runs",
+    "basis_dims",
+    "check_basis",
+    "chunks",
+    "clear_cache",
+    "datapoint_index",
+    "declared_options",
+    "directional_derivatives",
+    "forward_mode",
+    "hessian_vector_product",
     "hookimpl",
     "hookspec",
+    "iter_activations",
+    "load_basis",
+    "load_registry",
+    "loss_function",
+    "objective_for",
+    "parameter_space",
+    "registry",
+    "reset_registry",
+    "resolve_task",
+    "select_modules",
+    "stored_provenance",
+    "top_eigenpairs",
+    "torch_dtype",
+    "trainable",
 ]

@@ -1,14 +1,14 @@
 """The hooks a ckpt plugin can implement.
 
 A plugin is a module (or object) with functions named after these hooks and
-decorated with :data:`plugins.hookimpl`. It is found through the ``ckpt``
+decorated with :data:`ckpt.plugins.hookimpl`. It is found through the ``ckpt``
 entry-point group of its distribution::
 
     [project.entry-points.ckpt]
     my-plugin = "my_package.ckpt_plugin"
 
 ckpt's own analyzers, objectives and importers register through these same
-hooks (``plugins.manager.DEFAULT_PLUGINS``). Every hook receives a
+hooks (``ckpt.plugins._manager.DEFAULT_PLUGINS``). Every hook receives a
 ``register`` callback, so ckpt owns validation and duplicate names in one
 place: a second registration of a name is a warning naming both plugins, and
 the first one is kept.
@@ -48,7 +48,7 @@ def ckpt_register_objectives(register: Callable[[str, Any], None]) -> None:
     """Register per-datapoint loss functions (objectives).
 
     :param register: call ``register(name, objective)`` where ``objective`` is a
-        :class:`plugins.objectives.Objective`: ``losses(outputs, targets, mask)``
+        :class:`ckpt.plugins._objectives.Objective`: ``losses(outputs, targets, mask)``
         returns one loss per datapoint, ``datapoints(targets, mask)`` says which
         (example, position) each one is. Stores name their objective in
         ``attrs["ckpt"]["objective"]``.
@@ -66,9 +66,9 @@ def ckpt_register_importers(register: Callable[[str, Any], None]) -> None:
     """Register importers of existing runs, for ``ckpt import --format NAME``.
 
     :param register: call ``register(name, importer)`` where ``importer`` is a
-        :class:`plugins.importers.Importer`: a one-line ``description`` and
+        :class:`ckpt.plugins._importers.Importer`: a one-line ``description`` and
         ``run(src, dest, *, model, config, objective, step_pattern, key, overwrite)``,
-        which creates the store ``dest`` through the public ckptstore writer.
+        which creates the store ``dest`` through the public ckpt.store writer.
 
     Example::
 
@@ -83,9 +83,9 @@ def ckpt_register_tasks(register: Callable[[str, Any], None]) -> None:
     """Register training tasks (sandboxes) for ``ckpt train TASK``.
 
     :param register: call ``register(name, task)`` where ``task`` is an instance
-        of a ``sandboxes.base.Task`` subclass: its data, model factory, optimizer,
+        of a ``ckpt.sandboxes.base.Task`` subclass: its data, model factory, optimizer,
         presets and typed options; ``ckpt train`` runs it with the shared loop,
-        which writes through the public ckptstore writer.
+        which writes through the public ckpt.store writer.
 
     Example::
 

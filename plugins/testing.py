@@ -3,7 +3,7 @@
 Like zarr's ``StoreTests``, the base class holds the tests every analyzer must
 pass; a test module only says which analyzer, with which options, on which store::
 
-    from plugins.testing import AnalyzerTests
+    from ckpt.plugins.testing import AnalyzerTests
 
     import my_plugin
 
@@ -30,11 +30,12 @@ import pytest
 import xarray as xr
 from dask.callbacks import Callback
 
-import ckptstore
-from plugins.analyzer import PER_PAIR, PER_RUN, AnalysisContext, Analyzer, Option, TaskSpec
-from plugins.engine import run, stored_provenance
-from plugins.manager import Registry, load_registry
-from plugins.runtime import clear_cache
+import ckpt.store as ckptstore
+from ckpt.plugins._analyzer import PER_PAIR, PER_RUN, Analyzer, Option
+from ckpt.plugins._context import AnalysisContext
+from ckpt.plugins._engine import run, stored_provenance
+from ckpt.plugins._manager import Registry, load_registry
+from ckpt.plugins._runtime import TaskSpec, clear_cache
 
 
 class _CountComputes(Callback):
@@ -54,7 +55,7 @@ class AnalyzerTests:
     Attributes
     ----------
     analyzer_class
-        The :class:`plugins.Analyzer` subclass under test.
+        The :class:`ckpt.plugins.Analyzer` subclass under test.
     options
         Options to run it with (default: its defaults).
     plugin
@@ -156,9 +157,9 @@ class AnalyzerTests:
                 np.testing.assert_allclose(saved[name].values, variable.values, err_msg=message)
             else:
                 np.testing.assert_array_equal(saved[name].values, variable.values, err_msg=message)
-        provenance = saved.attrs.get("ckpt") or {}
+        provenance = saved.ckpt.provenance
         assert report.dataset is not None, "run() returned no dataset"
-        assert report.dataset.attrs.get("ckpt") == provenance, "run() returned another result than it saved"
+        assert report.dataset.ckpt.provenance == provenance, "run() returned another result than it saved"
         analyzer = cls(**self.options)
         assert provenance.get("analyzer") == cls.name, f"provenance names {provenance.get('analyzer')!r}"
         assert provenance.get("version") == str(cls.version), "provenance has another version"

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sandboxes.addition import Addition
-from sandboxes.base import train
+from ckpt.sandboxes.addition import Addition
+from ckpt.sandboxes.base import train
 
 
 def main() -> None:

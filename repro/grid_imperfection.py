@@ -3,10 +3,10 @@
 The paper reports that grid imperfection (how far the 2-D token embeddings are
 from an ideal reading-order lattice) correlates negatively with validation
 accuracy. This checks it over many runs: one store per (weight decay, seed),
-each trained by the sandbox's own ``sandboxes.base.train`` (the task's preset,
+each trained by the sandbox's own ``ckpt.sandboxes.base.train`` (the task's preset,
 one torch thread, checkpoints only at step 0 and the last step), then the real
 ``embedding-geometry`` analyzer over all stores through
-``plugins.analyze_runs``. For every run it takes ``grid_imperfection`` (and
+``ckpt.plugins.analyze_runs``. For every run it takes ``grid_imperfection`` (and
 ``circularity``) at the final checkpoint and the final ``test_accuracy`` (the
 80/20 split's validation pairs) from the store's training metrics, and prints
 
@@ -38,10 +38,10 @@ import numpy as np
 import torch
 from scipy import stats
 
-import ckptstore
-import plugins
-from sandboxes.base import train
-from sandboxes.modular_addition import ModularAddition
+import ckpt.plugins
+import ckpt.store as ckptstore
+from ckpt.sandboxes.base import train
+from ckpt.sandboxes.modular_addition import ModularAddition
 
 RESAMPLES = 10_000
 
@@ -138,7 +138,7 @@ def main() -> None:
     paths = train_runs(out, weight_decays, args.seeds, args.preset)
     trained = time.perf_counter()
     workers = 1 if args.scheduler == "processes" else None
-    geometry = plugins.analyze_runs("embedding-geometry", paths, scheduler=args.scheduler, workers=workers)
+    geometry = ckpt.analyze_runs("embedding-geometry", paths, scheduler=args.scheduler, workers=workers)
     analyzed = time.perf_counter()
 
     final = geometry.isel(step=-1)  # every run has the same checkpoints (0 and the last step)

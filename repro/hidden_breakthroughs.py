@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-import plugins  # noqa: E402
+import ckpt.plugins  # noqa: E402
 
 PAPER = {"exact loss": "0.514", "Fisher": "0.664", "POLCA": "0.973 0.946 0.903"}
 
@@ -39,7 +39,7 @@ def top3(store: str, on: str, engine: dict) -> tuple[np.ndarray, np.ndarray, str
     """Top-3 carry homogeneities, unrestricted and place-restricted, and where the best cluster sits."""
     found = []
     for restrict in (False, True):
-        result = plugins.analyze(
+        result = ckpt.analyze(
             "clusters", store, on=on, label="carry", place_restrict=restrict, force=True, **engine
         ).load()
         found.append(np.round(result["top_homogeneity"].values, 3))
@@ -61,22 +61,22 @@ def main() -> None:
     store = args.store
     began = time.perf_counter()
     if not Path(store).exists():
-        from sandboxes import addition
-        from sandboxes.base import train
+        from ckpt.sandboxes import addition
+        from ckpt.sandboxes.base import train
 
         train(addition.Addition(), store, preset="default", progress=False)
     engine = {"scheduler": "processes", "workers": args.workers}
     basis = {"every": args.every}
     rows = []
     rows.append(("exact loss", *top3(store, "loss", engine)))
-    plugins.analyze("fisher", store, **basis, **engine)
+    ckpt.analyze("fisher", store, **basis, **engine)
     rows.append(("Fisher", *top3(store, "fisher", engine)))
     for label, options in (
         ("POLCA", {"second_order": "paper"}),
         ("POLCA, first order", {"second_order": "none"}),
         ("random basis, first order", {"second_order": "none", "basis": "random-basis"}),
     ):
-        polca = plugins.analyze("polca", store, force=True, **basis, **options, **engine).load()
+        polca = ckpt.analyze("polca", store, force=True, **basis, **options, **engine).load()
         explained = float(polca["polca"].sum(["step", "basis"]).mean())
         change = float(polca["loss_change"].sum("step").mean())
         print(f"{label}: mean loss change over the run {change:.3f}, explained by the basis {explained:.3f}")

@@ -2,7 +2,7 @@
 
 The check: with AdamW weight decay 1.0 clearly more seeds reach validation
 accuracy >= 0.9 than without weight decay. Each (weight decay, seed) run is the
-sandbox's own training loop (same seeding order as ``sandboxes.base.train``:
+sandbox's own training loop (same seeding order as ``ckpt.sandboxes.base.train``:
 global seed, data, model, optimizer; full batch), minus the checkpoint writes.
 
 ``--vectorize`` trains all the seeds of a weight decay in one process instead:
@@ -26,7 +26,7 @@ from multiprocessing import Pool
 
 import torch
 
-from sandboxes.modular_addition import ModularAddition
+from ckpt.sandboxes.modular_addition import ModularAddition
 
 
 def run_one(job: tuple[float, int, int, float | None, str]) -> tuple[float, int, dict[str, float]]:

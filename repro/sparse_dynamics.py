@@ -14,18 +14,18 @@ each under ``--out``, a checkpoint (with the training metrics ``train_loss``,
 all seeds train at once (``repro/vectorized.py``: the sandbox's model under
 ``torch.func.vmap`` over the stacked parameters, one Adam over them, which is
 each seed's own Adam); at every epoch each seed's parameters are unstacked and
-written through the ckptstore writer, with the model spec, data splits and
-attributes that :func:`sandboxes.base.train` records, so the stores are the
+written through the ckpt.store writer, with the model spec, data splits and
+attributes that :func:`ckpt.sandboxes.base.train` records, so the stores are the
 ones ``ckpt train sparse-modular-addition --preset paper`` writes, up to the
 floating-point summation order of the batched ops: identical over the first 5
 epochs (checked), but over 64,000 steps a run that passes through loss spikes
 can drift onto another trajectory, so which seeds succeed can differ from
 ``train()`` and from a vectorized run of another set of seeds. ``--no-vectorize`` trains
-each seed with :func:`sandboxes.base.train` in a pool of ``--jobs`` processes
+each seed with :func:`ckpt.sandboxes.base.train` in a pool of ``--jobs`` processes
 instead. Complete stores already under ``--out`` are reused; incomplete ones
 are trained again.
 
-Then the project's analyzers run over all stores (``plugins.analyze_runs``):
+Then the project's analyzers run over all stores (``ckpt.plugins.analyze_runs``):
 
 - ``loss-spikes`` (which runs ``grad-norms`` first): the loss series is the
   stored ``train_loss`` metric (full training loss after every epoch), the
@@ -85,10 +85,10 @@ import numpy as np
 import torch
 from scipy import stats
 
-import ckptstore
-import plugins
-from analyzers.grad_norms import chance_cooccurrence, near
-from sandboxes.sparse_modular_addition import SparseModularAddition
+import ckpt.plugins
+import ckpt.store as ckptstore
+from ckpt.analyzers.grad_norms import chance_cooccurrence, near
+from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
 
 PRESET = "paper"
 SUCCESS = 0.9
@@ -111,7 +111,7 @@ def store_path(out: str, seed: int) -> str:
 
 
 def run_settings(task: SparseModularAddition, epochs: int, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The task config and the store attributes :func:`sandboxes.base.train` records for this run."""
+    """The task config and the store attributes :func:`ckpt.sandboxes.base.train` records for this run."""
     config = task.config(PRESET, {})
     steps = epochs * math.ceil(int(config["train_size"]) / int(config["batch_size"]))  # as steps_per_epoch
     return config, {"task": task.name, "preset": PRESET, "seed": seed, "steps": steps, "config": config}
@@ -211,7 +211,7 @@ def train_vectorized(out: str, seeds: Sequence[int], epochs: int) -> None:
 def train_one(out: str, seed: int, epochs: int) -> int:
     """Train one seed with the sandbox's own loop (a worker of the ``--no-vectorize`` pool)."""
     torch.set_num_threads(1)
-    from sandboxes.base import train
+    from ckpt.sandboxes.base import train
 
     path = store_path(out, seed)
     if os.path.exists(path):  # an incomplete run: start again
@@ -381,7 +381,7 @@ def report_sparsity(sparsity: Any, accuracy: np.ndarray) -> None:
 
 def final_accuracy(paths: Sequence[str]) -> np.ndarray:
     """Final ``test_accuracy`` of every run, from the stored training metrics."""
-    return np.array([float(ckptstore.open(p).metrics["test_accuracy"].values[-1]) for p in paths])
+    return np.array([float(ckpt.open(p).metrics["test_accuracy"].values[-1]) for p in paths])
 
 
 def main() -> None:
@@ -415,11 +415,11 @@ def main() -> None:
     engine = {"scheduler": args.scheduler, "workers": args.workers}
     batch = args.grad_batch_size or None
     options = {"metric": "train_loss", "batch_size": batch, "tolerance": args.tolerance}
-    spikes = plugins.analyze_runs("loss-spikes", paths, **options, **engine)
+    spikes = ckpt.analyze_runs("loss-spikes", paths, **options, **engine)
     spikes = spikes.load()
     spiked = time.perf_counter()
     print(f"grad-norms + loss-spikes: {spiked - trained:.0f} s", flush=True)
-    sparsity = plugins.analyze_runs("sparsity", paths, **SPARSITY_OPTIONS, **engine).load()
+    sparsity = ckpt.analyze_runs("sparsity", paths, **SPARSITY_OPTIONS, **engine).load()
     analyzed = time.perf_counter()
     print(f"sparsity: {analyzed - spiked:.0f} s", flush=True)
 

@@ -4,7 +4,7 @@ Trains the ``sparse-modular-addition`` sandbox for several seeds and prints,
 per seed, the final train/test accuracy and the first epoch at which test
 accuracy reached 100% (if it ever did).
 
-The loop mirrors :func:`sandboxes.base.train` step for step (same seeding
+The loop mirrors :func:`ckpt.sandboxes.base.train` step for step (same seeding
 order: ``torch.manual_seed(seed)``, then the data, then the model; same batch
 order; same optimizer), so a seed here follows the same trajectory as
 ``train(task, path, preset="paper", seed=seed)``; it only skips writing a
@@ -39,7 +39,7 @@ import torch
 def run_seed(seed: int, epochs: int, p: int) -> dict[str, Any]:
     """Train one seed; return its accuracy trajectory summary."""
     torch.set_num_threads(1)  # one process per core: torch's own threads would oversubscribe
-    from sandboxes.sparse_modular_addition import SparseModularAddition
+    from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
 
     task = SparseModularAddition()
     config = task.config("paper", {"p": p})
@@ -77,7 +77,7 @@ def run_seeds_vectorized(seeds: list[int], epochs: int, p: int) -> list[dict[str
     """Train all ``seeds`` at once (see the module docstring); same summaries as :func:`run_seed`."""
     from vectorized import stack_seeds
 
-    from sandboxes.sparse_modular_addition import SparseModularAddition
+    from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
 
     task = SparseModularAddition()
     config = task.config("paper", {"p": p})

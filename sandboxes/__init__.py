@@ -5,30 +5,41 @@
 - ``addition`` (Hidden Breakthroughs): a decoder-only transformer on 3-digit addition.
 - ``tiny-lm``: a word-level causal LM on a bundled public-domain English text (the text path).
 
-Each trains with an ordinary PyTorch loop (:func:`sandboxes.base.train`) and
-writes through the public ckptstore writer. Imports point down: sandboxes →
-plugins → ckptstore.
+Each trains with an ordinary PyTorch loop (:func:`ckpt.sandboxes.base.train`) and
+writes through the public store writer. Imports point down: sandboxes →
+plugins → store.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-from plugins.hookspecs import hookimpl
+from ckpt.plugins import LazyTask, hookimpl
 
-TASK_MODULES = {
-    "sparse-modular-addition": "sandboxes.sparse_modular_addition:SparseModularAddition",
-    "modular-addition": "sandboxes.modular_addition:ModularAddition",
-    "addition": "sandboxes.addition:Addition",
-    "tiny-lm": "sandboxes.tiny_lm:TinyLM",
+TASKS = {
+    "sparse-modular-addition": (
+        "ckpt.sandboxes.sparse_modular_addition:SparseModularAddition",
+        "Clustering Head: a d=2 one-query transformer learns (x_1+...+x_k) mod p among L tokens.",
+    ),
+    "modular-addition": (
+        "ckpt.sandboxes.modular_addition:ModularAddition",
+        "(a+b) mod N on unordered pairs: 2-D embeddings, constant attention (E[a]+E[b]), a ReLU MLP.",
+    ),
+    "addition": (
+        "ckpt.sandboxes.addition:Addition",
+        "3-digit addition a+b= with a decoder-only transformer; loss on the 4 answer digits.",
+    ),
+    "tiny-lm": (
+        "ckpt.sandboxes.tiny_lm:TinyLM",
+        "Word-level causal LM on a bundled public-domain English text (Grimms' Fairy Tales).",
+    ),
 }
+"""name -> (the Task class, its one-line description); a test checks the descriptions against the classes."""
 
 
 @hookimpl
 def ckpt_register_tasks(register: Callable[[str, Any], None]) -> None:
-    """Register the sandboxes (imported here, so that importing ckpt stays cheap)."""
-    for name, target in TASK_MODULES.items():
-        module_name, _, attr = target.partition(":")
-        register(name, getattr(importlib.import_module(module_name), attr)())
+    """Register the sandboxes lazily: their modules import torch, which listing them must not."""
+    for name, (target, description) in TASKS.items():
+        register(name, LazyTask(name, target, description))

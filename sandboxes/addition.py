@@ -19,7 +19,7 @@ so the answer targets are positions 7..10: the 1000s, 100s, 10s and 1s digit.
 Attention is written out (matmul, causal mask, softmax) rather than through
 ``scaled_dot_product_attention``, so the model computes the same thing on every
 backend. (Analyzers run forward-mode AD through it; for models that use torch's
-fused attention they switch to its math kernel, see ``plugins.derivatives.forward_mode``.)
+fused attention they switch to its math kernel, see ``ckpt.plugins.forward_mode``.)
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from plugins.analyzer import Option
-from sandboxes.base import Dataset, Task
+from ckpt.plugins import Dataset, Option, Task
 
 PLUS, EQUALS = 10, 11
 VOCAB = 12
@@ -209,7 +208,7 @@ class AdditionTransformer(nn.Module):
 def build_model(
     layers: int, d_model: int, heads: int, d_mlp: int, vocab: int = VOCAB, max_len: int = SEQ_LEN
 ) -> AdditionTransformer:
-    """The model factory recorded in stores (``sandboxes.addition:build_model``).
+    """The model factory recorded in stores (``ckpt.sandboxes.addition:build_model``).
 
     Parameters
     ----------
@@ -267,7 +266,7 @@ class Addition(TransformerTask):
     name = "addition"
     description = "3-digit addition a+b= with a decoder-only transformer; loss on the 4 answer digits."
     objective = "token-cross-entropy"
-    factory = "sandboxes.addition:build_model"
+    factory = "ckpt.sandboxes.addition:build_model"
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "default": {
             "layers": 2,

@@ -1,8 +1,8 @@
-"""What every sandbox task shares: the :class:`Task` interface and the training loop.
+"""The training loop every sandbox task shares (the :class:`ckpt.plugins.Task` interface is in the plugin host).
 
 A task defines its data, its model factory, its optimizer and its presets;
 :func:`train` runs an ordinary PyTorch loop and writes checkpoints, metrics and
-the evaluation data through the public ckptstore writer, exactly as a user's
+the evaluation data through the public ckpt.store writer, exactly as a user's
 own training code would. The sandboxes are clients of the store, not special
 cases inside it.
 """
@@ -10,148 +10,16 @@ cases inside it.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-import ckptstore
-from ckptstore.errors import CkptError
-from plugins.analyzer import Option, declared_options
-
-
-class TaskError(CkptError):
-    """A training task was asked for something it cannot do (unknown preset, bad option ...)."""
-
-
-@dataclass
-class Dataset:
-    """Training and test data of a run, and the splits stored with it.
-
-    Attributes
-    ----------
-    train_inputs, train_targets, test_inputs, test_targets
-        Tensors; ``train_mask``/``test_mask`` select the datapoints of token tasks.
-    splits
-        ``{split name: keyword arguments of Writer.add_data}``; ``"eval"`` is what
-        analyzers evaluate on by default.
-    """
-
-    train_inputs: torch.Tensor
-    train_targets: torch.Tensor
-    test_inputs: torch.Tensor
-    test_targets: torch.Tensor
-    train_mask: torch.Tensor | None = None
-    test_mask: torch.Tensor | None = None
-    splits: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-class Task:
-    """Base class of a training sandbox (a ``ckpt_register_tasks`` plugin).
-
-    Subclasses set ``name``, ``description``, ``objective``, ``factory`` and
-    ``presets`` (``"default"`` at least; ``"paper"`` for the paper's setting),
-    declare task options as :class:`plugins.Option` class attributes (``None``
-    default = the preset's value), and implement :meth:`model_config`,
-    :meth:`make_data` and :meth:`make_optimizer`.
-    """
-
-    name: ClassVar[str]
-    description: ClassVar[str] = ""
-    objective: ClassVar[str] = "cross-entropy"
-    factory: ClassVar[str]
-    """Model factory ``"package.module:function"`` recorded in the store."""
-    presets: ClassVar[dict[str, dict[str, Any]]] = {}
-    """Named settings; each holds every option plus ``steps`` (or ``epochs``), ``every``, ``batch_size``."""
-
-    @classmethod
-    def option_spec(cls) -> dict[str, Option]:
-        """Task options, by name (CLI options of ``ckpt train TASK``)."""
-        return declared_options(cls)
-
-    def config(self, preset: str, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The preset's settings overridden by the options given (``None`` = not given)."""
-        if preset not in self.presets:
-            msg = f"task {self.name!r} has no preset {preset!r}; presets: {', '.join(self.presets)}"
-            raise TaskError(msg)
-        spec = self.option_spec()
-        unknown = sorted(set(options) - set(spec))
-        if unknown:
-            msg = f"task {self.name!r} has no option {unknown[0]!r}; its options are: {', '.join(spec)}"
-            raise TaskError(msg)
-        config = dict(self.presets[preset])
-        for key, value in options.items():
-            if value is not None:
-                config[key] = spec[key].convert(value, self.name)
-        return config
-
-    def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """Keyword arguments of the model factory."""
-        raise NotImplementedError
-
-    def build_model(self, config: Mapping[str, Any]) -> torch.nn.Module:
-        """The model, built through the recorded factory (what analyzers will rebuild)."""
-        return ckptstore.ModelSpec(self.factory, self.model_config(config)).build()
-
-    def make_data(self, config: Mapping[str, Any], seed: int) -> Dataset:
-        """Training and test data, and the splits to store."""
-        raise NotImplementedError
-
-    def make_optimizer(self, model: torch.nn.Module, config: Mapping[str, Any]) -> tuple[torch.optim.Optimizer, Any]:
-        """The optimizer and an optional learning-rate scheduler (stepped every step)."""
-        raise NotImplementedError
-
-    def steps_per_epoch(self, data: Dataset, config: Mapping[str, Any]) -> int:
-        """Optimizer steps in one pass over the training data."""
-        batch = config.get("batch_size")
-        return 1 if not batch else math.ceil(len(data.train_inputs) / batch)
-
-    def batches(self, data: Dataset, config: Mapping[str, Any], epoch: int, seed: int) -> Iterator[tuple]:
-        """Minibatches ``(inputs, targets, mask)`` of one epoch, shuffled reproducibly by (seed, epoch)."""
-        batch = config.get("batch_size")
-        n = len(data.train_inputs)
-        if not batch:  # full batch
-            yield data.train_inputs, data.train_targets, data.train_mask
-            return
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        order = torch.randperm(n, generator=generator)
-        for start in range(0, n, batch):
-            rows = order[start : start + batch]
-            mask = None if data.train_mask is None else data.train_mask[rows]
-            yield data.train_inputs[rows], data.train_targets[rows], mask
-
-    def per_datapoint_loss(self, outputs: torch.Tensor, targets: torch.Tensor, mask: Any) -> torch.Tensor:
-        """The objective's per-datapoint losses (the same function analyzers use)."""
-        from plugins.runtime import registry
-
-        return registry().objectives[self.objective].losses(outputs, targets, mask)
-
-    def correct(self, outputs: torch.Tensor, targets: torch.Tensor, mask: Any) -> torch.Tensor:
-        """Per-datapoint correctness (argmax == target), in the objective's datapoint order."""
-        hits = outputs.argmax(-1) == targets
-        return hits.flatten() if mask is None else hits[mask.bool()]
-
-    def evaluate(self, model: torch.nn.Module, data: Dataset) -> dict[str, float]:
-        """Loss and accuracy on the training and test data."""
-        metrics = {}
-        with torch.no_grad():
-            for part in ("train", "test"):
-                inputs, targets = getattr(data, f"{part}_inputs"), getattr(data, f"{part}_targets")
-                mask = getattr(data, f"{part}_mask")
-                losses, hits = [], []
-                for start in range(0, len(inputs), 4096):
-                    rows = slice(start, start + 4096)
-                    outputs = model(inputs[rows])
-                    m = None if mask is None else mask[rows]
-                    losses.append(self.per_datapoint_loss(outputs, targets[rows], m))
-                    hits.append(self.correct(outputs, targets[rows], m))
-                metrics[f"{part}_loss"] = float(torch.cat(losses).mean())
-                metrics[f"{part}_accuracy"] = float(torch.cat(hits).float().mean())
-        return metrics
+import ckpt.store as ckptstore
+from ckpt.errors import TaskError
+from ckpt.plugins import Dataset, LazyTask, Task, resolve_task
 
 
 def checkpoint_steps(total: int, every: int, log_spaced: bool) -> list[int]:
@@ -206,7 +74,7 @@ def _to(data: Dataset, device: torch.device) -> Dataset:
 
 
 def train(
-    task: Task,
+    task: Task | LazyTask,
     store: str | os.PathLike[str],
     *,
     preset: str = "default",
@@ -225,7 +93,7 @@ def train(
     Parameters
     ----------
     task
-        The sandbox.
+        The sandbox (a registered :class:`ckpt.plugins.LazyTask` is loaded).
     store
         Path of the store to create (or, with ``resume``, to continue).
     preset
@@ -255,6 +123,7 @@ def train(
     """
     from tqdm import tqdm
 
+    task = resolve_task(task)
     if steps is not None and epochs is not None:
         raise TaskError("give --steps or --epochs, not both")
     config = task.config(preset, options)

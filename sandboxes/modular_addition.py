@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from plugins.analyzer import Option
-from sandboxes.base import Dataset, Task, TaskError
+from ckpt.errors import TaskError
+from ckpt.plugins import Dataset, Option, Task
 
 TRAIN_FRACTION = 0.8
 """Fraction of the unordered pairs used for training (the rest is the validation set)."""
@@ -55,7 +55,7 @@ class ModularAdditionModel(nn.Module):
 
 
 def build_model(n: int = 17, d: int = 2, hidden: int = 64) -> ModularAdditionModel:
-    """The model factory recorded in stores (``sandboxes.modular_addition:build_model``).
+    """The model factory recorded in stores (``ckpt.sandboxes.modular_addition:build_model``).
 
     Parameters
     ----------
@@ -107,7 +107,7 @@ class ModularAddition(Task):
     name = "modular-addition"
     description = "(a+b) mod N on unordered pairs: 2-D embeddings, constant attention (E[a]+E[b]), a ReLU MLP."
     objective = "cross-entropy"
-    factory = "sandboxes.modular_addition:build_model"
+    factory = "ckpt.sandboxes.modular_addition:build_model"
     presets = {  # noqa: RUF012 (a class-level table, as the Task base declares it)
         # A quick run (a few seconds on a CPU). Measured over 10 seeds: at lr 0.01
         # the training accuracy is 0.94 (weight decay 1) to 1.0 (none) by step 2000,

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from plugins.analyzer import Option
-from sandboxes.base import Dataset, Task, TaskError
+from ckpt.errors import TaskError
+from ckpt.plugins import Dataset, Option, Task
 
 EPS = 1e-12
 """Added to the squared norm before the square root: keeps a (measure-zero) zero vector finite."""
@@ -156,7 +156,7 @@ class ClusteringHeadTransformer(nn.Module):
 
 
 def build_model(p: int = 2, length: int = 12, hidden: int = 32, dim: int = 2) -> ClusteringHeadTransformer:
-    """Model factory recorded in the store (``sandboxes.sparse_modular_addition:build_model``).
+    """Model factory recorded in the store (``ckpt.sandboxes.sparse_modular_addition:build_model``).
 
     Parameters
     ----------
@@ -193,7 +193,7 @@ class SparseModularAddition(Task):
     name = "sparse-modular-addition"
     description = "Clustering Head: a d=2 one-query transformer learns (x_1+...+x_k) mod p among L tokens."
     objective = "cross-entropy"
-    factory = "sandboxes.sparse_modular_addition:build_model"
+    factory = "ckpt.sandboxes.sparse_modular_addition:build_model"
 
     p = Option(int, None, "Field size p (tokens and classes in F_p).")
     length = Option(int, None, "Sequence length L.")

@@ -30,7 +30,7 @@ window's text. The token string of datapoint (e, p) is
 tokens the vocabulary maps to ``<unk>``).
 
 The model is the ``addition`` sandbox's decoder-only transformer
-(:class:`sandboxes.addition.AdditionTransformer`: pre-LN blocks, learned
+(:class:`ckpt.sandboxes.addition.AdditionTransformer`: pre-LN blocks, learned
 positions, causal attention written out so forward-mode AD works through it)
 with this task's vocabulary and context length.
 """
@@ -47,9 +47,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from plugins.analyzer import Option
-from sandboxes.addition import AdditionTransformer, TransformerTask
-from sandboxes.base import Dataset, TaskError
+from ckpt.errors import TaskError
+from ckpt.plugins import Dataset, Option
+from ckpt.sandboxes.addition import AdditionTransformer, TransformerTask
 
 TEXT_PATH = Path(__file__).with_name("data") / "grimm.txt"
 """The bundled text (see ``sandboxes/data/README.md`` for its source)."""
@@ -131,7 +131,7 @@ def split_arrays(
 
 
 def build_model(layers: int, d_model: int, heads: int, d_mlp: int, vocab: int, max_len: int) -> AdditionTransformer:
-    """The model factory recorded in stores (``sandboxes.tiny_lm:build_model``).
+    """The model factory recorded in stores (``ckpt.sandboxes.tiny_lm:build_model``).
 
     Parameters
     ----------
@@ -154,7 +154,7 @@ class TinyLM(TransformerTask):
     name = "tiny-lm"
     description = "Word-level causal LM on a bundled public-domain English text (Grimms' Fairy Tales)."
     objective = "token-cross-entropy"
-    factory = "sandboxes.tiny_lm:build_model"
+    factory = "ckpt.sandboxes.tiny_lm:build_model"
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "default": {
             "layers": 2,

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import ckptstore
+import ckpt.store as ckptstore
 
 CKPT = Path(sys.executable).with_name("ckpt")
 
@@ -22,7 +22,7 @@ def run_ckpt(
     *args: str, cwd: Path | None = None, timeout: float = 120, extra_env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run the installed ``ckpt`` console script, as a user would."""
-    command = [str(CKPT)] if CKPT.exists() else [sys.executable, "-m", "cli"]
+    command = [str(CKPT)] if CKPT.exists() else [sys.executable, "-m", "ckpt.cli"]
     # the repository root on the path: stores in tests name model factories like tests.models:mlp
     root = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
@@ -61,7 +61,7 @@ def one_thread() -> Iterator[None]:
     """
     import torch
 
-    from plugins.runtime import clear_cache
+    from ckpt.plugins import clear_cache
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -98,7 +98,7 @@ def write_mlp_run(
     """A real (small) training run of ``tests.models:mlp`` with an eval split, as users write one.
 
     ``optimizer(parameters)`` builds the optimizer (default SGD, lr 0.5); ``attrs`` are the
-    run's recorded settings (``ckptstore.create(attrs=...)``).
+    run's recorded settings (``ckpt.create(attrs=...)``).
     """
     import torch
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import ckptstore
+import ckpt.store as ckptstore
 from tests.conftest import run_ckpt, tree_digest
 
 

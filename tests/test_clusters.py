@@ -1,7 +1,7 @@
 """The ``clusters`` analyzer: its pure functions on planted data, and the real engine on real stores.
 
-No mocks: HDBSCAN is the ``hdbscan`` library, stores are written with ``ckptstore``
-and the analyzer runs through ``plugins.engine.run``. The end-to-end store holds a
+No mocks: HDBSCAN is the ``hdbscan`` library, stores are written with ``ckpt.create``
+and the analyzer runs through ``ckpt.plugins._engine.run``. The end-to-end store holds a
 planted ``analyses/loss`` result (three groups of 200 datapoints whose loss drops
 at different steps) with the provenance the engine writes, so the engine reuses it.
 """
@@ -17,15 +17,15 @@ import pytest
 import xarray as xr
 from sklearn.metrics import adjusted_rand_score
 
-import ckptstore
-from analyzers import clusters
-from analyzers import trajectories as tr
-from analyzers.loss import Loss
-from ckptstore.results import write_analysis
-from plugins.engine import data_hash, run
-from plugins.manager import load_registry
-from plugins.runtime import clear_cache
-from plugins.testing import AnalyzerTests
+import ckpt
+import ckpt.store as ckptstore
+from ckpt.analyzers import clusters
+from ckpt.analyzers import trajectories as tr
+from ckpt.analyzers.loss import Loss
+from ckpt.plugins import clear_cache, load_registry
+from ckpt.plugins._engine import data_hash, run
+from ckpt.plugins.testing import AnalyzerTests
+from ckpt.store.results import write_analysis
 from tests.conftest import write_mlp_run
 
 STEPS = np.arange(30) * 10
@@ -252,7 +252,7 @@ def write_planted_store(path: Path) -> tuple[Path, np.ndarray]:
     )
     provenance = {
         **Loss().provenance(),
-        "data_sha256": data_hash(ckptstore.open(path)),
+        "data_sha256": data_hash(ckpt.open(path)),
         "requires": {},
         "steps": [int(s) for s in STEPS],
         "ckpt_version": ckptstore.__version__,

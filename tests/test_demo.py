@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-import ckptstore
+import ckpt.store as ckptstore
 from tests.conftest import run_ckpt, tree_digest
 
 

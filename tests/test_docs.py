@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import ckptstore
+import ckpt.store as ckptstore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def test_quickstart_example_runs(tmp_path: Path) -> None:
 
 
 def test_store_format_doc_names_every_constant() -> None:
-    from ckptstore import format as fmt
+    from ckpt.store import format as fmt
 
     doc = (ROOT / "docs" / "store-format.md").read_text()
     for value in (fmt.FORMAT_NAME, *fmt.TOP_LEVEL_GROUPS, *fmt.DATA_VARIABLES, *fmt.ENCODED_DTYPES):
@@ -53,7 +53,7 @@ def test_store_format_doc_names_every_constant() -> None:
 
 
 def test_analyzer_reference_documents_every_builtin_analyzer_and_option() -> None:
-    from plugins.manager import load_registry
+    from ckpt.plugins import load_registry
 
     registry = load_registry(entry_points=False)
     doc = (ROOT / "docs" / "analyzers.md").read_text()

@@ -11,16 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-import ckptstore
-from analyzers import embedding_geometry as eg
-from plugins import AnalysisError
-from plugins.engine import run
-from plugins.manager import load_registry
-from plugins.runtime import clear_cache
-from plugins.testing import AnalyzerTests
-from sandboxes.base import train
-from sandboxes.modular_addition import ModularAddition
-from sandboxes.sparse_modular_addition import SparseModularAddition, build_model, prefix_code
+import ckpt
+import ckpt.store as ckptstore
+from ckpt.analyzers import embedding_geometry as eg
+from ckpt.plugins import AnalysisError, clear_cache, load_registry
+from ckpt.plugins._engine import run
+from ckpt.plugins.testing import AnalyzerTests
+from ckpt.sandboxes.base import train
+from ckpt.sandboxes.modular_addition import ModularAddition
+from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition, build_model, prefix_code
 
 N = 17
 NAME = "embedding-geometry"
@@ -342,16 +341,16 @@ def test_default_embedding_rule(tmp_path: Path) -> None:
     path = tmp_path / "named.zarr"
     with ckptstore.create(path) as writer:
         writer.write(0, {"pos_embed.weight": np.ones((4, 2), np.float32), "tok.weight": np.ones((3, 2), np.float32)})
-    assert eg.default_embedding(ckptstore.open(path)) == "pos_embed.weight"  # no model: the name rule only
+    assert eg.default_embedding(ckpt.open(path)) == "pos_embed.weight"  # no model: the name rule only
     path = tmp_path / "model.zarr"
     model = build_model()
-    with ckptstore.create(path, model="sandboxes.sparse_modular_addition:build_model", config={}) as writer:
+    with ckptstore.create(path, model="ckpt.sandboxes.sparse_modular_addition:build_model", config={}) as writer:
         writer.write(0, {"w.embed.weight": np.ones((4, 2), np.float32), **model.state_dict()})
-    assert eg.default_embedding(ckptstore.open(path)) == "embed.weight"  # the exact name before *embed.weight
+    assert eg.default_embedding(ckpt.open(path)) == "embed.weight"  # the exact name before *embed.weight
     path = tmp_path / "lookup.zarr"
     with ckptstore.create(path, model="tests.test_embedding_geometry:lookup_model", config={}) as writer:
         writer.write(0, lookup_model().state_dict())
-    assert eg.default_embedding(ckptstore.open(path)) == "table.weight"  # no such name: the nn.Embedding
+    assert eg.default_embedding(ckpt.open(path)) == "table.weight"  # no such name: the nn.Embedding
 
 
 class Lookup(torch.nn.Module):

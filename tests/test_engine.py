@@ -15,11 +15,10 @@ import pytest
 import torch
 from dask.callbacks import Callback
 
-import ckptstore
-import plugins
-from plugins.analyzer import AnalysisContext, AnalysisError, Analyzer, TaskSpec
-from plugins.engine import run
-from plugins.manager import load_registry
+import ckpt.plugins
+import ckpt.store as ckptstore
+from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, TaskSpec, load_registry
+from ckpt.plugins._engine import run
 from tests.conftest import run_ckpt, write_mlp_run
 from tests.models import mlp, tiny_lm
 
@@ -54,7 +53,7 @@ def assert_matches_direct(result, expected: dict[int, np.ndarray]) -> None:
     ids=["threads", "sync", "processes"],
 )
 def test_loss_equals_direct_computation(mlp_store: Path, engine: dict) -> None:
-    result = plugins.analyze("loss", mlp_store, **engine)
+    result = ckpt.analyze("loss", mlp_store, **engine)
     assert_matches_direct(result, direct_losses(mlp_store))
     assert result["example"].values.tolist() == list(range(50))
     assert (result["position"].values == -1).all()
@@ -64,11 +63,9 @@ def test_loss_on_a_local_cluster_and_a_scheduler_address(mlp_store: Path) -> Non
     from distributed import LocalCluster
 
     expected = direct_losses(mlp_store)
-    assert_matches_direct(plugins.analyze("loss", mlp_store, workers=2, force=True), expected)
+    assert_matches_direct(ckpt.analyze("loss", mlp_store, workers=2, force=True), expected)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        assert_matches_direct(
-            plugins.analyze("loss", mlp_store, address=cluster.scheduler_address, force=True), expected
-        )
+        assert_matches_direct(ckpt.analyze("loss", mlp_store, address=cluster.scheduler_address, force=True), expected)
 
 
 def test_token_losses_follow_the_mask_in_row_major_order(tmp_path: Path) -> None:
@@ -82,7 +79,7 @@ def test_token_losses_follow_the_mask_in_row_major_order(tmp_path: Path) -> None
     with ckptstore.create(path, model="tests.models:tiny_lm", objective="token-cross-entropy") as w:
         w.add_data("eval", inputs=tokens, targets=tokens.roll(-1, 1), mask=mask)
         w.write(0, model)
-    result = plugins.analyze("loss", path)
+    result = ckpt.analyze("loss", path)
     with torch.no_grad():
         per_token = torch.nn.functional.cross_entropy(
             model(tokens).flatten(0, 1), tokens.roll(-1, 1).flatten(), reduction="none"
@@ -125,7 +122,7 @@ class EagerNorm(Analyzer):
 
 
 class EagerPlugin:
-    @plugins.hookimpl
+    @ckpt.plugins.hookimpl
     def ckpt_register_analyzers(self, register) -> None:
         register(EagerNorm)
 
@@ -161,7 +158,18 @@ def test_changed_options_or_data_recompute(mlp_store: Path) -> None:
 
 def test_resume_after_kill_recomputes_nothing_finished(tmp_path: Path) -> None:
     path = write_mlp_run(tmp_path / "run.zarr", steps=60, examples=2000)
-    command = [sys.executable, "-m", "cli", "analyze", "loss", str(path), "--scheduler", "sync", "--block-steps", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "ckpt.cli",
+        "analyze",
+        "loss",
+        str(path),
+        "--scheduler",
+        "sync",
+        "--block-steps",
+        "1",
+    ]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     committed: list[int] = []
     deadline = time.monotonic() + 120
@@ -185,11 +193,29 @@ def test_resume_after_kill_recomputes_nothing_finished(tmp_path: Path) -> None:
     np.testing.assert_array_equal(resumed_values, fresh["loss"].values)
 
 
+def test_the_provenance_accessor_reads_what_the_engine_stored(mlp_store: Path) -> None:
+    result = ckpt.analyze("loss", mlp_store, split="eval", batch_size=7)
+    record = result.attrs["ckpt"]
+    assert result.ckpt.provenance == record
+    assert result.ckpt.analyzer == "loss" == record["analyzer"]
+    assert result.ckpt.version == record["version"]
+    assert result.ckpt.options == record["options"]
+    assert result.ckpt.option("batch_size") == 7
+    assert result.ckpt.option("no-such-option", "absent") == "absent"
+    assert result.ckpt.steps == result["step"].values.tolist() == ckptstore.open(mlp_store).steps.tolist()
+    assert result.ckpt.created == record["created"]
+    assert result.ckpt.computed_by == f"ckpt {ckpt.__version__}"
+    assert result.ckpt.requires == {}
+    bare = result.drop_attrs()
+    assert bare.ckpt.provenance == {} and bare.ckpt.options == {} and bare.ckpt.steps == []
+    assert bare.ckpt.computed_by is None
+
+
 def test_stored_results_are_read_without_importing_analyzers(mlp_store: Path) -> None:
-    plugins.analyze("loss", mlp_store)
+    ckpt.analyze("loss", mlp_store)
     code = (
-        "import sys, ckptstore; r = ckptstore.open(sys.argv[1]).analysis('loss'); "
-        "print(r['loss'].shape, r.attrs['ckpt']['analyzer'], any(m.split('.')[0] in ('plugins', 'analyzers') "
+        "import sys, ckpt; r = ckpt.open(sys.argv[1]).analysis('loss'); "
+        "print(r['loss'].shape, r.ckpt.analyzer, any(m.startswith(('ckpt.plugins', 'ckpt.analyzers')) "
         "for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code, str(mlp_store)], capture_output=True, text=True, check=True)
@@ -264,8 +290,8 @@ def test_dask_and_zarr_are_not_left_configured(mlp_store: Path) -> None:
     import zarr
 
     default_pipeline = zarr.config.get("codec_pipeline.path")
-    plugins.analyze("loss", mlp_store, scheduler="processes", workers=1)
-    plugins.analyze("loss", mlp_store, scheduler="threads", force=True)
+    ckpt.analyze("loss", mlp_store, scheduler="processes", workers=1)
+    ckpt.analyze("loss", mlp_store, scheduler="threads", force=True)
     assert dask.config.get("scheduler", None) is None
     assert zarr.config.get("codec_pipeline.path") == default_pipeline, "zarrs must be set per array, not globally"
 
@@ -288,7 +314,7 @@ class LossChange(Analyzer):
 
 
 class LossChangePlugin:
-    @plugins.hookimpl
+    @ckpt.plugins.hookimpl
     def ckpt_register_analyzers(self, register) -> None:
         register(LossChange)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ckptstore
+import ckpt.store as ckptstore
 from tests.conftest import run_ckpt
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import ckptstore
-from analyzers import grad_norms
-from analyzers.grad_norms import (
+import ckpt.store as ckptstore
+from ckpt.analyzers import grad_norms
+from ckpt.analyzers.grad_norms import (
     GradNorms,
     LossSpikes,
     chance_cooccurrence,
@@ -20,10 +20,9 @@ from analyzers.grad_norms import (
     minibatches,
     rolling_baseline,
 )
-from plugins import AnalysisError
-from plugins.engine import run
-from plugins.manager import load_registry
-from plugins.testing import AnalyzerTests
+from ckpt.plugins import AnalysisError, load_registry
+from ckpt.plugins._engine import run
+from ckpt.plugins.testing import AnalyzerTests
 from tests.conftest import write_mlp_run
 from tests.models import mlp
 

@@ -1,4 +1,4 @@
-"""Tests of ckptstore.importers: real torch/safetensors files on disk, imported into real stores."""
+"""Tests of ckpt.store.importers: real torch/safetensors files on disk, imported into real stores."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import ckptstore
-from ckptstore.errors import ImportFormatError, StoreExistsError, StoreNotFoundError
-from ckptstore.importers import (
+import ckpt.store as ckptstore
+from ckpt.errors import ImportFormatError, StoreExistsError, StoreNotFoundError
+from ckpt.store.importers import (
     FORMATS,
     CheckpointSource,
     ImportReport,

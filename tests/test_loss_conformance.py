@@ -1,12 +1,12 @@
-"""The built-in ``loss`` analyzer passes the analyzer conformance kit (plugins.testing)."""
+"""The built-in ``loss`` analyzer passes the analyzer conformance kit (ckpt.plugins.testing)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, ClassVar
 
-from analyzers.loss import Loss
-from plugins.testing import AnalyzerTests
+from ckpt.analyzers.loss import Loss
+from ckpt.plugins.testing import AnalyzerTests
 from tests.conftest import write_mlp_run
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import plugins
-from plugins import hookspecs
-from plugins.manager import PluginWarning, get_plugin_manager, load_registry
+import ckpt.plugins
+from ckpt.plugins import PluginWarning, hookspecs, load_registry
+from ckpt.plugins._manager import get_plugin_manager
 from tests.conftest import run_ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ THIRD_PARTY = {
     "broken_plugin.py": "raise ImportError('needs the missing package frobnitz')\n",
     "dup_plugin.py": textwrap.dedent(
         """
-        from plugins import Analyzer, hookimpl
+        from ckpt.plugins import Analyzer, hookimpl
 
         class FakeLoss(Analyzer):
             name = "loss"
@@ -37,10 +37,10 @@ THIRD_PARTY = {
         from pathlib import Path
 
         import numpy as np
-        import ckptstore
-        from plugins import hookimpl
-        from plugins.importers import Importer
-        from plugins.objectives import CROSS_ENTROPY, Objective
+        import ckpt.store as ckptstore
+        from ckpt.plugins import hookimpl
+        from ckpt.plugins import Importer
+        from ckpt.plugins import CROSS_ENTROPY, Objective
 
         def half(outputs, targets, mask):
             return 0.5 * CROSS_ENTROPY.losses(outputs, targets, mask)
@@ -61,8 +61,8 @@ THIRD_PARTY = {
     ),
     "task_plugin.py": textwrap.dedent(
         """
-        from plugins import hookimpl
-        from sandboxes.base import Task
+        from ckpt.plugins import hookimpl
+        from ckpt.plugins import Task
 
         class Countdown(Task):
             name = "countdown"
@@ -110,10 +110,10 @@ def test_entry_point_plugins_broken_and_duplicate(site: Path, monkeypatch: pytes
     ), messages
     assert any(
         "analyzer 'loss' registered by plugin 'dup' from dup-pkg 2.1 is ignored: the name is taken by plugin "
-        "'analyzers.loss' from ckpt" in m
+        "'ckpt.analyzers.loss' from ckpt" in m
         for m in messages
     ), messages
-    assert registry.analyzers["loss"].__module__ == "analyzers.loss", "the first registration wins"
+    assert registry.analyzers["loss"].__module__ == "ckpt.analyzers.loss", "the first registration wins"
     assert "countdown" in registry.tasks
     assert registry.provider("tasks", "countdown").package == "task-pkg"
 
@@ -134,7 +134,7 @@ def test_the_cli_keeps_working_with_broken_plugins(site: Path, mlp_store: Path) 
 def test_objective_and_importer_plugins_work_through_the_cli(site: Path, mlp_store: Path, tmp_path: Path) -> None:
     import numpy as np
 
-    import ckptstore
+    import ckpt.store as ckptstore
 
     env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
     ce = run_ckpt("analyze", "loss", str(mlp_store), "--no-progress", extra_env=env)
@@ -161,7 +161,7 @@ def test_manager_is_built_by_a_factory_not_at_import() -> None:
     first, _ = get_plugin_manager(entry_points=False)
     second, _ = get_plugin_manager(entry_points=False)
     assert first is not second
-    assert first.get_plugin("analyzers.loss") is not None
+    assert first.get_plugin("ckpt.analyzers.loss") is not None
 
 
 def test_registration_validates_analyzers() -> None:
@@ -169,35 +169,65 @@ def test_registration_validates_analyzers() -> None:
         name = "x"
 
     class Plugin:
-        @plugins.hookimpl
+        @ckpt.plugins.hookimpl
         def ckpt_register_analyzers(self, register) -> None:
             register(NotAnAnalyzer)
 
-    with pytest.warns(PluginWarning, match="is not a subclass of plugins.Analyzer"):
+    with pytest.warns(PluginWarning, match="is not a subclass of ckpt.plugins.Analyzer"):
         registry = load_registry(entry_points=False, extra=[Plugin()])
     assert "x" not in registry.analyzers
 
     class RegistersAType:
-        @plugins.hookimpl
+        @ckpt.plugins.hookimpl
         def ckpt_register_analyzers(self, register) -> None:
             register(int)
 
-    with pytest.warns(PluginWarning, match="<class 'int'> is not a subclass of plugins.Analyzer"):
+    with pytest.warns(PluginWarning, match="<class 'int'> is not a subclass of ckpt.plugins.Analyzer"):
         load_registry(entry_points=False, extra=[RegistersAType()])
 
 
-def test_extra_plugins_already_registered_are_not_registered_twice() -> None:
-    import analyzers.loss
+@pytest.mark.parametrize("setting", ckpt.plugins.ENGINE_SETTINGS)
+def test_an_option_may_not_shadow_an_engine_setting(setting: str) -> None:
+    shadowing = type(
+        "Shadowing",
+        (ckpt.plugins.Analyzer,),
+        {"name": "shadowing", "description": "d", setting: ckpt.plugins.Option(str, "x", "an option")},
+    )
 
-    registry = load_registry(entry_points=False, extra=[analyzers.loss])
-    assert registry.provider("analyzers", "loss").package == "ckpt"
+    class Plugin:
+        @ckpt.plugins.hookimpl
+        def ckpt_register_analyzers(self, register) -> None:
+            register(shadowing)
+
+    with pytest.warns(PluginWarning, match=f"declares option '{setting}', which is an engine setting"):
+        registry = load_registry(entry_points=False, extra=[Plugin()])
+    assert "shadowing" not in registry.analyzers
+    assert any(f"option '{setting}'" in problem for problem in registry.problems)
+
+
+def test_one_registry_per_process() -> None:
+    from ckpt.cli.analyze import registry as cli_registry
+    from ckpt.plugins import registry, reset_registry
+
+    assert registry() is registry() is cli_registry()
+    reset_registry()
+    rebuilt = registry()
+    assert rebuilt is cli_registry()
+    assert set(rebuilt.analyzers) >= {"loss", "polca", "hessian-basis"}
+
+
+def test_extra_plugins_already_registered_are_not_registered_twice() -> None:
+    import ckpt.analyzers.loss
+
+    registry = load_registry(entry_points=False, extra=[ckpt.analyzers.loss])
+    assert registry.provider("analyzers", "loss").package == "ckpt-dynamics"
 
 
 def test_builtin_objectives_and_importers_register_through_hooks() -> None:
     registry = load_registry(entry_points=False)
     assert {"cross-entropy", "token-cross-entropy"} <= set(registry.objectives)
     assert {"torch", "safetensors", "hf"} <= set(registry.importers)
-    assert registry.provider("objectives", "cross-entropy").package == "ckpt"
+    assert registry.provider("objectives", "cross-entropy").package == "ckpt-dynamics"
 
 
 @pytest.mark.parametrize("hook", HOOKS)

@@ -19,14 +19,22 @@ import torch
 import xarray as xr
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import ckptstore
-import plugins
-from plugins import AnalysisContext, Analyzer, hookimpl
-from plugins.analyzer import PER_RUN
-from plugins.derivatives import basis_dims, directional_derivatives, hessian_vector_product, parameter_space
-from plugins.manager import load_registry
-from plugins.runtime import clear_cache
-from plugins.testing import AnalyzerTests
+import ckpt.plugins
+import ckpt.store as ckptstore
+from ckpt.plugins import (
+    PER_RUN,
+    AnalysisContext,
+    Analyzer,
+    basis_dims,
+    clear_cache,
+    directional_derivatives,
+    hessian_vector_product,
+    hookimpl,
+    load_registry,
+    parameter_space,
+)
+from ckpt.plugins._engine import run
+from ckpt.plugins.testing import AnalyzerTests
 from tests.conftest import run_ckpt, tree_digest, write_mlp_run
 from tests.models import mlp
 
@@ -108,7 +116,7 @@ def basis_matrix(result: xr.Dataset, names: list[str]) -> torch.Tensor:
 
 def test_polca_matches_per_example_gradients_and_explicit_hessians(store: Path) -> None:
     """First order to 1e-5 against an autograd loop; exact second order equals bᵀ H(x) b ⟨Δ,b⟩²/2."""
-    result = plugins.analyze("polca", store, second_order="exact", dtype="float64", k=2).load()
+    result = ckpt.analyze("polca", store, second_order="exact", dtype="float64", k=2).load()
     basis = ckptstore.open(store).analysis("hessian-basis").load()
     steps = [int(s) for s in ckptstore.open(store).steps]
     assert result["step"].values.tolist() == steps[:-1]
@@ -129,7 +137,7 @@ def test_polca_matches_per_example_gradients_and_explicit_hessians(store: Path) 
 
 def test_paper_second_order_matches_its_formula(store: Path) -> None:
     """(λ_t(X,b)/2)⟨Δ,b⟩² ⟨g_t+1(x) - g_t(x), b⟩ / ⟨g_t+1(X) - g_t(X), b⟩, brute force."""
-    result = plugins.analyze("polca", store, dtype="float64", k=2).load()
+    result = ckpt.analyze("polca", store, dtype="float64", k=2).load()
     basis = ckptstore.open(store).analysis("hessian-basis").load()
     steps = [int(s) for s in ckptstore.open(store).steps]
     theta, names, _ = flat_params(store, steps[1])
@@ -146,13 +154,13 @@ def test_paper_second_order_matches_its_formula(store: Path) -> None:
 
 def test_the_curvature_is_skipped_only_where_no_pair_starts(store: Path) -> None:
     """The run's last checkpoint gets the first-order pass alone; its loss and slopes are unchanged."""
-    from analyzers.polca import checkpoint_terms
-    from plugins.analyzer import TaskSpec
-    from plugins.runtime import worker_for
+    from ckpt.analyzers.polca import checkpoint_terms
+    from ckpt.plugins import TaskSpec
+    from ckpt.plugins._runtime import worker_for
 
-    plugins.analyze("polca", store, second_order="exact", dtype="float64", k=2)
+    ckpt.analyze("polca", store, second_order="exact", dtype="float64", k=2)
     basis = ckptstore.open(store).analysis("hessian-basis").load()
-    last = int(ckptstore.open(store).steps[-1])
+    last = int(ckpt.open(store).steps[-1])
     options = {
         "examples": slice(0, EXAMPLES),
         "basis": "hessian-basis",
@@ -175,10 +183,8 @@ def test_the_curvature_is_skipped_only_where_no_pair_starts(store: Path) -> None
 
 def test_complete_basis_first_order_sums_to_the_gradient_step(store: Path) -> None:
     """With K = D orthonormal vectors, Σ_b first-order POLCA = ⟨∇ℓ(x), Δθ⟩ for every datapoint."""
-    dimension = parameter_space(ckptstore.open(store)).size
-    result = plugins.analyze(
-        "polca", store, basis="random-basis", vectors=dimension, second_order="none", dtype="float64"
-    )
+    dimension = parameter_space(ckpt.open(store)).size
+    result = ckpt.analyze("polca", store, basis="random-basis", vectors=dimension, second_order="none", dtype="float64")
     steps = [int(s) for s in ckptstore.open(store).steps]
     theta = flat_params(store, steps[0])[0]
     delta = flat_params(store, steps[1])[0] - theta
@@ -235,7 +241,7 @@ def test_loss_change_is_explained_when_the_basis_spans_the_step(tmp_path: Path) 
     unexplained_share = []
     for lr in (0.1, 0.05):
         path = small_step_run(tmp_path / f"run-{lr}.zarr", lr)
-        result = plugins.analyze(
+        result = ckpt.analyze(
             "polca", path, basis="delta-basis", second_order="exact", dtype="float64", registry=registry
         )
         change = result["loss_change"][0].values
@@ -247,10 +253,8 @@ def test_loss_change_is_explained_when_the_basis_spans_the_step(tmp_path: Path) 
     assert unexplained_share[0] < 1e-3
     assert unexplained_share[1] < unexplained_share[0] / 3
     path = small_step_run(tmp_path / "complete.zarr", 0.01)
-    dimension = parameter_space(ckptstore.open(path)).size
-    result = plugins.analyze(
-        "polca", path, basis="random-basis", vectors=dimension, second_order="exact", dtype="float64"
-    )
+    dimension = parameter_space(ckpt.open(path)).size
+    result = ckpt.analyze("polca", path, basis="random-basis", vectors=dimension, second_order="exact", dtype="float64")
     share = np.abs(result["unexplained"][0].values).max() / np.abs(result["loss_change"][0].values).max()
     assert share < 1e-2
 
@@ -267,8 +271,8 @@ def explicit_mean_hessian(path: Path, step: int) -> torch.Tensor:
 
 def test_hessian_basis_matches_eigh_of_the_projected_explicit_hessian(store: Path) -> None:
     """Top eigenvalues to 1e-4, overlaps > 0.999, each vector orthogonal to the earlier ones."""
-    result = plugins.analyze("hessian-basis", store, at_steps="1,2", k=2, dtype="float64").load()
-    names = list(parameter_space(ckptstore.open(store)).names)
+    result = ckpt.analyze("hessian-basis", store, at_steps="1,2", k=2, dtype="float64").load()
+    names = list(parameter_space(ckpt.open(store)).names)
     vectors = basis_matrix(result, names)
     assert result["found_at_step"].values.tolist() == [1, 1, 2, 2]
     np.testing.assert_allclose((vectors @ vectors.T).numpy(), np.eye(4), atol=1e-6)
@@ -286,12 +290,12 @@ def test_hessian_basis_matches_eigh_of_the_projected_explicit_hessian(store: Pat
 
 def test_random_basis_is_orthonormal_and_seeded(store: Path) -> None:
     """Same seed, same vectors; rows orthonormal; as many as the Hessian schedule gives."""
-    first = plugins.analyze("random-basis", store, every=2, k=3).load()
-    names = list(parameter_space(ckptstore.open(store)).names)
+    first = ckpt.analyze("random-basis", store, every=2, k=3).load()
+    names = list(parameter_space(ckpt.open(store)).names)
     vectors = basis_matrix(first, names)
     assert first["found_at_step"].values.tolist() == [0, 0, 0, 2, 2, 2]
     np.testing.assert_allclose((vectors @ vectors.T).numpy(), np.eye(6), atol=1e-6)
-    again = plugins.analyze("random-basis", store, every=2, k=3, force=True).load()
+    again = ckpt.analyze("random-basis", store, every=2, k=3, force=True).load()
     np.testing.assert_array_equal(basis_matrix(again, names).numpy(), vectors.numpy())
 
 
@@ -300,7 +304,7 @@ def test_random_basis_is_orthonormal_and_seeded(store: Path) -> None:
 
 def test_fisher_is_the_squared_projected_gradient(store: Path) -> None:
     """⟨b, ∇ℓ(x)⟩² at every checkpoint, against the autograd loop."""
-    result = plugins.analyze("fisher", store, every=2, dtype="float64").load()
+    result = ckpt.analyze("fisher", store, every=2, dtype="float64").load()
     basis = ckptstore.open(store).analysis("hessian-basis").load()
     for index, step in enumerate(int(s) for s in result["step"].values):
         theta, names, _ = flat_params(store, step)
@@ -310,7 +314,7 @@ def test_fisher_is_the_squared_projected_gradient(store: Path) -> None:
 
 def test_lca_first_order_and_path_integral(store: Path) -> None:
     """LCA of the largest parameters: gradient x step, and Simpson's rule along the straight path."""
-    result = plugins.analyze("lca", store, parameters=5, dtype="float64").load()
+    result = ckpt.analyze("lca", store, parameters=5, dtype="float64").load()
     steps = [int(s) for s in ckptstore.open(store).steps]
     final = flat_params(store, steps[-1])[0]
     selected = torch.argsort(final.abs(), descending=True)[:5].sort().values
@@ -339,7 +343,7 @@ def test_lca_first_order_and_path_integral(store: Path) -> None:
 
 def test_polca_is_identical_on_threads_processes_and_a_distributed_cluster(store: Path, tmp_path: Path) -> None:
     """The same numbers (1e-6) whatever runs the graph."""
-    expected = plugins.analyze("polca", store, every=2, scheduler="sync").load()
+    expected = ckpt.analyze("polca", store, every=2, scheduler="sync").load()
     results = {}
     for label, engine in {
         "threads": {"scheduler": "threads"},
@@ -348,7 +352,7 @@ def test_polca_is_identical_on_threads_processes_and_a_distributed_cluster(store
     }.items():
         copy = tmp_path / f"{label}.zarr"
         shutil.copytree(store, copy)
-        results[label] = plugins.analyze("polca", copy, every=2, force=True, **engine).load()
+        results[label] = ckpt.analyze("polca", copy, every=2, force=True, **engine).load()
         clear_cache()
     for label, result in results.items():
         for name in ("polca", "projected_loss", "unexplained"):
@@ -357,18 +361,18 @@ def test_polca_is_identical_on_threads_processes_and_a_distributed_cluster(store
 
 def test_projected_loss_continues_across_blocks_and_new_checkpoints(store: Path, tmp_path: Path) -> None:
     """Running sums are the same computed in one block, in blocks of one step, or after the run grew."""
-    whole = plugins.analyze("polca", store, at_steps="0", force=True).load()
+    whole = ckpt.analyze("polca", store, at_steps="0", force=True).load()
     np.testing.assert_allclose(whole["projected_loss"].values, np.cumsum(whole["polca"].values, axis=0), rtol=1e-12)
-    blocks = plugins.analyze("polca", store, at_steps="0", force=True, block_steps=1).load()
+    blocks = ckpt.analyze("polca", store, at_steps="0", force=True, block_steps=1).load()
     np.testing.assert_allclose(blocks["projected_loss"].values, whole["projected_loss"].values, rtol=1e-12)
     grown = tmp_path / "grown.zarr"
     write_mlp_run(grown, steps=3, examples=EXAMPLES)
-    first = plugins.analyze("polca", grown, at_steps="0").load()
+    first = ckpt.analyze("polca", grown, at_steps="0").load()
     assert first.sizes["step"] == 2
     clear_cache()
     shutil.rmtree(grown)
     write_mlp_run(grown, steps=4, examples=EXAMPLES)  # the same run, one checkpoint longer
-    report = plugins.engine.run("polca", grown, at_steps="0")
+    report = run("polca", grown, at_steps="0")
     assert report.dataset.sizes["step"] == 3
     np.testing.assert_allclose(report.dataset["projected_loss"].values, whole["projected_loss"].values, rtol=1e-6)
 
@@ -400,7 +404,7 @@ def test_cli_polca_computes_the_basis_first_and_rejects_bad_input(store: Path) -
 class TestPolcaConformance(AnalyzerTests):
     """The analyzer kit's checks, on POLCA with a two-checkpoint basis schedule."""
 
-    analyzer_class = plugins.manager.load_registry().analyzers["polca"]
+    analyzer_class = ckpt.plugins.load_registry().analyzers["polca"]
     options = {"every": 2}  # noqa: RUF012
 
     def make_store(self, tmp_path: Path) -> Path:
@@ -437,7 +441,7 @@ def test_directional_derivatives_and_hvps_through_norms_and_attention_equal_expl
 
     torch's own forward-mode rules of layer, instance and batch-statistics norms are
     wrong under forward-over-forward (7-112% off), and its fused attention has none:
-    without plugins.derivatives.forward_mode this test fails for all four.
+    without ckpt.plugins.forward_mode this test fails for all four.
     """
     torch.manual_seed(0)
     model = _model_with(layer)

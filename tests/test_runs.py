@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-import ckptstore
-import plugins
-from plugins.runtime import clear_cache
+import ckpt.plugins
+import ckpt.store as ckptstore
+from ckpt.plugins import clear_cache
 from tests.conftest import run_ckpt, tree_digest, write_mlp_run
 
 
@@ -39,7 +39,7 @@ def runs(tmp_path: Path) -> list[Path]:
 
 
 def test_analyze_runs_stacks_results_with_the_run_settings_as_coordinates(runs: list[Path]) -> None:
-    combined = plugins.analyze_runs("loss", runs)
+    combined = ckpt.analyze_runs("loss", runs)
     assert combined.sizes["run"] == 3
     assert combined["run"].values.tolist() == [str(r) for r in runs]
     assert combined["seed"].values.tolist() == [0, 0, 1]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import ckptstore
-from sandboxes import TASK_MODULES
-from sandboxes.addition import ANSWER_POSITIONS, Addition, build_model, split_arrays
-from sandboxes.base import train
+import ckpt.store as ckptstore
+from ckpt.sandboxes import TASKS
+from ckpt.sandboxes.addition import ANSWER_POSITIONS, Addition, build_model, split_arrays
+from ckpt.sandboxes.base import train
 from tests.conftest import run_ckpt
 
 TINY = {"layers": 1, "d_model": 16, "heads": 2, "d_mlp": 32}
@@ -24,9 +24,9 @@ def data():
 
 
 def test_the_task_is_registered_where_the_package_looks() -> None:
-    assert TASK_MODULES["addition"] == "sandboxes.addition:Addition"
+    assert TASKS["addition"][0] == "ckpt.sandboxes.addition:Addition"
     assert Addition.objective == "token-cross-entropy"
-    assert Addition.factory == "sandboxes.addition:build_model"
+    assert Addition.factory == "ckpt.sandboxes.addition:build_model"
     assert {"default", "paper"} <= set(Addition.presets)
     assert set(Addition.option_spec()) == {
         "layers",

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-import ckptstore
-from plugins.analyzer import Option
-from sandboxes.base import Dataset, Task, TaskError, checkpoint_steps, train
+import ckpt.store as ckptstore
+from ckpt.errors import TaskError
+from ckpt.plugins import Dataset, Option, Task
+from ckpt.sandboxes.base import checkpoint_steps, train
 
 
 class Blobs(Task):

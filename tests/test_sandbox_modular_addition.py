@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import ckptstore
-from sandboxes.base import train
-from sandboxes.modular_addition import ModularAddition, ModularAdditionModel, build_model
+import ckpt.store as ckptstore
+from ckpt.sandboxes.base import train
+from ckpt.sandboxes.modular_addition import ModularAddition, ModularAdditionModel, build_model
 from tests.conftest import run_ckpt
 
 N = 17
@@ -114,9 +114,9 @@ def test_weight_decay_and_lr_reach_the_optimizer(task: ModularAddition) -> None:
 
 
 def test_presets_and_registration() -> None:
-    from plugins.runtime import registry
+    from ckpt.plugins import registry, resolve_task
 
-    assert isinstance(registry().tasks["modular-addition"], ModularAddition)
+    assert isinstance(resolve_task(registry().tasks["modular-addition"]), ModularAddition)
     for preset in ("default", "paper"):
         config = ModularAddition.presets[preset]
         assert (config["n"], config["d"], config["hidden"], config["batch_size"]) == (17, 2, 64, None)
@@ -126,7 +126,7 @@ def test_short_run_writes_a_store_the_cli_accepts(task: ModularAddition, tmp_pat
     path = tmp_path / "run.zarr"
     store = train(task, path, steps=60, every=20, seed=5, weight_decay=0.6)
     assert store.attrs["config"]["weight_decay"] == 0.6  # the option was applied to this run
-    assert store.model.factory == "sandboxes.modular_addition:build_model"
+    assert store.model.factory == "ckpt.sandboxes.modular_addition:build_model"
     info = run_ckpt("info", str(path))
     assert info.returncode == 0, info.stderr
     analyzed = run_ckpt("analyze", "loss", str(path), "--no-progress")

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-import ckptstore
-from sandboxes.base import TaskError, train
-from sandboxes.sparse_modular_addition import SparseModularAddition, build_model
+import ckpt.store as ckptstore
+from ckpt.errors import TaskError
+from ckpt.sandboxes.base import train
+from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition, build_model
 from tests.conftest import run_ckpt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -160,7 +161,7 @@ def test_short_run_writes_a_store_the_cli_reads(tmp_path: Path) -> None:
     store = ckptstore.open(path)
     assert store.steps.tolist() == [0, 16, 32]  # every epoch (512 / 32 steps)
     assert store.attrs["config"]["epochs"] == 100
-    assert store.model.factory == "sandboxes.sparse_modular_addition:build_model"
+    assert store.model.factory == "ckpt.sandboxes.sparse_modular_addition:build_model"
     assert store.objective == "cross-entropy"
     assert set(store.splits) == {"eval", "train"}
     metrics = store.metrics

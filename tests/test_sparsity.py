@@ -10,15 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-import ckptstore
-from analyzers import sparsity
-from analyzers.sparsity import Sparsity, epsilon_grid
-from plugins import AnalysisError
-from plugins.activations import activation_modules, capture, select_modules
-from plugins.engine import run
-from plugins.manager import load_registry
-from plugins.testing import AnalyzerTests
-from sandboxes.sparse_modular_addition import build_model, rms_normalize
+import ckpt.store as ckptstore
+from ckpt.analyzers import sparsity
+from ckpt.analyzers.sparsity import Sparsity, epsilon_grid
+from ckpt.plugins import AnalysisError, load_registry, select_modules
+from ckpt.plugins._activations import activation_modules, capture
+from ckpt.plugins._engine import run
+from ckpt.plugins.testing import AnalyzerTests
+from ckpt.sandboxes.sparse_modular_addition import build_model, rms_normalize
 from tests.conftest import write_mlp_run
 
 VALUES = np.array([-3.0, -0.5, -1e-4, 0.0, 3e-5, 2e-3, 0.25, 4.0, 50.0], dtype=np.float32)
@@ -102,7 +101,7 @@ def test_functional_activations_need_modules(tmp_path: Path, registry: Any) -> N
     path = tmp_path / "sma.zarr"
     tokens = np.random.default_rng(0).integers(0, 2, size=(40, 12))
     models = []
-    with ckptstore.create(path, model="sandboxes.sparse_modular_addition:build_model", config={}) as writer:
+    with ckptstore.create(path, model="ckpt.sandboxes.sparse_modular_addition:build_model", config={}) as writer:
         writer.add_data("eval", inputs=tokens, targets=tokens[:, :5].sum(1) % 2)
         for step in range(2):
             torch.manual_seed(step)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-import ckptstore
-from ckptstore import errors
+import ckpt.store as ckptstore
+from ckpt import errors
 from tests.conftest import make_tensors, run_ckpt, tree_digest
 from tests.writer_process import checkpoint
 

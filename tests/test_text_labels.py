@@ -18,12 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import ckptstore
-from analyzers.clusters import Clusters
-from plugins import AnalysisError
-from plugins.engine import run
-from plugins.runtime import clear_cache
-from plugins.testing import AnalyzerTests
+import ckpt.store as ckptstore
+from ckpt.analyzers.clusters import Clusters
+from ckpt.plugins import AnalysisError, clear_cache
+from ckpt.plugins._engine import run
+from ckpt.plugins.testing import AnalyzerTests
 from tests.conftest import run_ckpt, tree_digest, write_mlp_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")

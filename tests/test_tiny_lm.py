@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-import ckptstore
-from sandboxes import TASK_MODULES
-from sandboxes.base import TaskError, train
-from sandboxes.tiny_lm import TEXT_PATH, TinyLM, build_model
+import ckpt.store as ckptstore
+from ckpt.errors import TaskError
+from ckpt.sandboxes import TASKS
+from ckpt.sandboxes.base import train
+from ckpt.sandboxes.tiny_lm import TEXT_PATH, TinyLM, build_model
 from tests.conftest import run_ckpt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,9 +43,9 @@ def reference_windows(context: int, vocab: int) -> tuple[str, list[tuple[int, in
 
 
 def test_the_task_is_registered_where_the_package_looks() -> None:
-    assert TASK_MODULES["tiny-lm"] == "sandboxes.tiny_lm:TinyLM"
+    assert TASKS["tiny-lm"][0] == "ckpt.sandboxes.tiny_lm:TinyLM"
     assert TinyLM.objective == "token-cross-entropy"
-    assert TinyLM.factory == "sandboxes.tiny_lm:build_model"
+    assert TinyLM.factory == "ckpt.sandboxes.tiny_lm:build_model"
     assert {"default", "large"} <= set(TinyLM.presets)
     for preset in TinyLM.presets.values():
         assert set(TinyLM.option_spec()) <= set(preset), "every option has a preset value"
@@ -58,7 +59,7 @@ def test_the_text_is_bundled_small_public_domain_and_packaged() -> None:
     readme = (TEXT_PATH.parent / "README.md").read_text()
     assert "Project Gutenberg" in readme and "#2591" in readme and "public domain" in readme
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "data/*.txt" in pyproject["tool"]["setuptools"]["package-data"]["sandboxes"]
+    assert "data/*.txt" in pyproject["tool"]["setuptools"]["package-data"]["ckpt.sandboxes"]
 
 
 def test_eval_split_matches_the_definition(data) -> None:

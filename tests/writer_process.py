@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-import ckptstore
+import ckpt.store as ckptstore
 from tests.conftest import make_tensors
 
 

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import torch
 
-import ckptstore
+import ckpt.store as ckptstore
 
 
 def make_data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import xarray as xr
 
-from plugins import AnalysisContext, Analyzer, Worker, hookimpl
+from ckpt.plugins import AnalysisContext, Analyzer, Worker, hookimpl
 
 
 def weight_norms(worker: Worker, step: int, *, names: list[str]) -> dict[str, np.ndarray]:

@@ -7,10 +7,9 @@ from pathlib import Path
 import ckpt_weight_norm
 import numpy as np
 
-import ckptstore
-from plugins import analyze
-from plugins.manager import Registry
-from plugins.testing import AnalyzerTests
+import ckpt.store as ckptstore
+from ckpt.plugins import Registry, analyze
+from ckpt.plugins.testing import AnalyzerTests
 
 
 def write_run(path: Path) -> Path:

@@ -1,0 +1,5 @@
+"""``python -m ckpt`` runs the ``ckpt`` command."""
+
+from ckpt.cli.main import main
+
+main()

@@ -1,0 +1,115 @@
+"""The exception hierarchy of ckpt, every layer's in this one module.
+
+Every error a user can cause derives from :class:`CkptError`: store errors
+(:class:`StoreError` and its subclasses), plugin errors (:class:`PluginError`),
+analysis errors (:class:`AnalysisError`) and training-task errors
+(:class:`TaskError`). The module imports nothing, so every layer (store,
+plugins, analyzers, sandboxes, cli) can use it without importing another. Each class also
+mixes in the builtin exception a caller would naturally catch (``KeyError``,
+``FileNotFoundError``, ``ValueError`` ...), as zarr does, so code that does not
+know about ckpt still handles them sensibly. Messages say what was found, what
+was expected and what to do; only :mod:`ckpt.cli` turns them into one-line messages.
+"""
+
+from __future__ import annotations
+
+
+class CkptError(Exception):
+    """Base class of every error raised by ckpt for a user mistake or bad data."""
+
+
+class StoreError(CkptError):
+    """Something is wrong with a checkpoint store or with what was asked of it."""
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """The path or URL does not exist."""
+
+
+class NotAStoreError(StoreError, ValueError):
+    """The path exists but is not a ckpt store (no ``ckpt`` root attributes)."""
+
+
+class UnsupportedFormatError(StoreError, ValueError):
+    """The store was written in a format version this ckpt cannot read."""
+
+
+class StoreExistsError(StoreError, FileExistsError):
+    """``create`` was asked to write where a store (or other data) already exists."""
+
+
+class ReadOnlyError(StoreError, PermissionError):
+    """A write was attempted through a read-only handle."""
+
+
+class StoreLockedError(StoreError, BlockingIOError):
+    """Another process holds the writer lock of this store."""
+
+
+class StepOrderError(StoreError, ValueError):
+    """A checkpoint step is not greater than the last committed step."""
+
+
+class SchemaMismatchError(StoreError, ValueError):
+    """A tensor's name, shape or dtype differs from the store's first checkpoint."""
+
+
+class NonFiniteError(StoreError, ValueError):
+    """A tensor holds NaN or inf and the writer was asked to reject them."""
+
+
+class UnsupportedTensorError(StoreError, TypeError):
+    """A value could not be converted to an array, or has an unsupported dtype."""
+
+
+class InvalidNameError(StoreError, ValueError):
+    """A tensor, metric, split or label name cannot be stored."""
+
+
+class StepNotFoundError(StoreError, KeyError):
+    """The requested step is not a committed checkpoint."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class TensorNotFoundError(StoreError, KeyError):
+    """The store's checkpoints have no tensor of the requested name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class SplitNotFoundError(StoreError, KeyError):
+    """The requested data split does not exist in the store."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class DataError(StoreError, ValueError):
+    """Evaluation data passed to ``add_data`` is inconsistent."""
+
+
+class CorruptChunkError(StoreError, OSError):
+    """Stored bytes failed their checksum or could not be decoded."""
+
+
+class ImportFormatError(CkptError, ValueError):
+    """A folder of existing checkpoints could not be imported."""
+
+
+class PluginError(CkptError, TypeError):
+    """A plugin registered something malformed (not an Analyzer subclass, a bad option ...).
+
+    Raised at registration; the plugin host turns it into a warning naming the
+    plugin, so one broken plugin never takes the others down.
+    """
+
+
+class AnalysisError(CkptError):
+    """An analyzer was misused (unknown analyzer or option, bad value) or failed."""
+
+
+class TaskError(CkptError):
+    """A training task was asked for something it cannot do (unknown preset, bad option ...)."""

@@ -1,0 +1,215 @@
+"""The analyzer API for plugin authors: :class:`Analyzer` and :class:`Option`.
+
+An analyzer declares a name, a version, typed options and the analyzers it
+requires, and implements :meth:`Analyzer.compute`, which returns a *lazy*
+``xarray.Dataset``. It builds that Dataset with the helpers of
+:class:`ckpt.plugins.AnalysisContext`, which map a function over checkpoints, over
+pairs of consecutive checkpoints, and over blocks of datapoints; the function runs
+on a Dask worker and gets a :class:`ckpt.plugins.Worker` that loads what it needs
+from the store there (model and data cached per worker).
+
+This module imports neither xarray nor torch, so that registering analyzers
+(``ckpt --help``, ``ckpt analyze NAME --help``) stays cheap.
+
+A complete analyzer::
+
+    import numpy as np
+    from ckpt.plugins import Analyzer, Option, Worker
+
+    def weight_norms(worker: Worker, step: int) -> dict[str, np.ndarray]:
+        tensors = worker.tensors(step)
+        return {"norm": np.array([np.linalg.norm(t.astype(np.float64)) for t in tensors.values()])}
+
+    class WeightNorm(Analyzer):
+        name = "weight-norm"
+        version = "1"
+        description = "L2 norm of every tensor at every checkpoint."
+
+        def compute(self, ctx):
+            names = ctx.store.tensor_names
+            return ctx.map_checkpoints(weight_norms, {"norm": (("tensor",), np.float64)},
+                                       coords={"tensor": names}, sizes={"tensor": len(names)})
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from ckpt.errors import AnalysisError, PluginError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
+
+    from ckpt.plugins._context import AnalysisContext
+
+PER_CHECKPOINT = "checkpoint"
+"""``Analyzer.per``: one result row per checkpoint."""
+PER_PAIR = "pair"
+"""``Analyzer.per``: one result row per pair of consecutive checkpoints, at its first step."""
+PER_RUN = "run"
+"""``Analyzer.per``: the whole result is recomputed when the run grows."""
+
+ENGINE_SETTINGS = (
+    "scheduler",
+    "address",
+    "workers",
+    "device",
+    "force",
+    "progress",
+    "block_steps",
+    "storage_options",
+    "registry",
+)
+"""Keyword arguments that :func:`ckpt.analyze` gives the engine; no analyzer option may take these names."""
+
+
+@dataclass
+class Option:
+    """A typed analyzer option; becomes ``--name`` on the command line.
+
+    Parameters
+    ----------
+    type
+        ``int``, ``float``, ``str`` or ``bool`` (a flag).
+    default
+        Value when not given.
+    help
+        One line for ``ckpt analyze NAME --help``.
+    choices
+        Allowed values, if restricted.
+    """
+
+    type: type
+    default: Any
+    help: str
+    choices: Sequence[Any] | None = None
+    name: str = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is None:
+            return self
+        return instance.options[self.name]
+
+    def convert(self, value: Any, analyzer: str) -> Any:
+        """Check and convert ``value``; raise AnalysisError naming the option otherwise."""
+        try:
+            if self.type is bool and isinstance(value, str):
+                converted = {"true": True, "false": False, "1": True, "0": False}[value.lower()]
+            else:
+                converted = self.type(value)
+                if self.type is int and isinstance(value, float) and value != int(value):
+                    raise ValueError
+        except (TypeError, ValueError, KeyError):
+            msg = f"option {self.name!r} of analyzer {analyzer!r} must be {self.type.__name__}, got {value!r}"
+            raise AnalysisError(msg) from None
+        if self.choices is not None and converted not in self.choices:
+            msg = f"option {self.name!r} of analyzer {analyzer!r} must be one of {list(self.choices)}, got {value!r}"
+            raise AnalysisError(msg)
+        return converted
+
+
+def declared_options(cls: type) -> dict[str, Option]:
+    """The :class:`Option` class attributes of ``cls`` and its bases, by name, base classes first."""
+    spec: dict[str, Option] = {}
+    for klass in reversed(cls.__mro__):
+        spec.update({k: v for k, v in vars(klass).items() if isinstance(v, Option)})
+    return spec
+
+
+class Analyzer:
+    """Base class of every analyzer (built-in or plugin).
+
+    Subclasses set the class attributes below, declare options as
+    :class:`Option` class attributes, and implement :meth:`compute`.
+    """
+
+    name: ClassVar[str]
+    """What users type: ``ckpt analyze NAME``."""
+    version: ClassVar[str] = "1"
+    """Bump when results change: stored results of another version are recomputed."""
+    description: ClassVar[str] = ""
+    """One line for ``ckpt analyze --help``."""
+    requires: ClassVar[tuple[str, ...]] = ()
+    """Analyzers whose results this one reads (computed first by the engine)."""
+    running_sums: ClassVar[dict[str, str]] = {}
+    """``{total: variable}``: the engine adds ``total``, the running sum of ``variable`` over
+    ``step``, continued across the blocks it commits and across incremental runs."""
+    per: ClassVar[str] = PER_CHECKPOINT
+    """How results grow with the run: ``"checkpoint"`` (one row per step), ``"pair"``
+    (one row per consecutive pair, at its first step) or ``"run"`` (recomputed whole)."""
+
+    def __init__(self, **options: Any) -> None:
+        spec = self.option_spec()
+        unknown = sorted(set(options) - set(spec))
+        if unknown:
+            known = ", ".join(spec) or "none"
+            msg = f"analyzer {self.name!r} has no option {unknown[0]!r}; its options are: {known}"
+            raise AnalysisError(msg)
+        self.options: dict[str, Any] = {}
+        for key, option in spec.items():
+            value = options.get(key, option.default)
+            self.options[key] = value if value is None else option.convert(value, self.name)
+
+    @classmethod
+    def option_spec(cls) -> dict[str, Option]:
+        """The declared options, by name, in declaration order (base classes first)."""
+        return declared_options(cls)
+
+    def dependency_options(self) -> dict[str, dict[str, Any]]:
+        """Options to run each required analyzer with (default: their defaults)."""
+        return {}
+
+    def preflight(self, store: Any) -> None:
+        """Check the options against ``store`` before anything, dependencies included, is computed.
+
+        Raise :class:`AnalysisError` for a user mistake that would otherwise surface
+        only after the required analyzers had run and written their results (a
+        missing label, a model that is not installed). Default: nothing to check.
+        """
+
+    def compute(self, ctx: AnalysisContext) -> xr.Dataset:
+        """Return the result for ``ctx.steps`` as a lazy (dask-backed) Dataset."""
+        raise NotImplementedError
+
+    def summarize(self, result: xr.Dataset) -> str:
+        """A readable summary for ``ckpt show`` (default: each variable's shape and range)."""
+        lines = []
+        for name, variable in result.data_vars.items():
+            values = np.asarray(variable.values, dtype=np.float64)
+            finite = values[np.isfinite(values)]
+            stats = f"min {finite.min():.4g}  mean {finite.mean():.4g}  max {finite.max():.4g}" if finite.size else ""
+            dims = ", ".join(f"{d}={n}" for d, n in zip(variable.dims, variable.shape, strict=True))
+            lines.append(f"  {name:<16} ({dims})  {stats}")
+        return "\n".join(lines)
+
+    def provenance(self) -> dict[str, Any]:
+        """What identifies a result of this analyzer: name, version and options (JSON)."""
+        return {"analyzer": self.name, "version": str(self.version), "options": json.loads(json.dumps(self.options))}
+
+
+def validate_analyzer(cls: Any) -> None:
+    """Raise :class:`PluginError` unless ``cls`` is a well-formed Analyzer subclass (used at registration)."""
+    if not (isinstance(cls, type) and issubclass(cls, Analyzer)):
+        msg = f"{cls!r} is not a subclass of ckpt.plugins.Analyzer"
+        raise PluginError(msg)
+    if not isinstance(getattr(cls, "name", None), str) or not cls.name:
+        msg = f"analyzer class {cls.__qualname__} has no name"
+        raise PluginError(msg)
+    if cls.per not in (PER_CHECKPOINT, PER_PAIR, PER_RUN):
+        msg = f"analyzer {cls.name!r}: per must be 'checkpoint', 'pair' or 'run', got {cls.per!r}"
+        raise PluginError(msg)
+    shadowing = [name for name in cls.option_spec() if name in ENGINE_SETTINGS]
+    if shadowing:
+        msg = (
+            f"analyzer {cls.name!r} declares option {shadowing[0]!r}, which is an engine setting "
+            f"({', '.join(ENGINE_SETTINGS)}); rename the option"
+        )
+        raise PluginError(msg)

@@ -1,0 +1,196 @@
+"""What :meth:`Analyzer.compute` builds its lazy result with: :class:`AnalysisContext`.
+
+The context maps a task function over checkpoints, over pairs of consecutive
+checkpoints and over blocks of datapoints. Each call becomes a ``dask.delayed``
+task that ships only a :class:`TaskSpec` (paths and names); on the worker it
+gets the process's cached :class:`Worker`, which loads what it needs there.
+dask and xarray are imported when a graph is built, not when this module is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ckpt.errors import AnalysisError
+from ckpt.plugins._runtime import TaskSpec, datapoint_index, worker_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
+
+Output = tuple[tuple[str, ...], Any]
+"""An output variable: (dims after ``step``, numpy dtype)."""
+
+
+def _call(fn: Callable[..., dict[str, np.ndarray]], spec: TaskSpec, args: tuple, kwargs: dict) -> dict:
+    """Run a task function on this worker: what every Dask task of an analysis calls."""
+    return fn(worker_for(spec), *args, **kwargs)
+
+
+class AnalysisContext:
+    """What :meth:`Analyzer.compute` works with: the store, the steps to compute, graph helpers.
+
+    Attributes
+    ----------
+    store
+        The :class:`ckpt.store.Store` (read-only, committed state).
+    steps
+        Steps to compute: checkpoint steps for ``per="checkpoint"``, first steps of
+        the pairs for ``per="pair"``, every step for ``per="run"``.
+    device
+        Torch device the workers compute on.
+    """
+
+    def __init__(self, store: Any, steps: Sequence[int], spec: TaskSpec, results: Mapping[str, xr.Dataset]) -> None:
+        self.store = store
+        self.steps = [int(s) for s in steps]
+        self.spec = spec
+        self.device = spec.device
+        self._results = dict(results)
+
+    def result(self, name: str) -> xr.Dataset:
+        """The stored result of a required analyzer (lazy)."""
+        try:
+            return self._results[name]
+        except KeyError:
+            msg = f"analyzer result {name!r} is not available; declare it in `requires`"
+            raise AnalysisError(msg) from None
+
+    def next_step(self, step: int) -> int:
+        """The checkpoint after ``step`` (for pair analyzers)."""
+        steps = self.store.steps
+        index = int(np.searchsorted(steps, step))
+        return int(steps[index + 1])
+
+    def delayed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A ``dask.delayed`` call of ``fn(worker, *args, **kwargs)`` on a worker.
+
+        For analyzers whose tasks depend on each other (a basis grown
+        checkpoint by checkpoint): pass earlier delayed results as arguments;
+        Dask computes them first and hands ``fn`` their values.
+        """
+        import dask
+
+        return dask.delayed(_call, pure=True)(fn, self.spec, args, kwargs)
+
+    def _stack(
+        self,
+        fn: Callable[..., dict[str, np.ndarray]],
+        outputs: Mapping[str, Output],
+        sizes: Mapping[str, int],
+        task_args: Callable[[int], list[tuple[tuple, dict, dict[str, int]]]],
+        block_dim: str | None,
+        steps: Sequence[int],
+    ) -> dict[str, Any]:
+        import dask
+        import dask.array as da
+
+        columns: dict[str, list[Any]] = {name: [] for name in outputs}
+        for step in steps:
+            parts: dict[str, list[Any]] = {name: [] for name in outputs}
+            for args, kwargs, part_sizes in task_args(step):
+                task = dask.delayed(_call, pure=True)(fn, self.spec, args, kwargs)
+                for name, (dims, dtype) in outputs.items():
+                    shape = tuple({**sizes, **part_sizes}[d] for d in dims)
+                    parts[name].append(da.from_delayed(task[name], shape=shape, dtype=dtype))
+            for name, (dims, _) in outputs.items():
+                pieces = parts[name]
+                axis = dims.index(block_dim) if block_dim in dims else None
+                columns[name].append(pieces[0] if axis is None else da.concatenate(pieces, axis=axis))
+        return {name: da.stack(column) for name, column in columns.items()}
+
+    def _dataset(
+        self, arrays: dict[str, Any], outputs: Mapping[str, Output], coords: Mapping[str, Any], steps: Sequence[int]
+    ) -> xr.Dataset:
+        import xarray as xr
+
+        variables = {name: (("step", *outputs[name][0]), array) for name, array in arrays.items()}
+        return xr.Dataset(variables, coords={"step": ("step", [int(s) for s in steps]), **coords})
+
+    def map_checkpoints(
+        self,
+        fn: Callable[..., dict[str, np.ndarray]],
+        outputs: Mapping[str, Output],
+        *,
+        sizes: Mapping[str, int] | None = None,
+        coords: Mapping[str, Any] | None = None,
+        datapoint_blocks: Sequence[tuple[slice, int]] | None = None,
+        steps: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> xr.Dataset:
+        """Map ``fn(worker, step, **kwargs)`` over ``self.steps``; one Dask task per step.
+
+        Parameters
+        ----------
+        fn
+            A module-level function returning ``{variable: array}``; array shapes
+            follow ``outputs`` (without the step axis).
+        outputs
+            ``{variable: (dims, dtype)}``.
+        sizes
+            Length of every dim in ``outputs``.
+        coords
+            Coordinates of the result besides ``step``.
+        datapoint_blocks
+            ``[(examples slice, datapoints in it), ...]``: split each step into one
+            task per block of examples; ``fn`` is then called with ``examples=slice``
+            and its outputs are concatenated along ``"datapoint"``.
+        steps
+            Checkpoint steps to map over instead of ``self.steps`` (a pair analyzer
+            computing per-checkpoint quantities once, for both pairs that share them).
+        **kwargs
+            Passed to ``fn`` (picklable values).
+        """
+        sizes = dict(sizes or {})
+        if datapoint_blocks is None:
+
+            def task_args(step: int) -> list[tuple[tuple, dict, dict[str, int]]]:
+                return [((step,), kwargs, {})]
+
+        else:
+
+            def task_args(step: int) -> list[tuple[tuple, dict, dict[str, int]]]:
+                return [
+                    ((step,), {**kwargs, "examples": block}, {"datapoint": count}) for block, count in datapoint_blocks
+                ]
+
+        steps = self.steps if steps is None else [int(s) for s in steps]
+        arrays = self._stack(fn, outputs, sizes, task_args, "datapoint", steps)
+        return self._dataset(arrays, outputs, coords or {}, steps)
+
+    def map_pairs(
+        self,
+        fn: Callable[..., dict[str, np.ndarray]],
+        outputs: Mapping[str, Output],
+        *,
+        sizes: Mapping[str, int] | None = None,
+        coords: Mapping[str, Any] | None = None,
+        steps: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> xr.Dataset:
+        """Map ``fn(worker, step, next_step, **kwargs)`` over consecutive checkpoint pairs.
+
+        The result's ``step`` coordinate is the first step of each pair:
+        ``self.steps``, or ``steps`` when given (a ``per="run"`` analyzer passes
+        every checkpoint but the last).
+        """
+        sizes = dict(sizes or {})
+        steps = self.steps if steps is None else [int(s) for s in steps]
+
+        def task_args(step: int) -> list[tuple[tuple, dict, dict[str, int]]]:
+            return [((step, self.next_step(step)), kwargs, {})]
+
+        arrays = self._stack(fn, outputs, sizes, task_args, None, steps)
+        return self._dataset(arrays, outputs, coords or {}, steps)
+
+    def datapoint_blocks(self, split: str, objective: str, examples_per_block: int) -> list[tuple[slice, int]]:
+        """Blocks of whole examples and how many datapoints each holds (for ``map_checkpoints``)."""
+        example, _ = datapoint_index(self.store, split, objective)
+        n = self.store.data(split).sizes["example"]
+        counts = np.bincount(example, minlength=n)
+        return [
+            (slice(start, min(start + examples_per_block, n)), int(counts[start : start + examples_per_block].sum()))
+            for start in range(0, n, examples_per_block)
+        ]

@@ -1,0 +1,426 @@
+"""The engine: resolve dependencies, reuse what is stored, run the Dask graph, save results.
+
+:func:`analyze` is what ``ckpt analyze`` and notebooks call. For an analyzer
+and its options it
+
+1. runs the analyzers it requires first (each through this same function);
+2. compares the stored result's provenance (analyzer version, options, data
+   hash, results of requirements) with the request; on a match it reuses the
+   stored steps and computes only the missing ones (new checkpoints = new work
+   only), otherwise it recomputes everything;
+3. asks the analyzer for a lazy Dataset over the missing steps and computes it
+   in blocks of steps on the chosen scheduler, committing each block to
+   ``analyses/<name>`` as it finishes, so that a run killed mid-way resumes
+   where it stopped;
+4. returns the stored result, lazily read back from the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask
+import xarray as xr
+
+import ckpt.store as ckptstore
+from ckpt.errors import AnalysisError
+from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
+from ckpt.plugins._context import AnalysisContext
+from ckpt.plugins._manager import registry as shared_registry
+from ckpt.plugins._runtime import TaskSpec
+from ckpt.store.results import write_analysis
+
+SCHEDULERS = ("threads", "processes", "sync")
+COMMIT_SECONDS = 2.0
+"""Target duration of a block of steps between two commits of the result."""
+
+
+@dataclass
+class RunReport:
+    """What one :func:`run` did."""
+
+    name: str
+    computed_steps: list[int] = field(default_factory=list)
+    """Steps (or first steps of pairs) computed in this run."""
+    reused_steps: list[int] = field(default_factory=list)
+    """Steps taken from the stored result."""
+    dependencies: list[RunReport] = field(default_factory=list)
+    dataset: xr.Dataset | None = None
+    """The complete stored result (lazy)."""
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def data_hash(store: ckptstore.Store) -> str:
+    """One hash over the content hashes of every data split of the store."""
+    digests = {split: store.split_hash(split) for split in store.splits}
+    return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+
+
+def _identity(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a provenance record that decides whether a stored result can be reused."""
+    return {k: provenance.get(k) for k in ("analyzer", "version", "options", "data_sha256", "requires")}
+
+
+def stored_provenance(store: ckptstore.Store, name: str) -> dict[str, Any] | None:
+    """The provenance attributes of a stored result, or None when there is none."""
+    if name not in store.analyses:
+        return None
+    return store.analysis(name).ckpt.provenance
+
+
+def _wanted_steps(analyzer: Analyzer, store: ckptstore.Store) -> list[int]:
+    steps = [int(s) for s in store.steps]
+    if analyzer.per == PER_PAIR:
+        return steps[:-1]
+    return steps
+
+
+@contextlib.contextmanager
+def compute_settings(
+    scheduler: str = "threads",
+    address: str | None = None,
+    workers: int | None = None,
+    device: str = "cpu",
+) -> Iterator[tuple[dict[str, Any], int]]:
+    """Yield the keyword arguments of ``.compute()`` for the chosen scheduler, and its worker count.
+
+    ``address`` connects to a running ``distributed`` scheduler; ``workers``
+    starts a ``LocalCluster`` of that many single-threaded worker processes
+    (with ``device="cuda"`` and dask-cuda installed, one worker per GPU);
+    otherwise the local ``threads`` (default), ``processes`` or ``sync``
+    scheduler is used, with ``workers`` threads/processes.
+    """
+    if scheduler not in SCHEDULERS:
+        msg = f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}"
+        raise AnalysisError(msg)
+    if address is not None:
+        from distributed import Client
+
+        try:
+            client = Client(address, timeout="10s")
+        except OSError as exc:
+            msg = f"cannot reach a dask scheduler at {address} ({exc}); start one with `dask scheduler`"
+            raise AnalysisError(msg) from None
+        with client:
+            yield {"scheduler": client}, max(1, len(client.scheduler_info()["workers"]))
+        return
+    if workers is not None and workers < 1:
+        msg = f"--workers must be at least 1, got {workers}"
+        raise AnalysisError(msg)
+    if workers is not None and scheduler == "threads":
+        from distributed import Client, LocalCluster
+
+        cluster_cls: Any = LocalCluster
+        kwargs: dict[str, Any] = {"n_workers": workers, "threads_per_worker": 1, "processes": True}
+        if device.startswith("cuda"):
+            with contextlib.suppress(ImportError):
+                from dask_cuda import LocalCUDACluster
+
+                cluster_cls, kwargs = LocalCUDACluster, {"n_workers": workers, "threads_per_worker": 1}
+        # distributed gives its workers MALLOC_TRIM_THRESHOLD_=65536, which also turns off
+        # glibc's dynamic mmap threshold: every activation buffer above 128 KB is then
+        # mmapped and page-faulted anew. Measured on the loss analyzer (8192 examples,
+        # hidden 512): 58 ms per checkpoint with it, 28 ms without (bench/engine.py).
+        spawn_environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {})}
+        spawn_environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+        with warnings.catch_warnings(), dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_environ}):
+            warnings.simplefilter("ignore")  # "port 8787 is already in use" and friends
+            cluster = cluster_cls(dashboard_address=None, **kwargs)
+        with cluster, Client(cluster) as client:
+            yield {"scheduler": client}, workers
+        return
+    if scheduler == "processes":
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        count = workers or os.cpu_count() or 1
+        # one pool for the whole run, so models and data stay cached in its processes
+        with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
+            yield {"scheduler": "processes", "pool": pool}, count
+        return
+    count = 1 if scheduler == "sync" else workers or os.cpu_count() or 1
+    settings: dict[str, Any] = {"scheduler": scheduler}
+    if scheduler == "threads":
+        settings["num_workers"] = count
+    yield settings, count
+
+
+def _check_lazy(name: str, dataset: Any) -> None:
+    if not isinstance(dataset, xr.Dataset):
+        msg = f"analyzer {name!r} returned {type(dataset).__name__}, not an xarray.Dataset"
+        raise AnalysisError(msg)
+    eager = [v for v, variable in dataset.data_vars.items() if variable.chunks is None]
+    if eager:
+        msg = (
+            f"analyzer {name!r} computed {eager[0]!r} while building its graph; return dask-backed "
+            "variables (AnalysisContext.map_checkpoints / map_pairs) so that the engine runs them"
+        )
+        raise AnalysisError(msg)
+
+
+def run(
+    name: str,
+    store: str | os.PathLike[str],
+    *,
+    scheduler: str = "threads",
+    address: str | None = None,
+    workers: int | None = None,
+    device: str = "cpu",
+    force: bool = False,
+    progress: bool = False,
+    block_steps: int | None = None,
+    registry: Any = None,
+    storage_options: dict[str, Any] | None = None,
+    _active: tuple[str, ...] = (),
+    **options: Any,
+) -> RunReport:
+    """Run analyzer ``name`` on ``store``, computing only what is missing; see :func:`analyze`."""
+    registry = registry if registry is not None else shared_registry()
+    if name not in registry.analyzers:
+        known = ", ".join(sorted(registry.analyzers)) or "none"
+        msg = f"unknown analyzer {name!r}; registered analyzers: {known} (see `ckpt plugins`)"
+        raise AnalysisError(msg)
+    if name in _active:
+        msg = f"analyzers require each other in a cycle: {' -> '.join([*_active, name])}"
+        raise AnalysisError(msg)
+    analyzer: Analyzer = registry.analyzers[name](**options)
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = {
+        "scheduler": scheduler,
+        "address": address,
+        "workers": workers,
+        "device": device,
+        "progress": progress,
+        "block_steps": block_steps,
+        "registry": registry,
+        "storage_options": storage_options,
+    }
+    # user mistakes first: an error after the dependencies ran would leave the store changed
+    analyzer.preflight(ckptstore.open(str(store), storage_options=storage_options))
+    report = RunReport(name)
+    results: dict[str, xr.Dataset] = {}
+    requirements: dict[str, Any] = {}
+    dependency_options = analyzer.dependency_options()
+    for dependency in analyzer.requires:
+        if dependency not in registry.analyzers:
+            known = ", ".join(sorted(registry.analyzers)) or "none"
+            msg = f"analyzer {name!r} requires {dependency!r}, which is not registered; registered analyzers: {known}"
+            raise AnalysisError(msg)
+        sub_options = dependency_options.get(dependency, {})
+        if sub_options is None:  # "whatever is stored": reuse the stored result's options
+            stored_dependency = stored_provenance(
+                ckptstore.open(str(store), storage_options=storage_options), dependency
+            )
+            sub_options = dict((stored_dependency or {}).get("options") or {})
+        sub = run(dependency, store, _active=(*_active, name), **engine, **sub_options)
+        report.dependencies.append(sub)
+        assert sub.dataset is not None
+        results[dependency] = sub.dataset
+        identity = _identity(sub.dataset.attrs.get("ckpt", {}))
+        if registry.analyzers[dependency].per == PER_RUN:
+            # a whole-run result (a basis) changes when checkpoints are added: so do its dependents
+            identity["steps"] = sub.dataset.attrs.get("ckpt", {}).get("steps")
+        requirements[dependency] = identity
+
+    where = str(store)
+    opened = ckptstore.open(where, storage_options=storage_options)
+    provenance = {**analyzer.provenance(), "data_sha256": data_hash(opened), "requires": requirements}
+    wanted = _wanted_steps(analyzer, opened)
+    stored = stored_provenance(opened, name)
+    covered: list[int] = []
+    if stored is not None and not force and _identity(stored) == _identity(provenance):
+        covered = [int(s) for s in stored.get("steps", [])]
+        if analyzer.per == PER_RUN and covered != wanted:
+            covered = []
+    missing = [s for s in wanted if s not in set(covered)]
+    if covered and missing and min(missing) < max(covered):
+        covered, missing = [], wanted  # a hole in the middle: never expected, but never wrong to redo
+    report.reused_steps = [s for s in wanted if s in set(covered)]
+    if missing or (not covered and analyzer.per == PER_RUN):
+        _compute(analyzer, where, opened, missing, covered, provenance, results, engine)
+        report.computed_steps = missing
+    report.dataset = ckptstore.open(where, storage_options=storage_options).analysis(name)
+    return report
+
+
+def _compute(
+    analyzer: Analyzer,
+    where: str,
+    store: ckptstore.Store,
+    missing: Sequence[int],
+    covered: Sequence[int],
+    provenance: dict[str, Any],
+    results: dict[str, xr.Dataset],
+    engine: dict[str, Any],
+) -> None:
+    from tqdm import tqdm
+
+    spec = TaskSpec(where, engine["device"], engine["storage_options"])
+    context = AnalysisContext(store, missing, spec, results)
+    dataset = analyzer.compute(context)
+    _check_lazy(analyzer.name, dataset)
+    per_step = analyzer.per in (PER_CHECKPOINT, PER_PAIR) and "step" in dataset.dims
+    with compute_settings(engine["scheduler"], engine["address"], engine["workers"], engine["device"]) as (
+        settings,
+        count,
+    ):
+        if not per_step:
+            computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
+            attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
+            attrs["ckpt"]["created"] = _now()
+            write_analysis(where, analyzer.name, computed, attrs=attrs, storage_options=engine["storage_options"])
+            return
+        # Blocks of steps, each committed when done, so that a killed run resumes
+        # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
+        # commit costs ~50-70 ms, so committing every block of a few steps
+        # tripled the engine's time against a plain loop (bench/engine.py).
+        size = engine["block_steps"] or max(count, 4)
+        done = list(covered)
+        carry = _stored_totals(analyzer, where, engine["storage_options"]) if covered else None
+        start = 0
+        with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None) as bar:
+            while start < len(missing):
+                began = time.perf_counter()
+                part = dataset.isel(step=slice(start, start + size)).compute(**settings)
+                part = _add_running_sums(analyzer, part, carry)
+                carry = {total: part[total].isel(step=-1, drop=True) for total in analyzer.running_sums}
+                steps = [int(s) for s in part["step"].values]
+                done += steps
+                attrs = {"ckpt": {**provenance, "steps": done, "ckpt_version": ckptstore.__version__}}
+                attrs["ckpt"]["created"] = _now()
+                write_analysis(
+                    where,
+                    analyzer.name,
+                    part,
+                    append_dim="step" if len(done) > len(steps) else None,
+                    attrs=attrs,
+                    storage_options=engine["storage_options"],
+                )
+                bar.update(len(steps))
+                start += len(steps)
+                if not engine["block_steps"]:
+                    per_step = (time.perf_counter() - began) / len(steps)
+                    size = max(count, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
+
+
+def _add_running_sums(analyzer: Analyzer, part: xr.Dataset, carry: Mapping[str, Any] | None) -> xr.Dataset:
+    """Add the analyzer's running sums over ``step`` to a computed block, continuing ``carry``."""
+    for total, variable in analyzer.running_sums.items():
+        summed = part[variable].cumsum("step") if "step" in part[variable].dims else part[variable]
+        part[total] = summed if carry is None else summed + carry[total]
+    return part
+
+
+def _stored_totals(analyzer: Analyzer, where: str, storage_options: Any) -> dict[str, Any] | None:
+    """The running sums at the last stored step (where an incremental run continues them)."""
+    if not analyzer.running_sums:
+        return None
+    stored = ckptstore.open(where, storage_options=storage_options).analysis(analyzer.name)
+    return {total: stored[total].isel(step=-1, drop=True).load() for total in analyzer.running_sums}
+
+
+def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Dataset:
+    """Run an analyzer on a store and return its complete result.
+
+    Parameters
+    ----------
+    name
+        Registered analyzer name (``ckpt plugins`` lists them).
+    store
+        Path or URL of the checkpoint store.
+    **kwargs
+        Analyzer options (``split="eval"``), and engine options:
+        ``scheduler`` (``"threads"``, ``"processes"``, ``"sync"``), ``address``
+        (a ``distributed`` scheduler), ``workers`` (a ``LocalCluster`` of that
+        many processes), ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``),
+        ``force`` (recompute), ``progress`` (show a bar).
+
+    Returns
+    -------
+    xarray.Dataset
+        The stored result (lazy), with its provenance in ``attrs["ckpt"]``.
+
+    Examples
+    --------
+    >>> import ckpt
+    >>> losses = ckpt.analyze("loss", "run.zarr", split="eval")  # doctest: +SKIP
+    >>> losses["mean_loss"].plot()                                 # doctest: +SKIP
+    """
+    report = run(name, store, **kwargs)
+    assert report.dataset is not None
+    return report.dataset
+
+
+def run_coordinates(stores: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
+    """Coordinates along ``run`` of several stores: the path, and the run settings they record.
+
+    The settings are the scalar entries of each store's ``attrs`` (``ckpt train`` records
+    ``task``, ``preset``, ``seed``) and of ``attrs["config"]`` (e.g. ``weight_decay``, ``lr``)
+    that every run has.
+    """
+    records = []
+    for where in stores:
+        attrs = ckptstore.open(str(where)).attrs
+        record = {k: v for k, v in attrs.items() if isinstance(v, str | int | float | bool)}
+        config = attrs.get("config")
+        if isinstance(config, Mapping):
+            record.update(
+                {k: v for k, v in config.items() if isinstance(v, str | int | float | bool) and k not in record}
+            )
+        records.append(record)
+    shared = set.intersection(*(set(r) for r in records)) if records else set()
+    coords: dict[str, Any] = {"run": ("run", [str(s) for s in stores])}
+    for key in sorted(shared):
+        values = [r[key] for r in records]
+        coords[key] = ("run", values if not all(isinstance(v, str) for v in values) else [str(v) for v in values])
+    return coords
+
+
+def analyze_runs(name: str, stores: Sequence[str | os.PathLike[str]], **kwargs: Any) -> xr.Dataset:
+    """Run an analyzer on several stores and return one Dataset with a ``run`` dimension.
+
+    Each store keeps its own result in ``analyses/<name>`` (computed only where missing);
+    the results are concatenated along ``run`` (an outer join on ``step``: runs of other
+    lengths are padded with NaN), with each run's path and recorded settings (seed, weight
+    decay, ...) as coordinates.
+
+    Parameters
+    ----------
+    name
+        Registered analyzer name.
+    stores
+        Paths of the runs.
+    **kwargs
+        As for :func:`analyze`.
+
+    Examples
+    --------
+    >>> import glob, ckpt
+    >>> geometry = ckpt.analyze_runs("loss", sorted(glob.glob("runs/wd*.zarr")))  # doctest: +SKIP
+    >>> geometry["mean_loss"].groupby("weight_decay").mean("run")                     # doctest: +SKIP
+    """
+    if not stores:
+        msg = "analyze_runs needs at least one store"
+        raise AnalysisError(msg)
+    results = [analyze(name, where, **kwargs) for where in stores]
+    combined = xr.concat(
+        [r.drop_attrs() for r in results], dim="run", join="outer", coords="minimal", compat="override"
+    )
+    combined = combined.assign_coords(run_coordinates(stores))
+    combined.attrs["ckpt"] = {"analyzer": name, "runs": [str(s) for s in stores]}
+    return combined

@@ -1,0 +1,252 @@
+"""The worker side of an analysis: what a task function gets, cached per worker.
+
+Task functions receive a :class:`Worker`. It opens the store, rebuilds the
+model from the store's model spec and loads the evaluation data *on the
+worker*, once per process (the model once per thread: ``functional_call``
+swaps a module's parameters while it runs, so threads must not share one).
+Tasks therefore ship only a :class:`TaskSpec` (paths and names), never tensors.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ckpt.errors import AnalysisError, StepNotFoundError
+from ckpt.plugins._manager import registry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt.store import Store
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a worker needs to set itself up: paths and names, never tensors (cheap to ship)."""
+
+    store: str
+    device: str = "cpu"
+    storage_options: Mapping[str, Any] | None = None
+
+
+_process_lock = threading.Lock()
+_workers: dict[TaskSpec, Worker] = {}
+_thread_state = threading.local()
+
+
+def objective_for(store: Store, name: str | None = None) -> Any:
+    """The registered objective ``name`` (default: the one the store names)."""
+    name = name or store.objective
+    if name is None:
+        msg = f"{store.path} names no objective; pass --objective (e.g. cross-entropy, token-cross-entropy)"
+        raise AnalysisError(msg)
+    objectives = registry().objectives
+    if name not in objectives:
+        msg = f"unknown objective {name!r}; registered objectives: {', '.join(sorted(objectives))}"
+        raise AnalysisError(msg)
+    return objectives[name]
+
+
+def datapoint_index(store: Store, split: str, objective: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(example, position) of every datapoint of ``split`` under the objective, row-major."""
+    data = store.data(split)
+    targets = data["targets"].values if "targets" in data else data["inputs"].values
+    mask = data["mask"].values if "mask" in data else None
+    return objective_for(store, objective).datapoints(targets, mask)
+
+
+def worker_for(spec: TaskSpec) -> Worker:
+    """The cached :class:`Worker` of this process for ``spec``."""
+    worker = _workers.get(spec)
+    if worker is None:
+        with _process_lock:
+            worker = _workers.get(spec)
+            if worker is None:
+                worker = _workers[spec] = Worker(spec)
+    return worker
+
+
+def clear_cache() -> None:
+    """Forget every cached worker, model and dataset of this process (tests, long sessions)."""
+    with _process_lock:
+        _workers.clear()
+    _thread_state.__dict__.clear()
+
+
+class Worker:
+    """Access to one store from a task: tensors, the model, the data, per-datapoint losses."""
+
+    def __init__(self, spec: TaskSpec) -> None:
+        self.spec = spec
+        self.device = spec.device
+        import ckpt.store
+
+        self._store = ckpt.store.open(spec.store, storage_options=dict(spec.storage_options or {}) or None)
+        self._lock = threading.Lock()
+        self._data: dict[str, dict[str, Any]] = {}
+        self._params: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._cache: dict[Any, Any] = {}
+        self._recent: OrderedDict[Any, Any] = OrderedDict()
+
+    @property
+    def store(self) -> Store:
+        """The store, read-only."""
+        return self._store
+
+    def _ensure_step(self, step: int) -> None:
+        # a dict lookup per task: building a set of all steps here was O(T) per task
+        if step not in self._store:
+            with self._lock:
+                self._store.refresh()  # committed after this worker opened the store
+        if step not in self._store:
+            msg = f"step {step} is not a committed checkpoint of {self._store.path}"
+            raise StepNotFoundError(msg)
+
+    def tensors(self, step: int, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """The checkpoint's tensors as numpy arrays."""
+        self._ensure_step(step)
+        return self._store.tensors(step, names)
+
+    def params(self, step: int) -> dict[str, Any]:
+        """The checkpoint's tensors as torch tensors on the worker's device (last 2 steps cached)."""
+
+        def load() -> dict[str, Any]:
+            self._ensure_step(step)
+            return self._store.tensors(step, device=self.device)
+
+        return self._least_recently_used(self._params, step, load, keep=2)
+
+    @property
+    def model(self) -> Any:
+        """The model rebuilt from the store's spec, in eval mode on the device (one per thread)."""
+        return self.model_for()
+
+    def model_for(self, dtype: Any = None) -> Any:
+        """The model (as :attr:`model`), with its floating-point tensors in ``dtype`` when given.
+
+        Analyzers that compute in double precision need the module's own
+        (non-checkpointed) buffers in float64 too, so each dtype gets its copy.
+        """
+        models = getattr(_thread_state, "models", None)
+        if models is None:
+            models = _thread_state.models = {}
+        key = (self.spec, str(dtype))
+        model = models.get(key)
+        if model is None:
+            spec = self._store.model
+            if spec is None:
+                msg = f"{self._store.path} records no model spec; create it with model='package.module:factory'"
+                raise AnalysisError(msg)
+            model = spec.build().to(self.device).eval()
+            if dtype is not None:
+                model = model.to(dtype)
+            models[key] = model
+        return model
+
+    def cached(self, key: Any, factory: Any) -> Any:
+        """``factory()``, computed once per worker process for ``key`` (e.g. a basis read from the store).
+
+        Parameters
+        ----------
+        key
+            Hashable; include whatever identifies the value (a result's creation time).
+        factory
+            Called without arguments when ``key`` is not cached.
+        """
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+        value = factory()
+        with self._lock:
+            self._cache[key] = value
+        return value
+
+    def recent(self, key: Any, factory: Any, keep: int = 4) -> Any:
+        """``factory()``, reused while ``key`` is among the ``keep`` most recently used keys of this worker.
+
+        For values worth keeping a short while but too many to keep all: a pair
+        analyzer's per-checkpoint terms, needed again by the next block of steps
+        (blocks are committed every few seconds, so without this each block
+        recomputed its first checkpoint: 74 instead of 51 checkpoint passes for
+        POLCA on the addition demo run).
+        """
+        return self._least_recently_used(self._recent, key, factory, keep)
+
+    def _least_recently_used(self, cache: OrderedDict, key: Any, factory: Any, keep: int) -> Any:
+        """``cache[key]``, made by ``factory()`` when missing; ``cache`` keeps its ``keep`` most recently used."""
+        with self._lock:
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
+        value = factory()
+        with self._lock:
+            cache[key] = value
+            while len(cache) > keep:
+                cache.popitem(last=False)
+        return value
+
+    def analysis(self, name: str) -> Any:
+        """A stored analysis result (lazy), re-reading the commit record when it is not visible yet."""
+        if name not in self._store.analyses:
+            with self._lock:
+                self._store.refresh()
+        return self._store.analysis(name)
+
+    def data(self, split: str) -> dict[str, Any]:
+        """The split's ``inputs``, ``targets`` and ``mask`` as torch tensors on the device."""
+        with self._lock:
+            cached = self._data.get(split)
+        if cached is None:
+            import torch
+
+            dataset = self._store.data(split)
+            cached = {
+                name: torch.from_numpy(np.ascontiguousarray(dataset[name].values)).to(self.device)
+                for name in ("inputs", "targets", "mask")
+                if name in dataset
+            }
+            with self._lock:
+                self._data[split] = cached
+        return cached
+
+    def objective(self, name: str | None = None) -> Any:
+        """The objective (per-datapoint loss) registered as ``name``, default the store's."""
+        return objective_for(self._store, name)
+
+    def outputs(self, params: dict[str, Any], inputs: Any) -> Any:
+        """The model's outputs with ``params`` (functional: the module's own weights are unused)."""
+        from torch.func import functional_call
+
+        return functional_call(self.model, params, (inputs,))
+
+    def losses(
+        self,
+        step: int,
+        split: str,
+        examples: slice | None = None,
+        *,
+        objective: str | None = None,
+        batch_size: int = 1024,
+    ) -> np.ndarray:
+        """Per-datapoint losses of ``examples`` of ``split`` at ``step`` (float64, row-major datapoints)."""
+        import torch
+
+        params = self.params(step)
+        data = self.data(split)
+        fn = self.objective(objective)
+        n = len(data["inputs"])
+        examples = examples or slice(0, n)
+        start, stop, _ = examples.indices(n)
+        pieces = []
+        with torch.no_grad():
+            for begin in range(start, stop, batch_size):
+                rows = slice(begin, min(begin + batch_size, stop))
+                targets = data["targets"][rows] if "targets" in data else data["inputs"][rows]
+                mask = data["mask"][rows] if "mask" in data else None
+                outputs = self.outputs(params, data["inputs"][rows])
+                pieces.append(fn.losses(outputs, targets, mask).double().cpu().numpy())
+        return np.concatenate(pieces) if pieces else np.zeros(0)

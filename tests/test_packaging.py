@@ -1,0 +1,295 @@
+"""One import root: what an installed ckpt puts into an environment, how fast its command starts, old stores.
+
+These run real subprocesses (an interpreter outside the checkout, the installed
+``ckpt`` command, a wheel built by setuptools) and look at what they imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckpt
+import ckpt.store as ckptstore
+from ckpt.store.format import RENAMED_FACTORIES
+from tests.conftest import run_ckpt, tree_digest
+
+ROOT = Path(__file__).resolve().parents[1]
+LEGACY_STORE = ROOT / "tests" / "data" / "v0.1.0-modular-addition.zarr"
+OLD_TOP_LEVEL = ("cli", "plugins", "analyzers", "sandboxes", "ckptstore")
+HEAVY = ("zarr", "xarray", "dask", "torch")
+
+
+def _outside_checkout(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in this interpreter from ``cwd``, with nothing of the checkout on the path."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+@pytest.mark.parametrize("name", OLD_TOP_LEVEL)
+def test_old_top_level_names_are_not_installed(tmp_path: Path, name: str) -> None:
+    result = _outside_checkout(f"import {name}", tmp_path)
+    assert result.returncode != 0
+    assert f"No module named '{name}'" in result.stderr
+
+
+def test_the_facade_works_from_outside_the_checkout(tmp_path: Path) -> None:
+    code = (
+        "import sys, ckpt; "
+        "assert callable(ckpt.analyze) and callable(ckpt.analyze_runs) and callable(ckpt.open) "
+        "and callable(ckpt.create); "
+        "heavy = [m for m in ('zarr', 'xarray', 'dask', 'torch') if m in sys.modules]; "
+        "print(ckpt.__version__, ckpt.__file__, heavy)"
+    )
+    result = _outside_checkout(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    version, where, heavy = result.stdout.split(maxsplit=2)
+    assert version == ckpt.__version__ != "0.0.0+unknown"
+    assert Path(where).resolve() == ROOT / "ckpt" / "__init__.py"
+    assert heavy.strip() == "['zarr', 'xarray']"  # ckpt.open resolved: the store's reader, and no more
+
+
+def test_wheel_holds_one_tree(tmp_path: Path) -> None:
+    pytest.importorskip("setuptools", reason="the test extra installs setuptools to build the wheel")
+    source = tmp_path / "source"  # setuptools writes build/ next to pyproject.toml: not into the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("ckpt", "ckptstore", "plugins", "analyzers", "sandboxes", "cli"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("ckpt_dynamics-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names}
+    assert top == {"ckpt", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    packages = {name.rsplit("/", 1)[0] for name in names if name.endswith("__init__.py")}
+    assert packages == {"ckpt", *(f"ckpt/{p}" for p in ("store", "plugins", "analyzers", "sandboxes", "cli"))}
+    assert "ckpt/sandboxes/data/grimm.txt" in names  # package data travels with the renamed package
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "ckpt = ckpt.cli.main:main" in entry_points
+
+
+STARTUP_PROBE = """
+import json, sys
+from ckpt.cli.main import cli
+try:
+    cli.main(args=sys.argv[1:], prog_name="ckpt")
+except SystemExit as exc:
+    code = exc.code
+heavy = sorted({m.split('.')[0] for m in sys.modules} & {'zarr', 'xarray', 'dask', 'torch'})
+print(json.dumps({"code": code, "heavy": heavy}))
+"""
+
+
+def _startup(*args: str, cwd: Path) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-c", STARTUP_PROBE, *args], capture_output=True, text=True, cwd=cwd, timeout=120, check=False
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+HELP_INVOCATIONS = [
+    ("--help",),
+    ("--version",),
+    *((command, "--help") for command in ("info", "verify", "import", "repair", "analyze", "plugins", "show")),
+    *((command, "--help") for command in ("train", "demo")),
+    ("analyze", "loss", "--help"),
+    ("analyze", "polca", "--help"),
+    ("plugins",),
+]
+
+
+@pytest.mark.parametrize("args", HELP_INVOCATIONS, ids=" ".join)
+def test_help_imports_no_heavy_library(tmp_path: Path, args: tuple[str, ...]) -> None:
+    probe = _startup(*args, cwd=tmp_path)
+    assert probe == {"code": 0, "heavy": []}
+
+
+def test_info_imports_no_torch(tmp_path: Path) -> None:
+    probe = _startup("info", str(LEGACY_STORE), cwd=tmp_path)
+    assert probe["code"] == 0
+    assert "torch" not in probe["heavy"]
+    assert {"zarr", "xarray"} <= set(probe["heavy"])  # it did read the store
+
+
+def test_a_store_of_the_previous_release_analyzes_unchanged(tmp_path: Path) -> None:
+    """``tests/data/v0.1.0-modular-addition.zarr`` was written by ckpt 0.1.0 with its old factory name."""
+    before = tree_digest(LEGACY_STORE)
+    store = tmp_path / "old.zarr"
+    shutil.copytree(LEGACY_STORE, store)
+    assert ckptstore.open(store).model.factory == "sandboxes.modular_addition:build_model"
+
+    info = run_ckpt("info", str(store))
+    assert info.returncode == 0, info.stderr
+    assert "sandboxes.modular_addition:build_model" in info.stdout
+    result = run_ckpt("analyze", "loss", str(store), "--force", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "loss: computed 3 step(s), reused 0 stored" in result.stdout
+
+    old = ckptstore.open(LEGACY_STORE).analysis("loss").load()
+    new = ckptstore.open(store).analysis("loss").load()
+    assert old.ckpt.computed_by == "ckpt 0.1.0"
+    assert new.ckpt.computed_by == f"ckpt {ckpt.__version__}"
+    assert new.ckpt.options == old.ckpt.options
+    np.testing.assert_array_equal(new["loss"].values, old["loss"].values)
+    np.testing.assert_array_equal(new["step"].values, [0, 20, 40])
+    assert tree_digest(LEGACY_STORE) == before  # the shipped store was only read
+
+
+def test_old_factory_names_map_to_importable_ones() -> None:
+    import importlib
+
+    assert set(RENAMED_FACTORIES) == {
+        f"sandboxes.{m}:build_model" for m in ("addition", "modular_addition", "sparse_modular_addition", "tiny_lm")
+    }
+    for new in RENAMED_FACTORIES.values():
+        module, _, attr = new.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr))
+    # a user's own package called `sandboxes` is not rewritten
+    spec = ckptstore.ModelSpec("sandboxes.mine:build", {})
+    with pytest.raises(ckpt.errors.StoreError, match=r"'sandboxes\.mine:build'"):
+        spec.build()
+
+
+def _imports_of(path: Path, package: str) -> set[str]:
+    """Every module of ``package`` that ``path`` imports, at module level or inside functions.
+
+    ``from package import submodule`` counts as importing the submodule only; importing
+    any other name from ``package`` counts as importing the package's ``__init__``.
+    Imports under ``if TYPE_CHECKING:`` never run and do not count.
+    """
+    tree = ast.parse(path.read_text())
+    type_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for inner in ast.walk(node)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package):
+            submodules = {a.name for a in node.names if (path.parent / f"{a.name}.py").exists()}
+            if node.module != package or len(submodules) < len(node.names):
+                found.add(node.module)
+            if node.module == package:
+                found.update(f"{package}.{name}" for name in submodules)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith(package))
+    return found
+
+
+def test_the_plugin_host_has_no_import_cycle() -> None:
+    """The private modules of ``ckpt.plugins`` import each other in one direction only (function bodies included).
+
+    The package ``__init__`` imports them all, so none of them may import the package itself.
+    """
+    folder = ROOT / "plugins"
+    modules = {f"ckpt.plugins.{p.stem}": p for p in folder.glob("*.py") if p.stem != "__init__"}
+    edges = {
+        name: {m for m in _imports_of(path, "ckpt.plugins") if m in modules and m != name}
+        for name, path in modules.items()
+    }
+    for name, path in modules.items():
+        assert "ckpt.plugins" not in _imports_of(path, "ckpt.plugins") - set(modules), f"{name} imports the package"
+    order: list[str] = []
+    visiting: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        assert name not in visiting, f"import cycle: {' -> '.join([*visiting[visiting.index(name) :], name])}"
+        visiting.append(name)
+        for target in sorted(edges[name]):
+            visit(target)
+        visiting.pop()
+        order.append(name)
+
+    for name in sorted(modules):
+        visit(name)
+    assert (
+        order.index("ckpt.plugins._analyzer")
+        < order.index("ckpt.plugins._manager")
+        < order.index("ckpt.plugins._runtime")
+    )
+
+
+def test_lint_bans_the_old_top_level_names(tmp_path: Path) -> None:
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    source = tmp_path / "uses_old_names.py"
+    source.write_text(
+        '"""Old imports."""\n\nimport ckptstore\nfrom plugins.engine import run\n\nprint(ckptstore, run)\n'
+    )
+    command = [ruff, "check", "--config", str(ROOT / "pyproject.toml"), "--select", "TID251"]
+    result = subprocess.run(
+        [*command, "--output-format", "concise", str(source)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "`ckptstore` is banned" in result.stdout
+    assert "`plugins` is banned" in result.stdout
+
+
+def test_task_descriptions_match_their_classes() -> None:
+    """The sandboxes register lazily with a description of their own: it must be the class's."""
+    from ckpt.plugins import registry, resolve_task
+    from ckpt.sandboxes import TASKS
+
+    for name, (_, description) in TASKS.items():
+        task = registry().tasks[name]
+        assert task.description == description == resolve_task(task).description
+
+
+def _plugin_imports(source: str) -> tuple[set[str], set[str]]:
+    """(names imported from ``ckpt.plugins``, private ``ckpt.plugins._*`` modules imported) in ``source``."""
+    names, private = set(), set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "ckpt.plugins":
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ckpt.plugins._"):
+            private.add(node.module)
+    return names, private
+
+
+def test_plugin_guide_and_builtin_plugins_use_only_the_public_api() -> None:
+    import ckpt.plugins
+
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "analyzers").glob("*.py")}
+    sources |= {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "sandboxes").glob("*.py")}
+    sources |= {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "docs" / "examples").rglob("*.py")}
+    guide = (ROOT / "docs" / "plugins.md").read_text()
+    for number, block in enumerate(re.findall(r"```python\n(.+?)\n```", guide, flags=re.S)):
+        # some blocks are fragments (a signature, a method): their import lines are what counts
+        imports = [line.strip() for line in block.splitlines() if line.strip().startswith("from ckpt")]
+        sources[f"docs/plugins.md block {number}"] = "\n".join(imports)
+    used = set()
+    for where, source in sources.items():
+        names, private = _plugin_imports(source)
+        assert not private, f"{where} imports private modules {sorted(private)}"
+        used |= names
+    assert used <= set(ckpt.plugins.__all__), sorted(used - set(ckpt.plugins.__all__))
+    for name in ckpt.plugins.__all__:
+        assert hasattr(ckpt.plugins, name), name
+    assert {"datapoint_index", "PER_PAIR", "PER_RUN", "AnalysisError", "Objective", "Importer", "Task"} <= used
