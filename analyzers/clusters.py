@@ -3,23 +3,30 @@
 "Hidden Breakthroughs in Language Model Training" clusters datapoints whose loss
 changes alike during training: HDBSCAN (the ``hdbscan`` library) on trajectories
 (rows = datapoints, features = steps), one clustering per basis vector, then
-finds each cluster's breakthrough (eq. 9) and whether the aggregate loss hides
-it (eq. 10). ``--on`` chooses the trajectories:
+finds each cluster's breakthrough step and whether the aggregate loss hides
+it. ``--on`` chooses the trajectories:
 
-- ``polca``: the projected loss of each basis vector (``projected_loss``), after
-  the paper's filters (:func:`ckpt.analyzers.trajectories.polca_filter`): keep the basis
-  vectors whose mean projected loss decreases over the run, and in them the
-  datapoints whose projected loss does not increase;
+- ``polca``: the projected loss of each basis vector, eq. 10 of the paper,
+  L_b(x, θ_t) = Σ_(i<t) POLCA(x, b; θ_i) at every checkpoint t = 0..T (so
+  L_b(x, θ_0) = 0; ``polca`` stores L_b(x, θ_(i+1)) at the first step of
+  transition i, and :func:`ckpt.analyzers.trajectories.from_origin` puts it back
+  on the checkpoints), after the paper's filters
+  (:func:`ckpt.analyzers.trajectories.polca_filter`): keep the basis vectors whose
+  mean L_b(x, θ_T) is below 0, and in them the datapoints whose L_b(x, θ_T) is not
+  above 0;
 - ``loss``: the exact loss (one clustering); ``loss-change``: its change over each
   checkpoint pair (ℓ(t+1) − ℓ(t), at step t as in POLCA);
 - ``fisher``: the projected Fisher information of each basis vector;
-- ``lca``: the cumulative LCA of each parameter (running sum over the pairs), with
-  the same filters as POLCA (``--no-filter`` turns them off).
+- ``lca``: the cumulative LCA of each parameter, over the checkpoints from 0 as
+  for POLCA, with the same filters (``--no-filter`` turns them off).
 
 The breakthrough of a cluster is the argmax over checkpoints t of
 [f(t+Δ) − f(t)] − [f(t) − f(t−Δ)], f the cluster's median trajectory; it is
 *hidden* when it is more than τ steps from the breakthrough of the aggregate curve
-(the whole dataset's mean loss, found the same way). See
+(the whole dataset's mean loss, found the same way). These two definitions, with
+Δ = 100 and τ = 1000 steps, are not in our reference text of the paper (its
+eq. 9 is the POLCA decomposition, eq. 10 the projected loss): they are the
+reading ckpt was specified with. See
 :mod:`ckpt.analyzers.trajectories` for the exact definitions. On splits with text,
 :mod:`ckpt.analyzers.text_labels` adds each cluster's most common tokens and
 part-of-speech sequences (spaCy) and the contexts nearest its medoid.
@@ -44,13 +51,21 @@ SOURCES = ("loss", "loss-change", "polca", "fisher", "lca")
 """What ``--on`` can cluster."""
 
 _TRAJECTORY = {"loss": "loss", "loss-change": "loss", "polca": "projected_loss", "fisher": "fisher", "lca": "lca"}
-_FILTERED = ("polca", "lca")  # cumulative loss allocations: the paper's filters apply
+_ALLOCATIONS = ("polca", "lca")
+"""Per-transition loss allocations: clustered as eq. 10 trajectories over the checkpoints, with the paper's filters."""
 _BASIS_COORDS = ("found_at_step", "tensor", "index", "final_magnitude")
 
 
-def prepared(trajectories: np.ndarray, *, cumulative: bool, difference: bool) -> np.ndarray:
-    """``[step, datapoint]`` float64 trajectories, after the running sum (LCA) or the differences (loss change)."""
+def prepared(trajectories: np.ndarray, *, cumulative: bool, difference: bool, origin: bool) -> np.ndarray:
+    """``[step, datapoint]`` float64 trajectories as clustered.
+
+    ``origin``: per-transition rows become eq. 10 trajectories over the checkpoints
+    (:func:`ckpt.analyzers.trajectories.from_origin`, after the running sum when
+    ``cumulative``); ``difference``: the change over each checkpoint pair (loss change).
+    """
     values = np.asarray(trajectories, dtype=np.float64)
+    if origin:
+        return tr.from_origin(values, cumulative=cumulative)
     if cumulative:
         values = np.cumsum(values, axis=0)
     if difference:
@@ -65,6 +80,7 @@ def cluster_basis(
     steps: np.ndarray,
     cumulative: bool,
     difference: bool,
+    origin: bool,
     apply_filter: bool,
     slots: int,
     min_cluster_size: int,
@@ -88,9 +104,9 @@ def cluster_basis(
     aggregate_step
         The breakthrough step of the aggregate curve (for the hidden flag).
     steps
-        The steps of the trajectories (after ``difference``).
-    cumulative, difference
-        Take the running sum (LCA) or the differences (loss change) over steps first.
+        The steps of the trajectories as clustered (the checkpoints, for ``origin``).
+    cumulative, difference, origin
+        How the stored rows become trajectories (:func:`prepared`).
     apply_filter
         Apply :func:`ckpt.analyzers.trajectories.polca_filter`.
     slots
@@ -107,7 +123,7 @@ def cluster_basis(
     place_kinds
         The place values a cluster's make-up (``place_share``) is reported over.
     """
-    values = prepared(trajectories, cumulative=cumulative, difference=difference)
+    values = prepared(trajectories, cumulative=cumulative, difference=difference, origin=origin)
     count = values.shape[1]
     finite = np.isfinite(values).all(axis=0)
     if apply_filter:
@@ -166,7 +182,7 @@ class Clusters(Analyzer):
     """HDBSCAN clusters of datapoint trajectories per basis vector, with their breakthroughs."""
 
     name = "clusters"
-    version = "1"
+    version = "2"  # 2: polca/lca trajectories over the checkpoints from L(θ_0) = 0 (eq. 10), filters against 0
     description = "HDBSCAN clusters of per-datapoint trajectories (POLCA, loss, ...) and their breakthroughs."
     requires = ("polca",)
     per = PER_RUN
@@ -178,8 +194,8 @@ class Clusters(Analyzer):
     cluster_selection = Option(str, "eom", "HDBSCAN cluster_selection_method.", choices=("eom", "leaf"))
     allow_single_cluster = Option(bool, False, "HDBSCAN allow_single_cluster: one cluster of everything may be found.")
     filter = Option(bool, True, "polca and lca: the paper's filters (decreasing basis vectors and datapoints).")
-    delta = Option(float, 100.0, "Δ of the breakthrough time (eq. 9), in training steps (the paper: 100).")
-    tau = Option(float, 1000.0, "τ of the hidden-breakthrough flag (eq. 10), in training steps (the paper: 1000).")
+    delta = Option(float, 100.0, "Δ of the breakthrough time, in training steps.")
+    tau = Option(float, 1000.0, "τ of the hidden-breakthrough flag, in training steps.")
     label = Option(str, None, "Data label to score the clusters against (e.g. carry): homogeneity, recall, F1.")
     place_restrict = Option(bool, False, "Rank only clusters whose label tokens are mostly in --places (the paper).")
     place_label = Option(str, "place", "Label giving each token's place, for --place-restrict.")
@@ -270,7 +286,14 @@ class Clusters(Analyzer):
             variable = variable.expand_dims("basis", axis=1)
         variable = variable.transpose("step", "basis", "datapoint")
         stored_steps = np.asarray(variable["step"].values, dtype=np.int64)  # an index: loaded, no compute
-        steps = stored_steps[:-1] if self.on == "loss-change" else stored_steps
+        if len(stored_steps) < 1:
+            msg = f"{self._source} result has too few steps to cluster ({len(stored_steps)})"
+            raise AnalysisError(msg)
+        origin = self.on in _ALLOCATIONS
+        if origin:  # eq. 10 at every checkpoint: θ_0, then the checkpoint that ends each transition
+            steps = np.append(stored_steps, ctx.next_step(int(stored_steps[-1])))
+        else:
+            steps = stored_steps[:-1] if self.on == "loss-change" else stored_steps
         if len(steps) < 1:
             msg = f"{self._source} result has too few steps to cluster ({len(stored_steps)})"
             raise AnalysisError(msg)
@@ -283,7 +306,8 @@ class Clusters(Analyzer):
             "steps": steps,
             "cumulative": self.on == "lca",
             "difference": self.on == "loss-change",
-            "apply_filter": self.filter and self.on in _FILTERED,
+            "origin": origin,
+            "apply_filter": self.filter and origin,
             "slots": slots,
             "min_cluster_size": self.min_cluster_size,
             "min_samples": self.min_samples,
@@ -302,7 +326,9 @@ class Clusters(Analyzer):
             for name, (_, dtype, shape) in outputs.items():
                 columns[name].append(da.from_delayed(task[name], shape=shape, dtype=dtype))
         variables = {name: (("basis", *outputs[name][0]), da.stack(column)) for name, column in columns.items()}
-        prepare = functools.partial(prepared, cumulative=settings["cumulative"], difference=settings["difference"])
+        prepare = functools.partial(
+            prepared, cumulative=settings["cumulative"], difference=settings["difference"], origin=origin
+        )
         text, text_coords = text_labels.text_variables(
             ctx.store.data(split),
             example,
@@ -343,8 +369,14 @@ class Clusters(Analyzer):
             return source["loss"].mean("datapoint")
         if self.on == "loss-change":
             return source["loss"].mean("datapoint").diff("step", label="lower")
-        if self.on == "polca":  # the mean loss relative to the first checkpoint, after each transition
-            return source["loss_change"].mean("datapoint").cumsum("step")
+        if self.on == "polca":  # the mean loss relative to θ_0 at every checkpoint: 0, then after each transition
+            import dask.array as da
+            import xarray as xr
+
+            after = source["loss_change"].mean("datapoint").cumsum("step").data
+            return xr.DataArray(
+                da.concatenate([da.zeros(1, dtype=after.dtype), after]), dims="step", coords={"step": steps}
+            )
         loss = ctx.result("loss")
         loss_split = loss.ckpt.option("split")
         if loss_split != split:
@@ -354,13 +386,7 @@ class Clusters(Analyzer):
             )
             raise AnalysisError(msg)
         loss_steps = np.asarray(loss["step"].values, dtype=np.int64)
-        # fisher: the loss at each checkpoint; lca: the loss after each transition (at the next checkpoint)
-        if self.on == "fisher":
-            wanted = steps
-        else:
-            following = np.searchsorted(loss_steps, steps) + 1
-            wanted = loss_steps[np.minimum(following, len(loss_steps) - 1)]
-            wanted[following >= len(loss_steps)] = -1  # no checkpoint after it: reported below
+        wanted = steps  # fisher and lca (over the checkpoints): the mean loss at each checkpoint
         missing = sorted(set(wanted.tolist()) - set(loss_steps.tolist()))
         if missing:
             msg = f"the stored loss lacks a step the {self.on} result needs; rerun it (ckpt analyze loss --force)"
@@ -438,19 +464,19 @@ class Clusters(Analyzer):
         k, shift = tr.delta_checkpoints(result["step"].values, self.delta)
         text = {
             "cluster_label": "HDBSCAN cluster of each datapoint per basis vector; -1: outlier or filtered",
-            "filtered": "dropped by the POLCA filters (or non-finite) before clustering",
-            "basis_kept": "basis vector kept by the POLCA filter (mean trajectory decreases)",
+            "filtered": "dropped by the POLCA filters (projected loss ends above 0) or non-finite, before clustering",
+            "basis_kept": "basis vector kept by the POLCA filter (mean projected loss ends below 0, eq. 10)",
             "clusters": "number of clusters found",
             "size": f"datapoints in the cluster; -1: unused slot (the cluster axis holds {slots} slots)",
             "medoid": "datapoint index minimizing the summed Euclidean distance to the cluster",
             "median": "median trajectory of the cluster",
             "lower_quartile": "25th percentile trajectory of the cluster",
             "upper_quartile": "75th percentile trajectory of the cluster",
-            "breakthrough_step": "argmax_t [f(t+D) - f(t)] - [f(t) - f(t-D)] of the median trajectory f (eq. 9)",
-            "breakthrough_score": "the eq. 9 value at the breakthrough step",
-            "hidden": "breakthrough more than tau steps from the mean-loss breakthrough (eq. 10)",
-            "mean_trajectory": "the whole dataset's mean loss on the trajectories' steps",
-            "mean_breakthrough_step": "breakthrough step of mean_trajectory (eq. 9)",
+            "breakthrough_step": "argmax_t [f(t+D) - f(t)] - [f(t) - f(t-D)] of the median trajectory f",
+            "breakthrough_score": "that score at the breakthrough step",
+            "hidden": "breakthrough more than tau steps from the mean-loss breakthrough",
+            "mean_trajectory": "the whole dataset's mean loss on the trajectories' steps (polca: relative to step 0)",
+            "mean_breakthrough_step": "breakthrough step of mean_trajectory",
             "label_value": "label value scored: 1 for 0/1 labels, else the cluster's majority value",
             "homogeneity": "fraction of the cluster with label_value",
             "recall": "fraction of the dataset's datapoints with label_value that are in the cluster",

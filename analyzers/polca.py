@@ -16,8 +16,9 @@ each datapoint x, with Δ = θ_t+1 - θ_t and g_t(x) = ∇ℓ(x; θ_t):
 - ``--second-order exact``: (1/2) · bᵀ H_t(x) b · ⟨Δ, b⟩², the true
   per-datapoint term, from a nested JVP; ``none``: first order only.
 - ``polca`` = first + second order; ``projected_loss`` = its running sum over
-  steps (the paper's eq. 10: the loss change accumulated along b up to the end
-  of transition t); ``loss_change`` = ℓ(x; θ_t+1) - ℓ(x; θ_t) and
+  steps: at the step of transition θ_i → θ_(i+1) it is L_b(x, θ_(i+1)) of the
+  paper's eq. 10, the loss change along b accumulated to the end of that
+  transition (L_b(x, θ_0) = 0 is not stored); ``loss_change`` = ℓ(x; θ_t+1) - ℓ(x; θ_t) and
   ``unexplained`` = loss_change - Σ_b polca.
 
 The ``step`` of a transition θ_t → θ_t+1 is t. Every checkpoint's quantities

@@ -5,11 +5,14 @@ its projected loss along a basis vector, ...). The functions here take plain
 arrays, so that each step of "Hidden Breakthroughs in Language Model
 Training"'s clustering can be used and tested on its own:
 
+- :func:`from_origin`: per-transition allocations as eq. 10 trajectories over checkpoints;
 - :func:`polca_filter`: the paper's filters of POLCA trajectories;
 - :func:`cluster_matrix`: HDBSCAN on the rows of a matrix (``hdbscan`` library);
 - :func:`cluster_statistics`: size, medoid, median and quartile trajectories of each cluster;
-- :func:`breakthrough`: the breakthrough step of a curve (the paper's eq. 9), and
-  :func:`hidden_flags`: whether it is hidden in the aggregate curve (eq. 10);
+- :func:`breakthrough`: the breakthrough step of a curve, and
+  :func:`hidden_flags`: whether it is hidden in the aggregate curve (the
+  definitions ckpt was specified with: they are not in our reference text of the
+  paper, whose eq. 9 is the POLCA decomposition and eq. 10 the projected loss);
 - :func:`datapoint_labels`, :func:`label_scores`, :func:`place_fractions` and
   :func:`top_homogeneities`: how well clusters match a stored label.
 """
@@ -25,18 +28,25 @@ MEDOID_BLOCK = 1024
 
 
 def polca_filter(trajectories: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The paper's filters of projected-loss trajectories, shaped ``[step, basis, datapoint]``.
+    """The paper's filters of projected-loss trajectories ``L_b(x, θ_t)``, shaped ``[step, basis, datapoint]``.
 
-    A basis vector is kept when the mean over datapoints of its projected loss
-    decreases over the run (mean at the last step < mean at the first step); in
-    a kept basis vector, a datapoint is kept unless its own projected loss
-    increases (last step > first step). Datapoints with non-finite values are
-    dropped.
+    The trajectories are eq. 10 of "Hidden Breakthroughs" taken at every
+    checkpoint t = 0..T: ``L_b(x, θ_t) = Σ_{i<t} POLCA(x, b; θ_i)``, so the first
+    row is ``L_b(x, θ_0) = 0``. Section 4.1 keeps "the basis vectors for which the
+    mean projected loss decreases" and, in them, drops "the tokens for which the
+    decomposed loss increases": from 0 to its final value. So a basis vector is
+    kept when the mean over datapoints of ``L_b(x, θ_T)`` is below 0, and in a
+    kept vector a datapoint is kept unless ``L_b(x, θ_T) > 0``. Datapoints with
+    non-finite values are dropped (and left out of the mean).
+
+    Comparing the final value with the one after the *first transition* instead
+    (``L_b(x, θ_1)``) is a different filter: it drops a vector whose projected loss
+    fell in the first transition and crept back a little afterwards.
 
     Parameters
     ----------
     trajectories
-        ``[step, basis, datapoint]`` (at least one step).
+        ``[step, basis, datapoint]``, starting at θ_0 (a first row of zeros).
 
     Returns
     -------
@@ -45,16 +55,39 @@ def polca_filter(trajectories: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     kept : numpy.ndarray
         ``[basis, datapoint]`` bool: the datapoints that are clustered (all False
         for a dropped basis vector).
+
+    Raises
+    ------
+    ValueError
+        When the trajectories are not shaped so, or do not start at L_b(x, θ_0) = 0.
     """
     values = np.asarray(trajectories, dtype=np.float64)
     if values.ndim != 3 or values.shape[0] < 1:
         msg = f"trajectories must be shaped [step, basis, datapoint], got shape {values.shape}"
         raise ValueError(msg)
-    first, last = values[0], values[-1]
     finite = np.isfinite(values).all(axis=0)
-    basis_kept = np.array([last[b][finite[b]].mean() < first[b][finite[b]].mean() for b in range(values.shape[1])])
-    kept = basis_kept[:, None] & finite & ~(last > first)
+    if np.any(values[0][finite] != 0):
+        msg = "projected-loss trajectories must start at L_b(x, θ_0) = 0 (eq. 10): prepend the θ_0 row"
+        raise ValueError(msg)
+    final = values[-1]
+    basis_kept = np.array([final[b][finite[b]].mean() < 0 for b in range(values.shape[1])], dtype=bool)
+    kept = basis_kept[:, None] & finite & ~(final > 0)
     return basis_kept, kept
+
+
+def from_origin(allocations: np.ndarray, *, cumulative: bool) -> np.ndarray:
+    """Eq. 10 trajectories at every checkpoint, from per-transition rows ``[transition, ...]``.
+
+    ``allocations[i]`` is what transition θ_i → θ_(i+1) contributed (``cumulative``:
+    POLCA or LCA of that transition) or the running sum through it
+    (``projected_loss``, as ``polca`` stores it). The result has one more row:
+    ``L(θ_0) = 0`` and then ``L(θ_(i+1)) = Σ_(j≤i) allocations[j]``, so that row t
+    belongs to checkpoint t.
+    """
+    values = np.asarray(allocations, dtype=np.float64)
+    if cumulative:
+        values = np.cumsum(values, axis=0)
+    return np.concatenate([np.zeros((1, *values.shape[1:])), values], axis=0)
 
 
 def default_min_samples(count: int) -> int:
@@ -211,7 +244,7 @@ def delta_checkpoints(steps: Sequence[float], delta: float) -> tuple[int, float]
 
 
 def breakthrough_scores(curve: np.ndarray, steps: Sequence[float], delta: float) -> tuple[np.ndarray, np.ndarray]:
-    """The paper's eq. 9 score [f(t+Δ') − f(t)] − [f(t) − f(t−Δ')] at every candidate checkpoint t.
+    """The breakthrough score [f(t+Δ') − f(t)] − [f(t) − f(t−Δ')] at every candidate checkpoint t.
 
     Candidates are the checkpoints t with t − Δ' and t + Δ' within the stored
     steps (Δ' from :func:`delta_checkpoints`); f(t ± Δ') is linearly
@@ -241,7 +274,7 @@ def breakthrough_scores(curve: np.ndarray, steps: Sequence[float], delta: float)
 
 
 def breakthrough(curve: np.ndarray, steps: Sequence[float], delta: float) -> tuple[float, float]:
-    """The breakthrough step of ``curve`` (the paper's eq. 9) and its score.
+    """The breakthrough step of ``curve`` and its score (:func:`breakthrough_scores`).
 
     The argmax over the candidate checkpoints of :func:`breakthrough_scores`
     (the first one on ties): for a loss that drops sharply, the checkpoint

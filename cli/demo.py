@@ -245,7 +245,7 @@ def _report(store: Any, loss: Any, clustered: Mapping[str, Any], label: str) -> 
     tau = float(_stored_option(polca, "tau", 1000))
     echo(f"{label} clusters of the basis vectors holding the best ones: size, share of each place, share")
     echo(
-        f"with a carry, breakthrough step (eq. 9; the mean loss breaks through at step {mean_step:g}; "
+        f"with a carry, breakthrough step (the mean loss breaks through at step {mean_step:g}; "
         f"hidden: more than {tau:g} steps away):"
     )
     for line in cluster_makeup(polca, bases):

@@ -161,22 +161,64 @@ def test_hidden_flags() -> None:
 
 
 def test_polca_filter_drops_exactly_what_the_rules_say() -> None:
-    # [step, basis, datapoint]: the first and last steps decide; the middle step does not
-    first = np.array([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0]])
-    middle = np.full_like(first, 9.0)
+    # [step, basis, datapoint] eq. 10 trajectories: L(θ_0) = 0, and only the final value decides
+    origin = np.zeros((3, 4))
+    middle = np.full_like(origin, 9.0)
     last = np.array(
         [
-            [0.0, 0.5, 1.5, 1.0],  # mean 0.75 < 1: kept; datapoint 2 increases (dropped), 3 is level (kept)
+            [-2.0, -0.5, 1.5, 0.0],  # mean -0.25 < 0: kept; datapoint 2 ends above 0 (dropped), 3 at 0 (kept)
             [-1.0, -1.0, 5.0, 0.0],  # mean 0.75 > 0: dropped entirely
-            [4.0, 3.0, 2.0, 1.0],  # mean 2.5 == 2.5: not a decrease, dropped
+            [1.0, -1.0, 2.0, -2.0],  # mean 0 == 0: not a decrease, dropped
         ]
     )
-    basis_kept, kept = tr.polca_filter(np.stack([first, middle, last]))
+    basis_kept, kept = tr.polca_filter(np.stack([origin, middle, last]))
     np.testing.assert_array_equal(basis_kept, [True, False, False])
     np.testing.assert_array_equal(kept, [[True, True, False, True], [False] * 4, [False] * 4])
-    nan = np.stack([first, middle, last])
+    nan = np.stack([origin, middle, last])
     nan[1, 0, 1] = np.nan  # a non-finite datapoint is dropped, and left out of the mean
     np.testing.assert_array_equal(tr.polca_filter(nan)[1][0], [True, False, False, True])
+
+
+def test_polca_filter_compares_with_zero_not_with_the_first_transition() -> None:
+    """The issue's case: mean L_b = -0.2642 after the first transition, -0.2632 at the end.
+
+    The paper (eq. 10, L_b(x, θ_0) = 0) keeps the vector, since -0.2632 < 0; comparing the
+    end with the value after the first transition (-0.2632 > -0.2642) would drop it. Per
+    datapoint: one that fell to -0.5 and came back to -0.1 is kept (it ends below 0);
+    one that rose to 0.3 and fell back to 0.1 is dropped (it ends above 0).
+    """
+    allocations = np.array(  # POLCA(x, b; θ_i) of 3 transitions, 4 datapoints, one basis vector
+        [
+            [-0.5, 0.3, -0.5, -0.3568],
+            [0.2, -0.1, -0.1, 0.0],
+            [0.2, -0.1, -0.0964, 0.0004],
+        ]
+    )
+    running = np.cumsum(allocations, axis=0)  # what polca stores as projected_loss, at each transition's step
+    assert running[0].mean() == pytest.approx(-0.2642) and running[-1].mean() == pytest.approx(-0.2632)
+    trajectories = tr.from_origin(running, cumulative=False)
+    np.testing.assert_allclose(trajectories, tr.from_origin(allocations, cumulative=True))
+    np.testing.assert_array_equal(trajectories[0], 0.0)
+    np.testing.assert_allclose(trajectories[1:], running)
+    basis_kept, kept = tr.polca_filter(trajectories[:, None, :])
+    assert basis_kept.tolist() == [True]
+    assert kept[0].tolist() == [True, False, True, True]
+    # the other reading (end vs. after the first transition) drops the vector and disagrees on 3 of 4 datapoints
+    assert not running[-1].mean() < running[0].mean()
+    assert (~(running[-1] > running[0])).tolist() == [False, True, True, False]
+    with pytest.raises(ValueError, match=r"start at L_b\(x, θ_0\) = 0"):
+        tr.polca_filter(running[:, None, :])
+
+
+def test_breakthroughs_of_projected_loss_are_found_on_the_checkpoint_axis() -> None:
+    """Row t of an eq. 10 trajectory is checkpoint t: a drop during transition 2 -> 3 ends at step 30."""
+    steps = np.array([0, 10, 20, 30, 40, 50])
+    allocations = np.array([0.0, 0.0, -1.0, 0.0, 0.0])[:, None]  # the transition starting at step 20
+    trajectory = tr.from_origin(allocations, cumulative=True)[:, 0]
+    np.testing.assert_array_equal(trajectory, [0, 0, 0, -1, -1, -1])
+    assert tr.breakthrough(trajectory, steps, delta=10) == (30.0, 1.0)
+    # the running sum on the transitions' own steps (0..40) puts the same drop at step 20
+    assert tr.breakthrough(np.cumsum(allocations[:, 0]), steps[:-1], delta=10) == (20.0, 1.0)
 
 
 # --------------------------------------------------------------------------- labels
@@ -373,18 +415,30 @@ def test_polca_result_is_filtered_as_the_rules_say(mlp_run: Path, tmp_path: Path
     try:
         polca = run("polca", path, registry=registry, k=2, dtype="float64").dataset.load()
         result = run("clusters", path, registry=registry, min_cluster_size=2, delta=1).dataset.load()
+        loss = run("loss", path, registry=registry).dataset.load()["mean_loss"].values
     finally:
         clear_cache()
     used = result.attrs["ckpt"]["requires"]["polca"]  # the stored polca is reused, with its basis
     assert used["options"]["dtype"] == "float64"
     assert used["requires"]["hessian-basis"]["options"]["k"] == 2
-    basis_kept, kept = tr.polca_filter(polca["projected_loss"].values)
+    projected = polca["projected_loss"].values  # [transition, basis, datapoint]: L_b(x, θ_(i+1))
+    final = projected[-1]
+    basis_kept = final.mean(axis=1) < 0  # eq. 10: L_b(x, θ_T) against L_b(x, θ_0) = 0
+    kept = basis_kept[:, None] & ~(final > 0)
     np.testing.assert_array_equal(result["basis_kept"].values, basis_kept)
     np.testing.assert_array_equal(result["filtered"].values, ~kept)
     assert np.all(result["cluster_label"].values[~kept] == -1)
-    np.testing.assert_array_equal(result["step"].values, polca["step"].values)
-    mean = polca["loss_change"].values.mean(axis=1).cumsum()
+    checkpoints = ckptstore.open(path).steps
+    np.testing.assert_array_equal(result["step"].values, checkpoints)  # θ_0 .. θ_T
+    np.testing.assert_array_equal(polca["step"].values, checkpoints[:-1])
+    mean = np.concatenate([[0.0], polca["loss_change"].values.mean(axis=1).cumsum()])
     np.testing.assert_allclose(result["mean_trajectory"].values, mean)
+    np.testing.assert_allclose(result["mean_trajectory"].values, loss - loss[0], rtol=1e-6)  # loss: float32
+    for b in np.flatnonzero(basis_kept):
+        labels = result["cluster_label"].values[b]
+        for c in range(int(result["clusters"].values[b])):
+            members = np.concatenate([np.zeros((1, int((labels == c).sum()))), projected[:, b, labels == c]])
+            np.testing.assert_allclose(result["median"].values[b, c], np.median(members, axis=1))
     np.testing.assert_array_equal(result["found_at_step"].values, polca["found_at_step"].values)
 
 
@@ -403,15 +457,17 @@ def test_fisher_and_lca_read_the_mean_loss(mlp_run: Path, tmp_path: Path, regist
     assert on_fisher.sizes["basis"] == fisher.sizes["basis"]
     np.testing.assert_allclose(on_fisher["mean_trajectory"].values, loss["mean_loss"].values)
     np.testing.assert_array_equal(on_fisher["found_at_step"].values, fisher["found_at_step"].values)
-    # lca: the cumulative allocation, at the first step of each pair; the mean loss after each pair
-    np.testing.assert_array_equal(on_lca["step"].values, lca["step"].values)
-    np.testing.assert_allclose(on_lca["mean_trajectory"].values, loss["mean_loss"].values[1:])
+    # lca: the cumulative allocation over the checkpoints from 0 (as eq. 10); the mean loss at each checkpoint
+    np.testing.assert_array_equal(on_lca["step"].values, loss["step"].values)
+    np.testing.assert_array_equal(lca["step"].values, loss["step"].values[:-1])
+    np.testing.assert_allclose(on_lca["mean_trajectory"].values, loss["mean_loss"].values)
     np.testing.assert_array_equal(on_lca["tensor"].values, lca["tensor"].values)
     cumulative = lca["lca"].cumsum("step").transpose("parameter", "datapoint", "step").values
     for p in range(3):
         labels = on_lca["cluster_label"].values[p]
         for c in range(int(on_lca["clusters"].values[p])):
-            expected = np.median(cumulative[p][labels == c], axis=0)
+            members = cumulative[p][labels == c]
+            expected = np.median(np.concatenate([np.zeros((len(members), 1)), members], axis=1), axis=0)
             np.testing.assert_allclose(on_lca["median"].values[p, c], expected)
     assert not on_lca["filtered"].values.any()
 
