@@ -37,6 +37,7 @@ import ckpt.store as ckptstore  # noqa: E402
 from ckpt.plugins._engine import run  # noqa: E402
 from tests.models import mlp  # noqa: E402
 
+ckptstore.allow("tests.models")  # the bench's stores name the test package's model factory
 CONFIG = {"d_in": 64, "hidden": 512, "classes": 10}
 
 

@@ -87,6 +87,10 @@ class SplitNotFoundError(StoreError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class UntrustedFactoryError(StoreError, PermissionError):
+    """A store names a model factory that ckpt will not run unless the user trusts it (``ckpt.store.trust``)."""
+
+
 class DataError(StoreError, ValueError):
     """Evaluation data passed to ``add_data`` is inconsistent."""
 

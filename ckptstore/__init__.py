@@ -41,8 +41,10 @@ from ckpt.errors import (
     TensorNotFoundError,
     UnsupportedFormatError,
     UnsupportedTensorError,
+    UntrustedFactoryError,
 )
 from ckpt.store.format import FORMAT_VERSION
+from ckpt.store.trust import allow, trust_reason
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt.store.reader import ModelSpec, Store, TensorInfo
@@ -133,8 +135,11 @@ __all__ = [
     "TensorNotFoundError",
     "UnsupportedFormatError",
     "UnsupportedTensorError",
+    "UntrustedFactoryError",
     "Writer",
     "__version__",
+    "allow",
     "create",
     "open",
+    "trust_reason",
 ]

@@ -42,6 +42,7 @@ from ckpt.store.format import (
     STEP,
     current_factory,
 )
+from ckpt.store.trust import check_trusted, trust_reason
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,25 @@ class ModelSpec:
     """``"package.module:function"``; called as ``function(**config)``."""
     config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the factory (JSON-serialisable)."""
+    source: str = field(default="", compare=False)
+    """The store the spec was read from (named in errors)."""
 
     def build(self) -> Any:
         """Import the factory and call it with the config; returns the model.
 
-        A factory named by an older ckpt is imported under its current name
+        The factory must be trusted (:mod:`ckpt.store.trust`): it is checked
+        before its module is imported, since importing runs code. A factory
+        named by an older ckpt is imported under its current name
         (:data:`ckpt.store.format.RENAMED_FACTORIES`).
+
+        Raises
+        ------
+        UntrustedFactoryError
+            The factory is neither ckpt's, nor an installed plugin package's, nor allowed by the user.
+        StoreError
+            The factory cannot be imported.
         """
+        check_trusted(self.factory, self.source or "the model spec")
         module_name, _, attr = current_factory(self.factory).partition(":")
         try:
             factory: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
@@ -208,7 +221,9 @@ class Store:
     def model(self) -> ModelSpec | None:
         """The model spec (factory + config), or None when the run did not record one."""
         spec = self.metadata.get("model")
-        return None if spec is None else ModelSpec(spec["factory"], dict(spec.get("config") or {}))
+        if spec is None:
+            return None
+        return ModelSpec(spec["factory"], dict(spec.get("config") or {}), source=str(self._where))
 
     @property
     def objective(self) -> str | None:
@@ -468,7 +483,13 @@ class Store:
             "path": self._where,
             "format_version": self.format_version,
             "framework": self.framework,
-            "model": None if self.model is None else {"factory": self.model.factory, "config": self.model.config},
+            "model": None
+            if self.model is None
+            else {
+                "factory": self.model.factory,
+                "config": self.model.config,
+                "trusted": trust_reason(self.model.factory),
+            },
             "objective": self.objective,
             "created": self.created,
             "checkpoints": {

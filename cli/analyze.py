@@ -73,6 +73,13 @@ def _engine_options() -> list[click.Option]:
             "resumes after the last committed block.",
         ),
         click.Option(["--progress/--no-progress"], default=True, show_default=True, help="Show a progress bar."),
+        click.Option(
+            ["--trust-factory"],
+            multiple=True,
+            metavar="PATTERN",
+            help="Run the store's model factory although it is neither ckpt's nor an installed plugin's: a "
+            "module, module:function or '*' (repeatable; also the setting CKPT_TRUSTED_FACTORIES).",
+        ),
     ]
 
 
@@ -97,7 +104,9 @@ def expand_stores(patterns: tuple[str, ...]) -> list[str]:
 def _make_command(name: str, analyzer: Any) -> click.Command:
     def callback(stores: tuple[str, ...], **values: Any) -> None:
         from ckpt.plugins._engine import run
+        from ckpt.store import allow
 
+        allow(*values.pop("trust_factory"))
         engine = {k: values.pop(k) for k in ENGINE_OPTIONS}
         options = {k: v for k, v in values.items() if v is not None}
         paths = expand_stores(stores)

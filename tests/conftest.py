@@ -14,8 +14,14 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
+from ckpt.store.trust import TRUST_ENV
 
 CKPT = Path(sys.executable).with_name("ckpt")
+
+# The test suite's stores name factories in the test package (tests.models:mlp ...): trust them, as a
+# user trusts their own code, in this process and in every `ckpt` it starts. tests/test_trust.py
+# clears it to check the refusals.
+os.environ[TRUST_ENV] = "tests"
 
 
 def run_ckpt(
@@ -94,11 +100,14 @@ def write_mlp_run(
     seed: int = 0,
     optimizer: Any = None,
     attrs: dict[str, Any] | None = None,
+    factory: str = "tests.models:mlp",
+    config: dict[str, Any] | None = None,
 ) -> Path:
     """A real (small) training run of ``tests.models:mlp`` with an eval split, as users write one.
 
     ``optimizer(parameters)`` builds the optimizer (default SGD, lr 0.5); ``attrs`` are the
-    run's recorded settings (``ckpt.create(attrs=...)``).
+    run's recorded settings (``ckpt.create(attrs=...)``); ``factory`` and ``config`` the
+    model spec the store records (default: the model that was trained).
     """
     import torch
 
@@ -108,7 +117,7 @@ def write_mlp_run(
     model = mlp()
     inputs, targets = torch.randn(examples, 3), torch.randint(0, 4, (examples,))
     optimizer = (optimizer or (lambda p: torch.optim.SGD(p, lr=0.5)))(model.parameters())
-    with ckptstore.create(path, model="tests.models:mlp", config={}, objective="cross-entropy", attrs=attrs) as writer:
+    with ckptstore.create(path, model=factory, config=config or {}, objective="cross-entropy", attrs=attrs) as writer:
         writer.add_data("eval", inputs=inputs, targets=targets, labels={"odd": targets % 2})
         for step in range(steps):
             writer.write(step, model)
