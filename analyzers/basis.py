@@ -81,25 +81,27 @@ def sample_examples(count: int, samples: int, seed: int) -> np.ndarray:
 class ScheduleOptions:
     """Options of a basis grown at checkpoints (mixed into analyzer classes)."""
 
-    every = Option(int, None, "Grow the basis at checkpoints whose step is a multiple of N (default: every one).")
+    every = Option(
+        int, None, "Grow the basis at checkpoints whose step is a multiple of N (default: every one).", minimum=1
+    )
     at_steps = Option(str, None, "Grow the basis at these steps only (comma-separated), e.g. 0,200,400.")
-    k = Option(int, 1, "Vectors added at each basis checkpoint (the paper: 1).")
-    seed = Option(int, 0, "Seed of the data subsample, the Lanczos start vectors and random bases.")
+    k = Option(int, 1, "Vectors added at each basis checkpoint (the paper: 1).", minimum=1)
+    seed = Option(int, 0, "Seed of the data subsample, the Lanczos start vectors and random bases.", minimum=0)
 
 
 class HessianOptions(ScheduleOptions):
     """Options of the Hessian basis (shared with the analyzers that compute it on demand)."""
 
     hessian_split = Option(str, None, "Split the Hessian is taken over (default: train when stored, else --split).")
-    samples = Option(int, 1250, "Examples subsampled for the Hessian (the paper: 1,250).")
-    tol = Option(float, 1e-6, "Relative accuracy of the Lanczos eigenvalues (ARPACK tol).")
+    samples = Option(int, 1250, "Examples subsampled for the Hessian (the paper: 1,250).", minimum=1)
+    tol = Option(float, 1e-6, "Relative accuracy of the Lanczos eigenvalues (ARPACK tol).", minimum=0)
 
 
 class ComputeOptions:
     """Precision and memory options of the derivative computations."""
 
     dtype = Option(str, "float32", "Precision of the computation.", choices=DTYPES)
-    batch_size = Option(int, 256, "Examples per forward pass (bounds memory).")
+    batch_size = Option(int, 256, "Examples per forward pass (bounds memory).", minimum=1)
 
 
 class BasisReader(HessianOptions, ComputeOptions):
@@ -114,7 +116,9 @@ class BasisReader(HessianOptions, ComputeOptions):
     basis = Option(
         str, HESSIAN_BASIS, "Basis analyzer: hessian-basis, random-basis (the paper's ablation) or a plugin's."
     )
-    vectors = Option(int, 0, "random-basis only: number of vectors (0: as many as the Hessian schedule gives).")
+    vectors = Option(
+        int, 0, "random-basis only: number of vectors (0: as many as the Hessian schedule gives).", minimum=0
+    )
 
     options: dict[str, Any]
 

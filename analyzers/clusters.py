@@ -189,38 +189,35 @@ class Clusters(Analyzer):
 
     on = Option(str, "polca", "Trajectories to cluster: loss, loss-change, polca, fisher or lca.", choices=SOURCES)
     split = Option(str, None, "Split passed to the analyzer clustered (default: the options of its stored result).")
-    min_cluster_size = Option(int, 150, "HDBSCAN min_cluster_size (the paper: 150).")
-    min_samples = Option(int, None, "HDBSCAN min_samples (default: datapoints clustered / 15, rounded, at least 1).")
+    min_cluster_size = Option(int, 150, "HDBSCAN min_cluster_size (the paper: 150).", minimum=2)
+    min_samples = Option(
+        int, None, "HDBSCAN min_samples (default: datapoints clustered / 15, rounded, at least 1).", minimum=1
+    )
     cluster_selection = Option(str, "eom", "HDBSCAN cluster_selection_method.", choices=("eom", "leaf"))
     allow_single_cluster = Option(bool, False, "HDBSCAN allow_single_cluster: one cluster of everything may be found.")
     filter = Option(bool, True, "polca and lca: the paper's filters (decreasing basis vectors and datapoints).")
-    delta = Option(float, 100.0, "Δ of the breakthrough time, in training steps.")
-    tau = Option(float, 1000.0, "τ of the hidden-breakthrough flag, in training steps.")
+    delta = Option(float, 100.0, "Δ of the breakthrough time, in training steps.", minimum=0)
+    tau = Option(float, 1000.0, "τ of the hidden-breakthrough flag, in training steps.", minimum=0)
     label = Option(str, None, "Data label to score the clusters against (e.g. carry): homogeneity, recall, F1.")
     place_restrict = Option(bool, False, "Rank only clusters whose label tokens are mostly in --places (the paper).")
     place_label = Option(str, "place", "Label giving each token's place, for --place-restrict.")
     places = Option(str, "1,2", "Allowed --place-label values for --place-restrict (addition: 1=100s, 2=10s).")
-    place_fraction = Option(float, 0.85, "Least fraction of a cluster's label tokens in --places (the paper: 0.85).")
+    place_fraction = Option(
+        float, 0.85, "Least fraction of a cluster's label tokens in --places (the paper: 0.85).", minimum=0, maximum=1
+    )
     spacy_model = Option(
         str, "en_core_web_sm", "Splits with text: spaCy pipeline of the text labels (package, saved path, or none)."
     )
-    pos_window = Option(int, 2, "Text labels: POS tags per sequence (the target token's and those before it).")
-    text_top = Option(int, 5, "Text labels: tokens, POS sequences and medoid contexts listed per cluster.")
+    pos_window = Option(
+        int, 2, "Text labels: POS tags per sequence (the target token's and those before it).", minimum=1
+    )
+    text_top = Option(int, 5, "Text labels: tokens, POS sequences and medoid contexts listed per cluster.", minimum=1)
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.requires = (self.on, "loss") if self.on in ("fisher", "lca") else (self._source,)
-        if self.min_cluster_size < 2:
-            msg = f"--min-cluster-size must be at least 2, got {self.min_cluster_size}"
-            raise AnalysisError(msg)
-        if self.min_samples is not None and self.min_samples < 1:
-            msg = f"--min-samples must be at least 1, got {self.min_samples}"
-            raise AnalysisError(msg)
-        if not self.delta > 0:
+        if not self.delta > 0:  # the bounds of the options say >= 0; Δ = 0 has no breakthrough either
             msg = f"--delta must be a positive number of steps, got {self.delta}"
-            raise AnalysisError(msg)
-        if not self.tau >= 0:
-            msg = f"--tau must be a non-negative number of steps, got {self.tau}"
             raise AnalysisError(msg)
         if self.place_restrict and not self.label:
             raise AnalysisError("--place-restrict needs --label (e.g. --label carry)")

@@ -452,19 +452,23 @@ class EmbeddingGeometry(Analyzer):
     description = "Circles, grids and clusters of an embedding table (and of sequence embeddings) at every checkpoint."
 
     tensor = Option(str, None, "Embedding table [tokens, dim] (default: the token embedding, see docs).")
-    modulus = Option(int, None, "Residues N: rows 0..N-1 of the table, pair sums grouped mod N (default: all rows).")
-    grid_max_tokens = Option(int, 64, "Skip the grid search (NaN) above this many residues.")
+    modulus = Option(
+        int, None, "Residues N: rows 0..N-1 of the table, pair sums grouped mod N (default: all rows).", minimum=2
+    )
+    grid_max_tokens = Option(int, 64, "Skip the grid search (NaN) above this many residues.", minimum=1)
     sequence = Option(
         str,
         "auto",
         "Sequence embeddings: on, off, or auto (on for sparse-modular-addition stores).",
         choices=["auto", "on", "off"],
     )
-    k = Option(int, None, "Relevant prefix tokens k (default: the store's config).")
+    k = Option(int, None, "Relevant prefix tokens k (default: the store's config).", minimum=1)
     module = Option(str, "attn", "Submodule whose output is the sequence embedding.")
-    suffixes = Option(int, 4, "Random suffixes of spurious tokens per prefix.")
-    seed = Option(int, 0, "Seed of the suffixes.")
-    cluster_tolerance = Option(float, 0.05, "Single-linkage distance threshold, relative to the RMS spread of xi.")
+    suffixes = Option(int, 4, "Random suffixes of spurious tokens per prefix.", minimum=1)
+    seed = Option(int, 0, "Seed of the suffixes.", minimum=0)
+    cluster_tolerance = Option(
+        float, 0.05, "Single-linkage distance threshold, relative to the RMS spread of xi.", minimum=0
+    )
 
     def _table(self, store: Any) -> tuple[str, int]:
         names = store.tensor_names

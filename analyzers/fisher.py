@@ -30,8 +30,8 @@ class Fisher(BasisReader, Analyzer):
 
     split = Option(str, "eval", "Data split whose datapoints are analysed.")
     objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
-    basis_batch = Option(int, 8, "Basis vectors per vectorized JVP pass (bounds memory).")
-    block_examples = Option(int, 8192, "Examples per Dask task.")
+    basis_batch = Option(int, 8, "Basis vectors per vectorized JVP pass (bounds memory).", minimum=1)
+    block_examples = Option(int, 8192, "Examples per Dask task.", minimum=1)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One first-order JVP pass per checkpoint and block of examples."""

@@ -366,9 +366,11 @@ class GradNorms(Analyzer):
 
     split = Option(str, None, "Data split of the loss (default: train when the store has it, else eval).")
     objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
-    batch_size = Option(int, None, "Minibatch size: average the per-minibatch gradient norms (default: full batch).")
-    seed = Option(int, 0, "Seed of the minibatch permutation (with --batch-size).")
-    chunk_size = Option(int, 1024, "Examples per forward/backward pass (bounds memory, not the result).")
+    batch_size = Option(
+        int, None, "Minibatch size: average the per-minibatch gradient norms (default: full batch).", minimum=1
+    )
+    seed = Option(int, 0, "Seed of the minibatch permutation (with --batch-size).", minimum=0)
+    chunk_size = Option(int, 1024, "Examples per forward/backward pass (bounds memory, not the result).", minimum=1)
     dtype = Option(str, "float32", "Precision of the gradient computation.", choices=DTYPES)
 
     def resolved_split(self, store: Any) -> str:
@@ -484,14 +486,14 @@ class LossSpikes(Analyzer):
     per = PER_RUN
 
     metric = Option(str, None, "Loss series: a stored metric or 'evaluated' (default: train_loss, loss, evaluated).")
-    window = Option(int, 20, "Earlier checkpoints in the rolling median and MAD.")
-    threshold = Option(float, 5.0, "Spike when the rise above the median exceeds this many scaled MADs.")
-    floor = Option(float, 0.01, "Smallest scale, as a fraction of |median| (guards against a zero MAD).")
-    tolerance = Option(int, 0, "Loss and gradient spikes at most this many training steps apart co-occur.")
+    window = Option(int, 20, "Earlier checkpoints in the rolling median and MAD.", minimum=1)
+    threshold = Option(float, 5.0, "Spike when the rise above the median exceeds this many scaled MADs.", minimum=0)
+    floor = Option(float, 0.01, "Smallest scale, as a fraction of |median| (guards against a zero MAD).", minimum=0)
+    tolerance = Option(int, 0, "Loss and gradient spikes at most this many training steps apart co-occur.", minimum=0)
 
     split = Option(str, None, "Passed on to grad-norms: data split (default: train when stored, else eval).")
-    batch_size = Option(int, None, "Passed on to grad-norms: minibatch size (default: full batch).")
-    seed = Option(int, 0, "Passed on to grad-norms: seed of the minibatch permutation.")
+    batch_size = Option(int, None, "Passed on to grad-norms: minibatch size (default: full batch).", minimum=1)
+    seed = Option(int, 0, "Passed on to grad-norms: seed of the minibatch permutation.", minimum=0)
 
     def dependency_options(self) -> dict[str, Any]:
         """``grad-norms`` with this analyzer's ``split``, ``batch_size`` and ``seed`` (its defaults otherwise)."""

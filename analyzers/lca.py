@@ -101,8 +101,10 @@ class Lca(ComputeOptions, Analyzer):
 
     split = Option(str, "eval", "Data split whose datapoints are analysed.")
     objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
-    parameters = Option(int, 32, "Parameters allocated to: the N largest in magnitude at the last checkpoint.")
-    basis_batch = Option(int, 8, "Parameters per vectorized JVP pass (bounds memory).")
+    parameters = Option(
+        int, 32, "Parameters allocated to: the N largest in magnitude at the last checkpoint.", minimum=1
+    )
+    basis_batch = Option(int, 8, "Parameters per vectorized JVP pass (bounds memory).", minimum=1)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Select the parameters (reads the last checkpoint), then one task per checkpoint pair."""

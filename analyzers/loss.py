@@ -36,8 +36,8 @@ class Loss(Analyzer):
 
     split = Option(str, "eval", "Data split to evaluate on.")
     objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
-    batch_size = Option(int, 1024, "Examples per forward pass.")
-    block_examples = Option(int, 8192, "Examples per Dask task (bounds a task's memory).")
+    batch_size = Option(int, 1024, "Examples per forward pass.", minimum=1)
+    block_examples = Option(int, 8192, "Examples per Dask task (bounds a task's memory).", minimum=1)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Per-datapoint losses for ``ctx.steps``, lazily."""

@@ -168,9 +168,11 @@ class Polca(BasisReader, Analyzer):
     second_order = Option(
         str, "paper", "Second-order term: the paper's approximation, exact, or none.", choices=SECOND_ORDER
     )
-    ratio_guard = Option(float, 1e-3, "Paper second order: ratio replaced by 1 when its denominator is this small.")
-    basis_batch = Option(int, 8, "Basis vectors per vectorized JVP pass (bounds memory).")
-    block_examples = Option(int, 8192, "Examples per Dask task.")
+    ratio_guard = Option(
+        float, 1e-3, "Paper second order: ratio replaced by 1 when its denominator is this small.", minimum=0
+    )
+    basis_batch = Option(int, 8, "Basis vectors per vectorized JVP pass (bounds memory).", minimum=1)
+    block_examples = Option(int, 8192, "Examples per Dask task.", minimum=1)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Per-checkpoint terms once per checkpoint, combined lazily into per-pair POLCA."""

@@ -47,7 +47,9 @@ class RandomBasis(ScheduleOptions, Analyzer):
     description = "Random orthonormal basis (POLCA's ablation), laid out like hessian-basis."
     per = PER_RUN
 
-    vectors = Option(int, 0, "Number of vectors (0: as many as --every/--at-steps/-k give the Hessian basis).")
+    vectors = Option(
+        int, 0, "Number of vectors (0: as many as --every/--at-steps/-k give the Hessian basis).", minimum=0
+    )
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task draws all vectors; the result is split back into tensors."""

@@ -123,10 +123,10 @@ class Sparsity(Analyzer):
     modules = Option(str, None, "Modules to capture, names or globs, comma-separated (default: activation modules).")
     capture = Option(str, "output", "Measure the modules' outputs or their inputs.", choices=CAPTURE)
     split = Option(str, "eval", "Data split fed to the model.")
-    eps_min = Option(float, 1e-5, "Smallest ε of the grid.")
-    eps_max = Option(float, 1e2, "Largest ε of the grid.")
-    eps_count = Option(int, 50, "Number of log-spaced ε values.")
-    batch_size = Option(int, 1024, "Examples per forward pass (bounds memory).")
+    eps_min = Option(float, 1e-5, "Smallest ε of the grid.", minimum=1e-30)
+    eps_max = Option(float, 1e2, "Largest ε of the grid.", minimum=1e-30)
+    eps_count = Option(int, 50, "Number of log-spaced ε values.", minimum=1)
+    batch_size = Option(int, 1024, "Examples per forward pass (bounds memory).", minimum=1)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task per checkpoint; the modules are resolved on the model built here."""

@@ -91,6 +91,10 @@ class UntrustedFactoryError(StoreError, PermissionError):
     """A store names a model factory that ckpt will not run unless the user trusts it (``ckpt.store.trust``)."""
 
 
+class MissingDataError(StoreError, FileNotFoundError):
+    """A piece the commit record says was written (a result's files ...) is gone from the store."""
+
+
 class DataError(StoreError, ValueError):
     """Evaluation data passed to ``add_data`` is inconsistent."""
 

@@ -23,7 +23,7 @@ import zarr.storage
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from ckpt.errors import NotAStoreError, StoreLockedError, StoreNotFoundError
+from ckpt.errors import NotAStoreError, StoreError, StoreLockedError, StoreNotFoundError
 
 ROOT_KEY = "zarr.json"
 
@@ -51,11 +51,30 @@ def local_path(path: str | os.PathLike[str]) -> Path | None:
 def open_zarr_store(
     path: str | os.PathLike[str], *, read_only: bool, storage_options: dict[str, Any] | None = None
 ) -> zarr.abc.store.Store:
-    """Return the zarr Store object for a local path or an fsspec URL."""
+    """Return the zarr Store object for a local path or an fsspec URL.
+
+    Raises
+    ------
+    NotAStoreError
+        A local path that is a file.
+    StoreError
+        A URL whose scheme fsspec does not know, or whose filesystem package is not installed.
+    """
     local = local_path(path)
     if local is not None:
+        if local.exists() and not local.is_dir():
+            msg = f"{path} is a file, not a ckpt store (a store is a folder); pass the store's folder"
+            raise NotAStoreError(msg)
         return zarr.storage.LocalStore(local, read_only=read_only)
-    return zarr.storage.FsspecStore.from_url(str(path), storage_options=storage_options, read_only=read_only)
+    try:
+        return zarr.storage.FsspecStore.from_url(str(path), storage_options=storage_options, read_only=read_only)
+    except ImportError as exc:  # fsspec knows the scheme; its filesystem package is missing
+        scheme = str(path).split("://")[0]
+        msg = f"cannot open {path}: {exc} (the {scheme}:// filesystem is a separate package, e.g. pip install s3fs)"
+        raise StoreError(msg) from None
+    except ValueError as exc:  # "Protocol not known"
+        msg = f"cannot open {path}: {exc}; use a local path or a URL fsspec knows (s3://, gs://, memory:// ...)"
+        raise StoreError(msg) from None
 
 
 def fast_io(array: Any) -> Any:
@@ -134,7 +153,7 @@ def read_root(store: zarr.abc.store.Store, where: str) -> tuple[dict[str, Any], 
         if local is not None and not local.exists():
             msg = f"no store at {where}: the path does not exist"
             raise StoreNotFoundError(msg)
-        msg = f"{where} is not a ckpt store (it has no zarr.json); create one with ckptstore.create() or `ckpt import`"
+        msg = f"{where} is not a ckpt store (it has no zarr.json); create one with ckpt.create() or `ckpt import`"
         raise NotAStoreError(msg)
     if document.get("node_type") != "group" or document.get("zarr_format") != 3:
         msg = f"{where} is not a ckpt store: its root is not a zarr v3 group"

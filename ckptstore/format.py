@@ -80,7 +80,7 @@ NATIVE_DTYPES = frozenset(
     }
 )
 
-_RESERVED_NAMES = {STEP, ".", ".."}
+_RESERVED_NAMES = {STEP, ".", "..", "zarr.json"}  # zarr.json: a node named so would be its parent's metadata file
 _NAME_RE = re.compile(r"^[^/\x00]+$")
 
 

@@ -20,6 +20,7 @@ import zarr
 from zarr.core.sync import sync
 
 from ckpt.errors import (
+    MissingDataError,
     NotAStoreError,
     SplitNotFoundError,
     StepNotFoundError,
@@ -469,11 +470,30 @@ class Store:
         )
 
     def analysis(self, name: str) -> xr.Dataset:
-        """A stored analysis result as a lazy :class:`xarray.Dataset` (no analyzer code imported)."""
+        """A stored analysis result as a lazy :class:`xarray.Dataset` (no analyzer code imported).
+
+        Raises
+        ------
+        StoreError
+            No result of that name is committed.
+        MissingDataError
+            It is committed but its files are gone (deleted by hand): reading it would
+            give fill values, so it is refused; ``ckpt rm`` or a rerun with ``--force`` repairs it.
+        """
         if name not in self.analyses:
             msg = f"no analysis {name!r} in {self._where}; stored analyses: {', '.join(self.analyses) or '(none)'}"
             raise StoreError(msg)
-        return xr.open_zarr(self._zstore, group=f"{ANALYSES}/{name}", consolidated=True)
+        prefix = f"{ANALYSES}/{name}"
+        nodes = [k for k in self._nodes if k == prefix or k.startswith(f"{prefix}/")]
+        gone = [k for k in nodes if not sync(self._zstore.exists(f"{k}/zarr.json"))]
+        if gone:
+            msg = (
+                f"analysis {name!r} of {self._where} is committed but {gone[0]} is gone from the store "
+                f"({len(gone)} of its {len(nodes)} parts missing; deleted by hand?); "
+                f"remove it with `ckpt rm {self._where} {name}` or recompute it with `ckpt analyze {name} --force`"
+            )
+            raise MissingDataError(msg)
+        return xr.open_zarr(self._zstore, group=prefix, consolidated=True)
 
     # -- summary ---------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:

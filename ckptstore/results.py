@@ -11,15 +11,17 @@ of checkpoints merge, so an analysis may run while training writes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import xarray as xr
 import zarr
 from zarr.core.sync import sync
 
-from ckpt.errors import InvalidNameError
+from ckpt.errors import InvalidNameError, StoreError
 from ckpt.store import _zarr
 from ckpt.store.format import ANALYSES, STEP, check_name
 from ckpt.store.reader import check_format, open_zarr_store
@@ -61,6 +63,54 @@ def _trim_to_committed(zstore: Any, name: str, committed: dict[str, dict[str, An
         array = zarr.open_array(zstore, path=path, mode="r+", zarr_format=3)
         if list(array.shape) != list(node["shape"]):
             array.resize(tuple(node["shape"]))
+
+
+@contextlib.contextmanager
+def result_lock(path: str | os.PathLike[str], name: str) -> Iterator[None]:
+    """Hold the lock of result ``name``: one process computes and writes a result at a time.
+
+    An advisory ``flock`` on the result's directory (kept across rewrites of the
+    result, see :func:`write_analysis`), taken without waiting: a second
+    ``ckpt analyze`` of the same result gets :class:`StoreLockedError` instead
+    of interleaving its blocks with the first one's. A crashed holder never
+    leaves a stale lock (the kernel releases it). Remote stores have no lock.
+    """
+    problem = check_name(name, "analysis")
+    if problem:
+        raise InvalidNameError(problem)
+    local = _zarr.local_path(path)
+    if local is None:
+        yield
+        return
+    directory = local / _prefix(name)
+    created = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = _zarr.DirectoryLock(directory)
+    busy = (
+        f"analysis {name!r} of {path} is being computed by another process; wait for it to finish "
+        "(or stop it), then run again"
+    )
+    lock.acquire(blocking=False, busy_message=busy)
+    try:
+        yield
+    finally:
+        lock.release()
+        if created and not (directory / _zarr.ROOT_KEY).exists():
+            with contextlib.suppress(OSError):  # nothing was written: leave no empty folder behind
+                directory.rmdir()
+
+
+def _clear(zstore: Any, prefix: str) -> None:
+    """Delete what is under ``prefix``; a local result's directory itself stays (it carries the result lock)."""
+    if isinstance(zstore, zarr.storage.LocalStore):
+
+        async def children() -> list[str]:
+            return [child async for child in zstore.list_dir(prefix)]
+
+        for child in sync(children()):
+            sync(zstore.delete(f"{prefix}/{child}"))
+    else:
+        sync(zstore.delete_dir(prefix))
 
 
 def write_analysis(
@@ -119,17 +169,35 @@ def write_analysis(
         else:
             if exists:  # readers must stop seeing the old result before it is deleted
                 _zarr.commit(zstore, where, attributes=None, nodes={}, owns=owned)
-            sync(zstore.delete_dir(prefix))
+            _clear(zstore, prefix)
             dataset.to_zarr(zstore, group=prefix, mode="w", consolidated=False, zarr_format=3)
     _zarr.commit(zstore, where, attributes=None, nodes=_disk_nodes(zstore, name), owns=owned)
 
 
 def delete_analysis(path: str | os.PathLike[str], name: str, storage_options: dict[str, Any] | None = None) -> None:
-    """Remove ``analyses/<name>`` from the commit record, then from the store."""
+    """Remove ``analyses/<name>`` from the commit record, then from the store (under its result lock).
+
+    Raises
+    ------
+    StoreError
+        No result of that name is committed or on disk.
+    StoreLockedError
+        Another process is computing it.
+    """
     where = str(path)
     zstore = open_zarr_store(where, read_only=False, storage_options=storage_options)
-    _zarr.commit(zstore, where, attributes=None, nodes={}, owns=_owned_by(name))
-    sync(zstore.delete_dir(_prefix(name)))
+    root_attrs, committed = _zarr.read_root(zstore, where)
+    check_format(root_attrs, where)
+    on_disk = sync(zstore.exists(f"{_prefix(name)}/{_zarr.ROOT_KEY}"))
+    if _prefix(name) not in committed and not on_disk:
+        stored = sorted(
+            k.removeprefix(f"{ANALYSES}/") for k in committed if k.startswith(f"{ANALYSES}/") and k.count("/") == 1
+        )
+        msg = f"no analysis {name!r} in {where}; stored analyses: {', '.join(stored) or '(none)'}"
+        raise StoreError(msg)
+    with result_lock(where, name):
+        _zarr.commit(zstore, where, attributes=None, nodes={}, owns=_owned_by(name))
+        sync(zstore.delete_dir(_prefix(name)))
 
 
-__all__ = ["STEP", "delete_analysis", "write_analysis"]
+__all__ = ["STEP", "delete_analysis", "result_lock", "write_analysis"]

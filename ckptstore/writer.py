@@ -102,6 +102,9 @@ def _check_step(step: Any) -> int:
     if step < 0:
         msg = f"step must be a non-negative integer, got {step}"
         raise StepOrderError(msg)
+    if step > np.iinfo(np.int64).max:  # steps are stored as int64
+        msg = f"step must be below 2**63 (steps are stored as int64), got {step}"
+        raise StepOrderError(msg)
     return int(step)
 
 

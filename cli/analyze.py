@@ -43,6 +43,10 @@ def _click_option(name: str, option: Any) -> click.Option:
             [f"{flag}/--no-{name.replace('_', '-')}"], default=bool(option.default), help=option.help, show_default=True
         )
     kind = click.Choice([str(c) for c in option.choices]) if option.choices else _TYPES.get(option.type, click.STRING)
+    bounded = option.minimum is not None or option.maximum is not None
+    if bounded and option.type in (int, float) and not option.choices:
+        ranged = click.IntRange if option.type is int else click.FloatRange
+        kind = ranged(min=option.minimum, max=option.maximum)
     short = [f"-{name}"] if len(name) == 1 else []  # -k as in the papers' notation
     return click.Option([*short, flag, name], type=kind, default=option.default, help=option.help, show_default=True)
 
@@ -206,3 +210,19 @@ def show(store: str, name: str) -> None:
         with contextlib.suppress(CkptError):  # options of another version: keep the generic summary
             summarizer = cls(**record.options)
     click.echo(summarizer.summarize(result.load()))
+
+
+@click.command("rm")
+@click.argument("store", metavar="STORE")
+@click.argument("name", metavar="NAME")
+def rm_command(store: str, name: str) -> None:
+    """Delete the stored result NAME (analyses/NAME) from STORE.
+
+    The result leaves the commit record first (readers stop seeing it), then its
+    files go. Refused while another process computes it. Also the way to clear a
+    result whose files were deleted by hand.
+    """
+    from ckpt.store.results import delete_analysis
+
+    delete_analysis(store, name)
+    click.echo(f"removed analyses/{name} from {store}")

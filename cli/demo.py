@@ -160,9 +160,11 @@ def demo(directory: str, preset: str, device: str, steps: int | None, seed: int)
     2-core CPU.
     """
     import ckpt.store as ckptstore
+    from ckpt.plugins import resolve_device
     from ckpt.plugins._engine import run
     from ckpt.sandboxes.base import train
 
+    device = resolve_device(device)  # before DIR is created: a wrong --device leaves nothing behind
     folder = Path(directory)
     try:
         folder.mkdir(parents=True, exist_ok=True)

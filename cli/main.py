@@ -67,7 +67,8 @@ def _register_commands() -> None:
     from ckpt.cli import analyze, demo, info, io, train
 
     commands = (info.info, info.verify, io.import_command, io.repair)
-    commands += (analyze.analyze, analyze.plugins_command, analyze.show, train.train_command, demo.demo)
+    commands += (analyze.analyze, analyze.plugins_command, analyze.show, analyze.rm_command)
+    commands += (train.train_command, demo.demo)
     for command in commands:
         cli.add_command(command)
 

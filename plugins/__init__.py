@@ -47,7 +47,7 @@ from ckpt.plugins._derivatives import (
 from ckpt.plugins._importers import Importer
 from ckpt.plugins._manager import PluginWarning, Provider, Registry, load_registry, registry, reset_registry
 from ckpt.plugins._objectives import CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective
-from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for
+from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
 from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
 from ckpt.plugins.hookspecs import hookimpl, hookspec
 
@@ -152,6 +152,7 @@ __all__ = [
     "parameter_space",
     "registry",
     "reset_registry",
+    "resolve_device",
     "resolve_task",
     "select_modules",
     "stored_provenance",

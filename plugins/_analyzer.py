@@ -67,6 +67,9 @@ ENGINE_SETTINGS = (
 )
 """Keyword arguments that :func:`ckpt.analyze` gives the engine; no analyzer option may take these names."""
 
+OPTION_TYPES = (int, float, str, bool)
+"""The types an :class:`Option` may have: each maps to one command-line value (lists are a ``str``)."""
+
 
 @dataclass
 class Option:
@@ -82,12 +85,17 @@ class Option:
         One line for ``ckpt analyze NAME --help``.
     choices
         Allowed values, if restricted.
+    minimum, maximum
+        Bounds (inclusive) of an ``int`` or ``float`` option; checked for every value
+        given, on the command line and in Python.
     """
 
     type: type
     default: Any
     help: str
     choices: Sequence[Any] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
     name: str = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -98,8 +106,11 @@ class Option:
             return self
         return instance.options[self.name]
 
-    def convert(self, value: Any, analyzer: str) -> Any:
-        """Check and convert ``value``; raise AnalysisError naming the option otherwise."""
+    def convert(self, value: Any, owner: str) -> Any:
+        """Check and convert ``value``; raise AnalysisError naming the option and ``owner`` otherwise.
+
+        ``owner`` says whose option it is, e.g. ``"analyzer 'loss'"``.
+        """
         try:
             if self.type is bool and isinstance(value, str):
                 converted = {"true": True, "false": False, "1": True, "0": False}[value.lower()]
@@ -108,10 +119,16 @@ class Option:
                 if self.type is int and isinstance(value, float) and value != int(value):
                     raise ValueError
         except (TypeError, ValueError, KeyError):
-            msg = f"option {self.name!r} of analyzer {analyzer!r} must be {self.type.__name__}, got {value!r}"
+            msg = f"option {self.name!r} of {owner} must be {self.type.__name__}, got {value!r}"
             raise AnalysisError(msg) from None
         if self.choices is not None and converted not in self.choices:
-            msg = f"option {self.name!r} of analyzer {analyzer!r} must be one of {list(self.choices)}, got {value!r}"
+            msg = f"option {self.name!r} of {owner} must be one of {list(self.choices)}, got {value!r}"
+            raise AnalysisError(msg)
+        if self.minimum is not None and converted < self.minimum:
+            msg = f"option {self.name!r} of {owner} must be at least {self.minimum:g}, got {value!r}"
+            raise AnalysisError(msg)
+        if self.maximum is not None and converted > self.maximum:
+            msg = f"option {self.name!r} of {owner} must be at most {self.maximum:g}, got {value!r}"
             raise AnalysisError(msg)
         return converted
 
@@ -156,7 +173,7 @@ class Analyzer:
         self.options: dict[str, Any] = {}
         for key, option in spec.items():
             value = options.get(key, option.default)
-            self.options[key] = value if value is None else option.convert(value, self.name)
+            self.options[key] = value if value is None else option.convert(value, f"analyzer {self.name!r}")
 
     @classmethod
     def option_spec(cls) -> dict[str, Option]:
@@ -212,4 +229,44 @@ def validate_analyzer(cls: Any) -> None:
             f"analyzer {cls.name!r} declares option {shadowing[0]!r}, which is an engine setting "
             f"({', '.join(ENGINE_SETTINGS)}); rename the option"
         )
+        raise PluginError(msg)
+    for option in cls.option_spec().values():
+        validate_option(option, f"analyzer {cls.name!r}")
+
+
+def validate_option(option: Option, owner: str) -> None:
+    """Raise :class:`PluginError` unless ``option`` has a supported type, a valid default and valid choices."""
+    where = f"option {option.name!r} of {owner}"
+    if not option.name.isidentifier() or option.name.startswith("_"):
+        msg = f"{where}: an option name must be a Python identifier not starting with '_'"
+        raise PluginError(msg)
+    if option.type not in OPTION_TYPES:
+        kind = getattr(option.type, "__name__", repr(option.type))
+        msg = (
+            f"{where} has type {kind}; an option is int, float, str or bool "
+            "(take several values as one comma-separated str)"
+        )
+        raise PluginError(msg)
+    for value in [*([] if option.default is None else [option.default]), *(option.choices or ())]:
+        try:
+            converted = option.type(value)
+        except (TypeError, ValueError):
+            msg = f"{where}: {value!r} is not a {option.type.__name__}"
+            raise PluginError(msg) from None
+        if option.type is not bool and type(value) is bool:
+            msg = f"{where}: {value!r} is a bool, not a {option.type.__name__}"
+            raise PluginError(msg)
+        if converted != value and not (option.type is float and isinstance(value, int)):
+            msg = f"{where}: {value!r} is not a {option.type.__name__}"
+            raise PluginError(msg)
+    if (option.minimum is not None or option.maximum is not None) and option.type not in (int, float):
+        msg = f"{where}: bounds are for int and float options"
+        raise PluginError(msg)
+    low = -float("inf") if option.minimum is None else option.minimum
+    high = float("inf") if option.maximum is None else option.maximum
+    if option.default is not None and option.type in (int, float) and not low <= option.default <= high:
+        msg = f"{where}: the default {option.default!r} is outside its bounds [{low:g}, {high:g}]"
+        raise PluginError(msg)
+    if option.choices is not None and option.default is not None and option.default not in option.choices:
+        msg = f"{where}: the default {option.default!r} is not one of its choices {list(option.choices)}"
         raise PluginError(msg)

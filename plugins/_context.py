@@ -24,9 +24,46 @@ Output = tuple[tuple[str, ...], Any]
 """An output variable: (dims after ``step``, numpy dtype)."""
 
 
-def _call(fn: Callable[..., dict[str, np.ndarray]], spec: TaskSpec, args: tuple, kwargs: dict) -> dict:
-    """Run a task function on this worker: what every Dask task of an analysis calls."""
-    return fn(worker_for(spec), *args, **kwargs)
+def _call(
+    fn: Callable[..., dict[str, np.ndarray]],
+    spec: TaskSpec,
+    args: tuple,
+    kwargs: dict,
+    expected: Mapping[str, tuple[tuple[int, ...], Any]] | None = None,
+    analyzer: str = "",
+) -> dict:
+    """Run a task function on this worker: what every Dask task of an analysis calls.
+
+    With ``expected`` (``{variable: (shape, dtype)}``, what the analyzer declared),
+    the returned arrays are checked against it: Dask would otherwise stack arrays
+    of another shape into the result without a word.
+    """
+    returned = fn(worker_for(spec), *args, **kwargs)
+    if expected is not None:
+        return _checked(returned, expected, f"task function {fn.__module__}.{fn.__qualname__} of analyzer {analyzer!r}")
+    return returned
+
+
+def _checked(returned: Any, expected: Mapping[str, tuple[tuple[int, ...], Any]], who: str) -> dict:
+    """``returned`` as a dict of arrays with the declared shapes and kinds, or an AnalysisError naming ``who``."""
+    if not isinstance(returned, Mapping):
+        msg = f"{who} returned {type(returned).__name__}; it must return a dict of arrays {sorted(expected)}"
+        raise AnalysisError(msg)
+    missing = sorted(set(expected) - set(returned))
+    if missing:
+        msg = f"{who} returned no variable {missing[0]!r}; it returned {sorted(returned)}"
+        raise AnalysisError(msg)
+    checked = {}
+    for name, (shape, dtype) in expected.items():
+        value = np.asarray(returned[name])
+        if value.shape != tuple(shape):
+            msg = f"{who} returned {name!r} shaped {value.shape}; the analyzer declared {tuple(shape)}"
+            raise AnalysisError(msg)
+        if not np.can_cast(value.dtype, np.dtype(dtype), casting="same_kind"):
+            msg = f"{who} returned {name!r} of dtype {value.dtype}; the analyzer declared {np.dtype(dtype)}"
+            raise AnalysisError(msg)
+        checked[name] = value.astype(dtype, copy=False)
+    return checked
 
 
 class AnalysisContext:
@@ -43,7 +80,16 @@ class AnalysisContext:
         Torch device the workers compute on.
     """
 
-    def __init__(self, store: Any, steps: Sequence[int], spec: TaskSpec, results: Mapping[str, xr.Dataset]) -> None:
+    def __init__(
+        self,
+        store: Any,
+        steps: Sequence[int],
+        spec: TaskSpec,
+        results: Mapping[str, xr.Dataset],
+        analyzer: str = "",
+    ) -> None:
+        self.analyzer = analyzer
+        """Name of the analyzer computing (named in errors)."""
         self.store = store
         self.steps = [int(s) for s in steps]
         self.spec = spec
@@ -91,9 +137,10 @@ class AnalysisContext:
         for step in steps:
             parts: dict[str, list[Any]] = {name: [] for name in outputs}
             for args, kwargs, part_sizes in task_args(step):
-                task = dask.delayed(_call, pure=True)(fn, self.spec, args, kwargs)
-                for name, (dims, dtype) in outputs.items():
-                    shape = tuple({**sizes, **part_sizes}[d] for d in dims)
+                declared = {**sizes, **part_sizes}
+                expected = {name: (tuple(declared[d] for d in dims), dtype) for name, (dims, dtype) in outputs.items()}
+                task = dask.delayed(_call, pure=True)(fn, self.spec, args, kwargs, expected, self.analyzer)
+                for name, (shape, dtype) in expected.items():
                     parts[name].append(da.from_delayed(task[name], shape=shape, dtype=dtype))
             for name, (dims, _) in outputs.items():
                 pieces = parts[name]

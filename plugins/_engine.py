@@ -22,6 +22,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import re
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,12 +33,12 @@ import dask
 import xarray as xr
 
 import ckpt.store as ckptstore
-from ckpt.errors import AnalysisError
+from ckpt.errors import AnalysisError, MissingDataError
 from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
-from ckpt.plugins._runtime import TaskSpec
-from ckpt.store.results import write_analysis
+from ckpt.plugins._runtime import TaskSpec, resolve_device
+from ckpt.store.results import result_lock, write_analysis
 
 SCHEDULERS = ("threads", "processes", "sync")
 COMMIT_SECONDS = 2.0
@@ -74,10 +75,13 @@ def _identity(provenance: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def stored_provenance(store: ckptstore.Store, name: str) -> dict[str, Any] | None:
-    """The provenance attributes of a stored result, or None when there is none."""
+    """The provenance attributes of a stored result, or None when there is none (or its files are gone)."""
     if name not in store.analyses:
         return None
-    return store.analysis(name).ckpt.provenance
+    try:
+        return store.analysis(name).ckpt.provenance
+    except MissingDataError:  # deleted by hand: nothing to reuse, compute it anew
+        return None
 
 
 def _wanted_steps(analyzer: Analyzer, store: ckptstore.Store) -> list[int]:
@@ -170,6 +174,38 @@ def _check_lazy(name: str, dataset: Any) -> None:
         raise AnalysisError(msg)
 
 
+def _check_contract(analyzer: Analyzer, dataset: xr.Dataset, steps: Sequence[int]) -> None:
+    """Refuse a result that breaks the contract of its ``per`` before anything is computed or stored.
+
+    A per-checkpoint or per-pair result grows by rows along ``step``: every data
+    variable leads with ``step``, whose coordinate holds exactly the steps asked
+    for. Without this a result lacking ``step`` was stored whole and replaced,
+    not extended, by the next incremental run.
+    """
+    name = analyzer.name
+    if analyzer.per == PER_RUN:
+        return
+    kind = "per-checkpoint" if analyzer.per == PER_CHECKPOINT else "per-pair"
+    for variable, array in dataset.data_vars.items():
+        if not array.dims or array.dims[0] != "step":
+            msg = (
+                f"analyzer {name!r} is {kind}: its variable {variable!r} must have 'step' as first dim, "
+                f"has {array.dims}"
+            )
+            raise AnalysisError(msg)
+    if "step" not in dataset.coords:
+        msg = f"analyzer {name!r} is {kind} but its result has no 'step' coordinate; add one (the steps it computed)"
+        raise AnalysisError(msg)
+    got, asked = [int(s) for s in dataset["step"].values], [int(s) for s in steps]
+    if got != asked:
+
+        def span(values: list[int]) -> str:
+            return f"{len(values)} steps ({values[0]}..{values[-1]})" if values else "no steps"
+
+        msg = f"analyzer {name!r} returned {span(got)} where it was asked for {span(asked)} (AnalysisContext.steps)"
+        raise AnalysisError(msg)
+
+
 def run(
     name: str,
     store: str | os.PathLike[str],
@@ -196,10 +232,10 @@ def run(
         msg = f"analyzers require each other in a cycle: {' -> '.join([*_active, name])}"
         raise AnalysisError(msg)
     analyzer: Analyzer = registry.analyzers[name](**options)
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device)
+    if address is not None and not re.fullmatch(r"(tcp|tls|inproc|ucx|ws|wss)://[^\s/]+/?|[^\s:/]+:\d+", address):
+        msg = f"--address must be a dask scheduler address such as tcp://HOST:PORT, got {address!r}"
+        raise AnalysisError(msg)
     engine = {
         "scheduler": scheduler,
         "address": address,
@@ -238,22 +274,23 @@ def run(
         requirements[dependency] = identity
 
     where = str(store)
-    opened = ckptstore.open(where, storage_options=storage_options)
-    provenance = {**analyzer.provenance(), "data_sha256": data_hash(opened), "requires": requirements}
-    wanted = _wanted_steps(analyzer, opened)
-    stored = stored_provenance(opened, name)
-    covered: list[int] = []
-    if stored is not None and not force and _identity(stored) == _identity(provenance):
-        covered = [int(s) for s in stored.get("steps", [])]
-        if analyzer.per == PER_RUN and covered != wanted:
-            covered = []
-    missing = [s for s in wanted if s not in set(covered)]
-    if covered and missing and min(missing) < max(covered):
-        covered, missing = [], wanted  # a hole in the middle: never expected, but never wrong to redo
-    report.reused_steps = [s for s in wanted if s in set(covered)]
-    if missing or (not covered and analyzer.per == PER_RUN):
-        _compute(analyzer, where, opened, missing, covered, provenance, results, engine)
-        report.computed_steps = missing
+    with result_lock(where, name):  # one process computes a result at a time; a second one is refused
+        opened = ckptstore.open(where, storage_options=storage_options)
+        provenance = {**analyzer.provenance(), "data_sha256": data_hash(opened), "requires": requirements}
+        wanted = _wanted_steps(analyzer, opened)
+        stored = stored_provenance(opened, name)
+        covered: list[int] = []
+        if stored is not None and not force and _identity(stored) == _identity(provenance):
+            covered = [int(s) for s in stored.get("steps", [])]
+            if analyzer.per == PER_RUN and covered != wanted:
+                covered = []
+        missing = [s for s in wanted if s not in set(covered)]
+        if covered and missing and min(missing) < max(covered):
+            covered, missing = [], wanted  # a hole in the middle: never expected, but never wrong to redo
+        report.reused_steps = [s for s in wanted if s in set(covered)]
+        if missing or (not covered and analyzer.per == PER_RUN):
+            _compute(analyzer, where, opened, missing, covered, provenance, results, engine)
+            report.computed_steps = missing
     report.dataset = ckptstore.open(where, storage_options=storage_options).analysis(name)
     return report
 
@@ -271,10 +308,11 @@ def _compute(
     from tqdm import tqdm
 
     spec = TaskSpec(where, engine["device"], engine["storage_options"])
-    context = AnalysisContext(store, missing, spec, results)
+    context = AnalysisContext(store, missing, spec, results, analyzer=analyzer.name)
     dataset = analyzer.compute(context)
     _check_lazy(analyzer.name, dataset)
-    per_step = analyzer.per in (PER_CHECKPOINT, PER_PAIR) and "step" in dataset.dims
+    _check_contract(analyzer, dataset, missing)
+    per_step = analyzer.per in (PER_CHECKPOINT, PER_PAIR)
     with compute_settings(engine["scheduler"], engine["address"], engine["workers"], engine["device"]) as (
         settings,
         count,

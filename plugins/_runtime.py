@@ -33,6 +33,39 @@ class TaskSpec:
     storage_options: Mapping[str, Any] | None = None
 
 
+DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
+"""The devices ckpt computes on (``--device``)."""
+
+
+def resolve_device(device: str, error: type[Exception] = AnalysisError) -> str:
+    """The torch device ``device`` names (``auto``: CUDA when torch sees one), or ``error`` saying what to pass.
+
+    Checked before anything runs, so that a wrong ``--device`` is one line, not a
+    traceback from inside a Dask task (or no message at all when every result is reused).
+    """
+    import re
+
+    if not isinstance(device, str) or not re.fullmatch(DEVICE_PATTERN, device):
+        msg = f"--device must be auto, cpu, cuda, cuda:N or mps, got {device!r}"
+        raise error(msg)
+    if device == "cpu":
+        return device
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        msg = f"--device {device} was asked for but torch sees no CUDA device; use --device cpu or auto"
+        raise error(msg)
+    if device.startswith("cuda:") and int(device.split(":")[1]) >= torch.cuda.device_count():
+        msg = f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)"
+        raise error(msg)
+    if device == "mps" and not torch.backends.mps.is_available():
+        msg = "--device mps was asked for but torch sees no MPS device; use --device cpu or auto"
+        raise error(msg)
+    return device
+
+
 _process_lock = threading.Lock()
 _workers: dict[TaskSpec, Worker] = {}
 _thread_state = threading.local()

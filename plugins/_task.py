@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ckpt.errors import PluginError, TaskError
+from ckpt.errors import AnalysisError, PluginError, TaskError
 from ckpt.plugins._analyzer import Option, declared_options
 from ckpt.plugins._manager import registry
 
@@ -81,7 +81,10 @@ class Task:
         config = dict(self.presets[preset])
         for key, value in options.items():
             if value is not None:
-                config[key] = spec[key].convert(value, self.name)
+                try:
+                    config[key] = spec[key].convert(value, f"task {self.name!r}")
+                except AnalysisError as exc:
+                    raise TaskError(str(exc)) from None
         return config
 
     def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:

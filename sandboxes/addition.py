@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ckpt.errors import TaskError
 from ckpt.plugins import Dataset, Option, Task
 
 PLUS, EQUALS = 10, 11
@@ -230,13 +231,21 @@ class TransformerTask(Task):
     and :meth:`make_optimizer`.
     """
 
-    layers = Option(int, None, "Transformer blocks.")
-    d_model = Option(int, None, "Residual stream width.")
-    heads = Option(int, None, "Attention heads (must divide d_model).")
-    d_mlp = Option(int, None, "MLP hidden width.")
-    lr = Option(float, None, "AdamW peak learning rate.")
-    weight_decay = Option(float, None, "AdamW weight decay.")
-    warmup = Option(int, None, "Linear learning-rate warm-up steps: lr * min(step / warmup, 1).")
+    layers = Option(int, None, "Transformer blocks.", minimum=1)
+    d_model = Option(int, None, "Residual stream width.", minimum=1)
+    heads = Option(int, None, "Attention heads (must divide d_model).", minimum=1)
+    d_mlp = Option(int, None, "MLP hidden width.", minimum=1)
+    lr = Option(float, None, "AdamW peak learning rate.", minimum=0)
+    weight_decay = Option(float, None, "AdamW weight decay.", minimum=0)
+    warmup = Option(int, None, "Linear learning-rate warm-up steps: lr * min(step / warmup, 1).", minimum=0)
+
+    def config(self, preset: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The preset's settings with the options given; the heads must divide the residual width."""
+        config = super().config(preset, options)
+        if config["d_model"] % config["heads"]:
+            msg = f"task {self.name!r}: --heads ({config['heads']}) must divide --d-model ({config['d_model']})"
+            raise TaskError(msg)
+        return config
 
     def make_optimizer(
         self, model: torch.nn.Module, config: Mapping[str, Any]
@@ -294,7 +303,7 @@ class Addition(TransformerTask):
         },
     }
 
-    batch_size = Option(int, None, "Problems per step.")
+    batch_size = Option(int, None, "Problems per step.", minimum=1)
 
     def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Keyword arguments of :func:`build_model`."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,8 @@ import torch
 
 import ckpt.store as ckptstore
 from ckpt.errors import TaskError
-from ckpt.plugins import Dataset, LazyTask, Task, resolve_task
+from ckpt.plugins import Dataset, LazyTask, Task, resolve_device, resolve_task
+from ckpt.store.format import current_factory
 
 
 def checkpoint_steps(total: int, every: int, log_spaced: bool) -> list[int]:
@@ -31,12 +32,7 @@ def checkpoint_steps(total: int, every: int, log_spaced: bool) -> list[int]:
 
 
 def _device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        msg = "--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto"
-        raise TaskError(msg)
-    return torch.device(device)
+    return torch.device(resolve_device(device, TaskError))
 
 
 SMALL_MODEL_PARAMETERS = 20_000
@@ -71,6 +67,19 @@ def _threads_for(model: torch.nn.Module, device: torch.device) -> Iterator[None]
 def _to(data: Dataset, device: torch.device) -> Dataset:
     moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(data).items() if k != "splits"}
     return Dataset(**moved, splits=data.splits)
+
+
+def _check_same_run(stored: ckptstore.Store, task: Task, model_config: Mapping[str, Any], where: Any) -> None:
+    """Refuse to resume a store written by another task or model (before it is opened for writing)."""
+    spec = stored.model
+    recorded = None if spec is None else (current_factory(spec.factory), spec.config)
+    if recorded != (current_factory(task.factory), dict(model_config)):
+        held = "no model spec" if spec is None else f"the model {spec.factory} {spec.config}"
+        msg = (
+            f"{where} holds a run of {held}, not of task {task.name!r} ({task.factory} {dict(model_config)}); "
+            "--resume continues a run with the same task, preset and options"
+        )
+        raise TaskError(msg)
 
 
 def train(
@@ -139,6 +148,7 @@ def train(
     schedule = checkpoint_steps(steps, every, log_spaced)
     attrs = {"task": task.name, "preset": preset, "seed": seed, "steps": steps, "config": config}
     if resume:
+        _check_same_run(ckptstore.open(store), task, task.model_config(config), store)
         writer = ckptstore.open(store, mode="a")
         start = 0 if writer.last_step is None else writer.last_step
         if writer.last_step is not None:

@@ -145,11 +145,11 @@ class ModularAddition(Task):
         },
     }
 
-    n = Option(int, None, "Modulus N (residues, tokens and classes).")
-    d = Option(int, None, "Embedding dimension (2 in the paper).")
-    hidden = Option(int, None, "Width of the ReLU layer.")
-    lr = Option(float, None, "AdamW learning rate.")
-    weight_decay = Option(float, None, "AdamW weight decay (the paper sweeps 0.0, 0.3, 0.6, 1.0).")
+    n = Option(int, None, "Modulus N (residues, tokens and classes).", minimum=2)
+    d = Option(int, None, "Embedding dimension (2 in the paper).", minimum=1)
+    hidden = Option(int, None, "Width of the ReLU layer.", minimum=1)
+    lr = Option(float, None, "AdamW learning rate.", minimum=0)
+    weight_decay = Option(float, None, "AdamW weight decay (the paper sweeps 0.0, 0.3, 0.6, 1.0).", minimum=0)
 
     def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Keyword arguments of :func:`build_model`."""

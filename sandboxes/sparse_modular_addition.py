@@ -195,13 +195,13 @@ class SparseModularAddition(Task):
     objective = "cross-entropy"
     factory = "ckpt.sandboxes.sparse_modular_addition:build_model"
 
-    p = Option(int, None, "Field size p (tokens and classes in F_p).")
-    length = Option(int, None, "Sequence length L.")
-    k = Option(int, None, "Number of leading tokens summed (the rest are distractors).")
-    hidden = Option(int, None, "Hidden units of the MLP.")
-    lr = Option(float, None, "Adam learning rate.")
-    train_size = Option(int, None, "Training sequences.")
-    test_size = Option(int, None, "Test sequences.")
+    p = Option(int, None, "Field size p (tokens and classes in F_p).", minimum=2)
+    length = Option(int, None, "Sequence length L.", minimum=1)
+    k = Option(int, None, "Number of leading tokens summed (the rest are distractors).", minimum=1)
+    hidden = Option(int, None, "Hidden units of the MLP.", minimum=1)
+    lr = Option(float, None, "Adam learning rate.", minimum=0)
+    train_size = Option(int, None, "Training sequences.", minimum=1)
+    test_size = Option(int, None, "Test sequences.", minimum=1)
 
     _paper: ClassVar[dict[str, Any]] = {
         "p": 2,

@@ -188,10 +188,12 @@ class TinyLM(TransformerTask):
         },
     }
 
-    vocab = Option(int, None, "Vocabulary size, <unk> included (the most frequent lower-cased tokens).")
-    context = Option(int, None, "Tokens per input window.")
-    eval_sequences = Option(int, None, "Held-out windows stored as the eval split (each gives context datapoints).")
-    batch_size = Option(int, None, "Windows per step.")
+    vocab = Option(int, None, "Vocabulary size, <unk> included (the most frequent lower-cased tokens).", minimum=2)
+    context = Option(int, None, "Tokens per input window.", minimum=1)
+    eval_sequences = Option(
+        int, None, "Held-out windows stored as the eval split (each gives context datapoints).", minimum=1
+    )
+    batch_size = Option(int, None, "Windows per step.", minimum=1)
 
     def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Keyword arguments of :func:`build_model`."""

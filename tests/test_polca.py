@@ -382,7 +382,7 @@ def test_cli_polca_computes_the_basis_first_and_rejects_bad_input(store: Path) -
     before = tree_digest(store)
     for args, words in (
         (["--at-steps", "7"], "--at-steps 7 is not a checkpoint step"),
-        (["--every", "0"], "--every must be a positive number"),
+        (["--every", "0"], "'--every': 0 is not in the range x>=1"),
         (["--basis", "nosuch"], "nosuch"),
         (["--dtype", "float16"], "float16"),
     ):

@@ -1,0 +1,142 @@
+"""Every user mistake: one ``Error:`` line, a non-zero exit, no traceback, and the store (and folder) as they were.
+
+A table of bad invocations of the real ``ckpt`` command, each run on a fresh copy
+of a real store; the rows for analyzer and task options are generated from what
+the plugins declare, so a new bounded option gets its row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ckpt.plugins import load_registry, resolve_task
+from ckpt.store.trust import TRUST_ENV
+from tests.conftest import run_ckpt, write_mlp_run
+
+USAGE = 2  # click usage errors (bad option values, unknown names)
+ERROR = 1  # everything else
+
+
+def _below_minimum_rows() -> list[tuple[list[str], str, int]]:
+    """One row per bounded option of every built-in analyzer and task: a value just below its minimum."""
+    registry = load_registry(entry_points=False)
+    rows = []
+    for name, analyzer in sorted(registry.analyzers.items()):
+        for key, option in analyzer.option_spec().items():
+            if option.minimum is None or option.choices:
+                continue
+            value = str(option.minimum - 1) if option.type is int else str(option.minimum - 0.5)
+            flag = "--" + key.replace("_", "-")
+            rows.append((["analyze", name, "{store}", f"{flag}={value}"], "is not in the range", USAGE))
+    for name, task in sorted(registry.tasks.items()):
+        for key, option in resolve_task(task).option_spec().items():
+            if option.minimum is None:
+                continue
+            value = str(option.minimum - 1) if option.type is int else str(option.minimum - 0.5)
+            flag = "--" + key.replace("_", "-")
+            rows.append((["train", name, "{tmp}/new.zarr", f"{flag}={value}"], "is not in the range", USAGE))
+    return rows
+
+
+ROWS: list[tuple[list[str], str, int]] = [
+    # the command line itself
+    (["frobnicate"], "No such command 'frobnicate'", USAGE),
+    (["analyze", "nope", "{store}"], "unknown analyzer 'nope'; registered analyzers:", USAGE),
+    (["analyze", "loss"], "Missing argument 'STORE...'", USAGE),
+    (["analyze", "loss", "{store}", "--bogus"], "No such option '--bogus'", USAGE),
+    (["analyze", "loss", "{store}", "--batch-size", "many"], "'many' is not a valid integer", USAGE),
+    (["analyze", "loss", "{store}", "--scheduler", "magic"], "'magic' is not one of", USAGE),
+    (["analyze", "loss", "{store}", "--workers", "0"], "0 is not in the range x>=1", USAGE),
+    (["analyze", "loss", "{store}", "--block-steps", "0"], "0 is not in the range x>=1", USAGE),
+    (["analyze", "clusters", "{store}", "--on", "weights"], "'weights' is not one of", USAGE),
+    (["show", "{store}"], "Missing argument 'NAME'", USAGE),
+    (["train", "nope", "{tmp}/new.zarr"], "unknown task 'nope'; registered tasks:", USAGE),
+    (["train", "modular-addition", "{tmp}/new.zarr", "--steps", "0"], "0 is not in the range x>=1", USAGE),
+    (["train", "modular-addition", "{tmp}/new.zarr", "--every", "0"], "0 is not in the range x>=1", USAGE),
+    (["train", "modular-addition", "{tmp}/new.zarr", "--preset", "huge"], "'huge' is not one of", USAGE),
+    (["import", "{tmp}/nowhere", "{tmp}/new.zarr", "--format", "tarball"], "unknown format 'tarball'", USAGE),
+    # engine settings
+    (["analyze", "loss", "{store}", "--device", "tpu"], "--device must be auto, cpu, cuda, cuda:N or mps", ERROR),
+    (["analyze", "loss", "{store}", "--device", "cuda:x"], "--device must be auto, cpu, cuda, cuda:N or mps", ERROR),
+    (["analyze", "loss", "{store}", "--address", "notaurl"], "--address must be a dask scheduler address", ERROR),
+    (["analyze", "loss", "{store}", "--trust-factory", "rm -rf /"], "is not a module, a module:function or '*'", ERROR),
+    # stores that are not there, or not stores
+    (["info", "{tmp}/nope.zarr"], "the path does not exist", ERROR),
+    (["verify", "{tmp}/nope.zarr"], "the path does not exist", ERROR),
+    (["repair", "{tmp}/nope.zarr"], "the path does not exist", ERROR),
+    (["show", "{tmp}/nope.zarr", "loss"], "the path does not exist", ERROR),
+    (["rm", "{tmp}/nope.zarr", "loss"], "the path does not exist", ERROR),
+    (["analyze", "loss", "{tmp}/nope.zarr"], "the path does not exist", ERROR),
+    (["info", "{tmp}/notes.txt"], "is a file, not a ckpt store", ERROR),
+    (["repair", "{tmp}/notes.txt"], "is a file, not a ckpt store", ERROR),
+    (["verify", "{tmp}/notes.txt"], "is a file, not a ckpt store", ERROR),
+    (["analyze", "loss", "{tmp}/notes.txt"], "is a file, not a ckpt store", ERROR),
+    (["info", "{tmp}/folder"], "is not a ckpt store (it has no zarr.json)", ERROR),
+    (["repair", "{tmp}/folder"], "is not a ckpt store (it has no zarr.json)", ERROR),
+    (["info", "foo://bucket/run.zarr"], "Protocol not known: foo", ERROR),
+    (["analyze", "loss", "foo://bucket/run.zarr"], "Protocol not known: foo", ERROR),
+    # results
+    (["show", "{store}", "polca"], "no analysis 'polca' in", ERROR),
+    (["rm", "{store}", "polca"], "no analysis 'polca' in", ERROR),
+    (["rm", "{store}", "../checkpoints"], "contains '/'", ERROR),
+    (["analyze", "clusters", "{store}", "--on", "loss", "--label", "colour"], "colour", ERROR),
+    (["analyze", "loss", "{store}", "--split", "test"], "test", ERROR),
+    # training
+    (["train", "addition", "{tmp}/new.zarr", "--heads", "5"], "--heads (5) must divide --d-model (64)", ERROR),
+    (["train", "modular-addition", "{tmp}/new.zarr", "--steps", "5", "--epochs", "1"], "not both", ERROR),
+    (["train", "modular-addition", "{tmp}/new.zarr", "--device", "tpu"], "--device must be auto, cpu", ERROR),
+    (["train", "modular-addition", "{store}"], "already exists; pass --resume", ERROR),
+    (["train", "modular-addition", "{store}", "--resume"], "--resume continues a run with the same task", ERROR),
+    (["train", "modular-addition", "{tmp}/nope.zarr", "--resume"], "the path does not exist", ERROR),
+    (["demo", "{tmp}/demo", "--device", "tpu"], "--device must be auto, cpu", ERROR),
+    (["demo", "{tmp}/notes.txt"], "cannot use", ERROR),
+    # importing
+    (["import", "{tmp}/nowhere", "{tmp}/new.zarr"], "nowhere", ERROR),
+    (["import", "{tmp}/folder", "{tmp}/new.zarr"], "no checkpoints found in", ERROR),
+    (["verify", "foo://bucket/run.zarr"], "Protocol not known: foo", ERROR),
+    *_below_minimum_rows(),
+]
+
+
+def _digest(folder: Path) -> str:
+    """One hash of every file (path and bytes) under ``folder``: equal hashes = nothing changed."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        digest.update(str(path.relative_to(folder)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = write_mlp_run(tmp_path_factory.mktemp("bad-input") / "run.zarr", steps=3, examples=10)
+    assert run_ckpt("analyze", "loss", str(path), "--no-progress").returncode == 0
+    return path
+
+
+def test_the_table_is_large_enough() -> None:
+    assert len(ROWS) >= 100, len(ROWS)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected", "code"), ROWS, ids=lambda row: " ".join(row) if isinstance(row, list) else None
+)
+def test_bad_invocation(tmp_path: Path, original: Path, args: list[str], expected: str, code: int) -> None:
+    store = tmp_path / "run.zarr"
+    shutil.copytree(original, store)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "keep.txt").write_text("a user's file")
+    (tmp_path / "notes.txt").write_text("not a store")
+    before = _digest(tmp_path)
+    result = run_ckpt(*(a.format(store=store, tmp=tmp_path) for a in args), extra_env={TRUST_ENV: "tests"})
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert _digest(tmp_path) == before, "a failed command changed the store or the folder"

@@ -1,0 +1,221 @@
+"""Results are transactions: gone files are missing data, one writer per result, the result contract is enforced.
+
+Real stores on disk, the real engine and the real ``ckpt`` command; the analyzers
+that break the contract are real (tiny) analyzers registered through the hooks.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckpt
+import ckpt.plugins
+import ckpt.store as ckptstore
+from ckpt.errors import MissingDataError, StoreLockedError
+from ckpt.plugins import PER_PAIR, AnalysisContext, AnalysisError, Analyzer, Option, PluginWarning, load_registry
+from ckpt.plugins._engine import run
+from ckpt.store.results import result_lock
+from tests.conftest import run_ckpt, tree_digest
+
+# --------------------------------------------------------------------------- files gone
+
+
+def test_a_hand_deleted_result_is_missing_not_nan(mlp_store: Path) -> None:
+    first = ckpt.analyze("loss", mlp_store).load()
+    shutil.rmtree(mlp_store / "analyses" / "loss")  # the commit record still lists it
+    with pytest.raises(MissingDataError, match=r"analysis 'loss' of .* is committed but analyses/loss is gone"):
+        ckptstore.open(mlp_store).analysis("loss")
+    shown = run_ckpt("show", str(mlp_store), "loss")
+    assert shown.returncode == 1
+    assert shown.stderr.startswith("Error: analysis 'loss'") and "ckpt rm" in shown.stderr
+    assert "nan" not in shown.stdout.lower()
+    again = run_ckpt("analyze", "loss", str(mlp_store), "--no-progress")
+    assert again.returncode == 0, again.stderr
+    assert "loss: computed 6 step(s), reused 0 stored" in again.stdout
+    np.testing.assert_array_equal(ckptstore.open(mlp_store).analysis("loss")["loss"].values, first["loss"].values)
+
+
+def test_a_result_missing_one_variable_is_refused_and_recomputed(mlp_store: Path) -> None:
+    ckpt.analyze("loss", mlp_store)
+    shutil.rmtree(mlp_store / "analyses" / "loss" / "mean_loss")
+    with pytest.raises(MissingDataError, match=r"analyses/loss/mean_loss is gone .*1 of its"):
+        ckptstore.open(mlp_store).analysis("loss")
+    report = run("loss", mlp_store)
+    assert report.computed_steps == [0, 1, 2, 3, 4, 5] and report.reused_steps == []
+    assert np.isfinite(report.dataset["mean_loss"].values).all()
+
+
+def test_rm_deletes_a_result_and_says_what_it_did(mlp_store: Path) -> None:
+    ckpt.analyze("loss", mlp_store)
+    removed = run_ckpt("rm", str(mlp_store), "loss")
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.strip() == f"removed analyses/loss from {mlp_store}"
+    assert "loss" not in ckptstore.open(mlp_store).analyses
+    assert not (mlp_store / "analyses" / "loss").exists()
+    before = tree_digest(mlp_store)
+    again = run_ckpt("rm", str(mlp_store), "loss")
+    assert again.returncode == 1
+    assert again.stderr.strip() == f"Error: no analysis 'loss' in {mlp_store}; stored analyses: (none)"
+    assert tree_digest(mlp_store) == before
+
+
+def test_rm_clears_a_result_whose_files_were_deleted_by_hand(mlp_store: Path) -> None:
+    ckpt.analyze("loss", mlp_store)
+    shutil.rmtree(mlp_store / "analyses" / "loss")
+    assert run_ckpt("rm", str(mlp_store), "loss").returncode == 0
+    assert ckptstore.open(mlp_store).analyses == []
+
+
+# --------------------------------------------------------------------------- one writer per result
+
+
+def test_a_second_process_computing_the_same_result_is_refused(mlp_store: Path) -> None:
+    ckpt.analyze("loss", mlp_store)
+    before = tree_digest(mlp_store)
+    with result_lock(mlp_store, "loss"):  # this process computes `loss` (a real flock on its folder)
+        second = run_ckpt("analyze", "loss", str(mlp_store), "--force", "--no-progress")
+        removed = run_ckpt("rm", str(mlp_store), "loss")
+        other = run_ckpt("analyze", "grad-norms", str(mlp_store), "--no-progress")  # another result: not blocked
+    assert second.returncode == 1
+    assert second.stderr.strip() == (
+        f"Error: analysis 'loss' of {mlp_store} is being computed by another process; "
+        "wait for it to finish (or stop it), then run again"
+    )
+    assert removed.returncode == 1 and "being computed by another process" in removed.stderr
+    assert other.returncode == 0, other.stderr
+    stored = {k: v for k, v in tree_digest(mlp_store).items() if "grad-norms" not in k and k != "zarr.json"}
+    assert stored == {k: v for k, v in before.items() if k != "zarr.json"}
+    assert run_ckpt("analyze", "loss", str(mlp_store), "--force", "--no-progress").returncode == 0  # released
+
+
+def test_the_lock_leaves_no_folder_behind_when_nothing_was_written(mlp_store: Path) -> None:
+    with result_lock(mlp_store, "never-written"):
+        assert (mlp_store / "analyses" / "never-written").is_dir()
+        with pytest.raises(StoreLockedError), result_lock(mlp_store, "never-written"):
+            pass
+    assert not (mlp_store / "analyses" / "never-written").exists()
+
+
+# --------------------------------------------------------------------------- the result contract
+
+
+def constant(worker, step: int, *, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """A task function returning an array of ``shape`` (whatever the analyzer declared)."""
+    return {"value": np.ones(shape)}
+
+
+class NoStep(Analyzer):
+    """Per checkpoint, but its result has no step dim (the issue's case)."""
+
+    name = "no-step"
+    description = "d"
+
+    def compute(self, ctx: AnalysisContext):
+        per_step = ctx.map_checkpoints(constant, {"value": (("x",), np.float64)}, sizes={"x": 2}, shape=(2,))
+        return per_step.sum("step")
+
+
+class WrongShape(Analyzer):
+    """Declares 3 values per step, its task function returns 4."""
+
+    name = "wrong-shape"
+    description = "d"
+
+    def compute(self, ctx: AnalysisContext):
+        return ctx.map_checkpoints(constant, {"value": (("x",), np.float64)}, sizes={"x": 3}, shape=(4,))
+
+
+class WrongSteps(Analyzer):
+    """A pair analyzer that returns every checkpoint's step."""
+
+    name = "wrong-steps"
+    description = "d"
+    per = PER_PAIR
+
+    def compute(self, ctx: AnalysisContext):
+        steps = [*ctx.steps, ctx.next_step(ctx.steps[-1])]
+        return ctx.map_checkpoints(constant, {"value": ((), np.float64)}, steps=steps, shape=())
+
+
+class ContractPlugin:
+    @ckpt.plugins.hookimpl
+    def ckpt_register_analyzers(self, register) -> None:
+        for analyzer in (NoStep, WrongShape, WrongSteps):
+            register(analyzer)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("no-step", "analyzer 'no-step' is per-checkpoint: its variable 'value' must have 'step' as first dim"),
+        (
+            "wrong-shape",
+            r"task function tests\.test_results\.constant of analyzer 'wrong-shape' returned 'value' shaped \(4,\); "
+            r"the analyzer declared \(3,\)",
+        ),
+        ("wrong-steps", r"analyzer 'wrong-steps' returned 6 steps \(0..5\) where it was asked for 5 steps \(0..4\)"),
+    ],
+)
+def test_a_result_that_breaks_its_contract_is_refused_and_not_stored(mlp_store: Path, name: str, message: str) -> None:
+    registry = load_registry(extra=[ContractPlugin()])
+    before = tree_digest(mlp_store)
+    with pytest.raises(AnalysisError, match=message):
+        run(name, mlp_store, registry=registry)
+    assert tree_digest(mlp_store) == before
+    assert name not in ckptstore.open(mlp_store).analyses
+
+
+# --------------------------------------------------------------------------- options are validated at registration
+
+
+def _registered(**attributes) -> tuple[list[str], set[str]]:
+    analyzer = type("Checked", (Analyzer,), {"name": "checked", "description": "d", **attributes})
+
+    class Plugin:
+        @ckpt.plugins.hookimpl
+        def ckpt_register_analyzers(self, register) -> None:
+            register(analyzer)
+
+    with pytest.warns(PluginWarning):
+        registry = load_registry(entry_points=False, extra=[Plugin()])
+    return registry.problems, set(registry.analyzers)
+
+
+@pytest.mark.parametrize(
+    ("option", "problem"),
+    [
+        (Option(list, None, "layers"), "option 'bad' of analyzer 'checked' has type list; an option is int, float"),
+        (Option(int, "3", "k"), "option 'bad' of analyzer 'checked': '3' is not a int"),
+        (Option(int, 2.5, "k"), "option 'bad' of analyzer 'checked': 2.5 is not a int"),
+        (Option(float, True, "x"), "option 'bad' of analyzer 'checked': True is a bool, not a float"),
+        (Option(str, "c", "mode", choices=["a", "b"]), "the default 'c' is not one of its choices ['a', 'b']"),
+        (Option(int, 1, "k", choices=[1, "two"]), "option 'bad' of analyzer 'checked': 'two' is not a int"),
+    ],
+)
+def test_malformed_options_are_refused_at_registration(option: Option, problem: str) -> None:
+    problems, names = _registered(bad=option)
+    assert "checked" not in names
+    assert any(problem in p for p in problems), problems
+
+
+def test_well_formed_options_register() -> None:
+    options = {
+        "k": Option(int, 2, "k"),
+        "scale": Option(float, 1, "an int default of a float option is fine"),
+        "split": Option(str, None, "None: given by the user or by the store"),
+        "mode": Option(str, "a", "m", choices=("a", "b")),
+        "flag": Option(bool, False, "f"),
+    }
+    analyzer = type("Good", (Analyzer,), {"name": "good", "description": "d", **options})
+
+    class Plugin:
+        @ckpt.plugins.hookimpl
+        def ckpt_register_analyzers(self, register) -> None:
+            register(analyzer)
+
+    registry = load_registry(entry_points=False, extra=[Plugin()])
+    assert "good" in registry.analyzers and registry.problems == []
