@@ -222,7 +222,6 @@ class Clusters(Analyzer):
         if self.place_restrict and not self.label:
             raise AnalysisError("--place-restrict needs --label (e.g. --label carry)")
         self._places = self._parse_places(self.places)
-        text_labels.check_options(self.pos_window, self.text_top)
 
     @property
     def _source(self) -> str:

@@ -62,16 +62,6 @@ DESCRIPTIONS = {
 }
 
 
-def check_options(pos_window: int, text_top: int) -> None:
-    """Raise AnalysisError unless the text-label options are usable."""
-    if pos_window < 1:
-        msg = f"--pos-window must be at least 1 (the target token's own tag), got {pos_window}"
-        raise AnalysisError(msg)
-    if text_top < 1:
-        msg = f"--text-top must be at least 1, got {text_top}"
-        raise AnalysisError(msg)
-
-
 def has_text(data: xr.Dataset) -> bool:
     """Whether a data split carries what text labels need: ``text`` and the per-token :data:`SPAN_LABELS`."""
     labels = data.attrs.get("labels", [])

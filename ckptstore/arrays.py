@@ -128,3 +128,21 @@ def count_nonfinite(array: np.ndarray, logical: str) -> int:
     if not np.issubdtype(values.dtype, np.inexact):
         return 0
     return int(values.size - np.count_nonzero(np.isfinite(values)))
+
+
+def tensor_digest(array: np.ndarray) -> str:
+    """The digest the commit record binds a stored tensor with: xxh3-64 of its little-endian C-order bytes, hex.
+
+    Computed from the array as stored (bfloat16 as its uint16 bits), at write time
+    and again at read time, so that a chunk read as zarr's fill value (missing),
+    copied from another step or tensor, or changed is told from the real one.
+    xxh3 rather than the stores' own crc32c: it hashes the array in place at
+    ~16 GB/s, where google-crc32c needs a bytes copy (40 MB: 2.5 ms against
+    8 ms + 52 ms for the copy; zlib.crc32 in place, 21 ms).
+    """
+    import xxhash
+
+    data = np.ascontiguousarray(array)
+    if data.dtype.byteorder == ">" or (data.dtype.byteorder == "=" and np.little_endian is False):
+        data = data.astype(data.dtype.newbyteorder("<"))
+    return xxhash.xxh3_64_hexdigest(memoryview(data).cast("B") if data.size else b"")

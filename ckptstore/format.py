@@ -11,8 +11,14 @@ import re
 FORMAT_NAME = "ckpt-store"
 """Value of ``attrs["ckpt"]["format"]`` in the root group of every store."""
 
-FORMAT_VERSION = 1
-"""The format version this code writes. Readers refuse any other major version."""
+FORMAT_VERSION = 2
+"""The format version this code writes (2: checkpoint digests, docs/store-format.md §4.5)."""
+
+READABLE_VERSIONS = (1, 2)
+"""Format versions this code reads; a v1 store is appended to as v1 (no digests)."""
+
+DIGESTS = "digests"
+"""Key of ``attrs["ckpt"]``: ``{"<step>": [digest of each tensor, in the order of checkpoints' tensors]}``."""
 
 ROOT_ATTR = "ckpt"
 """Key of the ckpt metadata inside the root group's attributes."""

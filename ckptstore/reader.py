@@ -20,6 +20,7 @@ import zarr
 from zarr.core.sync import sync
 
 from ckpt.errors import (
+    CorruptChunkError,
     MissingDataError,
     NotAStoreError,
     SplitNotFoundError,
@@ -30,15 +31,18 @@ from ckpt.errors import (
     UnsupportedFormatError,
 )
 from ckpt.store import _zarr, accessor  # noqa: F401 (registers ds.ckpt)
-from ckpt.store.arrays import decode_numpy, decode_torch
+from ckpt.store.arrays import decode_numpy, decode_torch, tensor_digest
+from ckpt.store.data import data_digest
 from ckpt.store.format import (
     ANALYSES,
     CHECKPOINTS,
     DATA,
+    DIGESTS,
     FORMAT_NAME,
     FORMAT_VERSION,
     LABELS,
     METRICS,
+    READABLE_VERSIONS,
     ROOT_ATTR,
     STEP,
     current_factory,
@@ -101,10 +105,11 @@ def _logical_dtype(node: dict[str, Any]) -> str:
 class _ChunkSource:
     """Array-like handed to ``dask.array.from_array``: reads a region, names what was corrupt."""
 
-    def __init__(self, array: zarr.Array, name: str, steps: np.ndarray) -> None:
+    def __init__(self, array: zarr.Array, name: str, steps: np.ndarray, verify: Callable[..., None]) -> None:
         self.array = array
         self.name = name
         self.steps = steps
+        self.verify = verify
         self.shape = array.shape
         self.dtype = array.dtype
         self.ndim = array.ndim
@@ -114,7 +119,19 @@ class _ChunkSource:
         steps = self.steps[step_key]
         where = f"tensor {self.name!r} at step {np.atleast_1d(steps).tolist()}"
         with _zarr.translated_read_errors(where):
-            return self.array[key]
+            values = np.asarray(self.array[key])
+        rest = key[1:] if isinstance(key, tuple) else ()
+        whole = all(
+            isinstance(k, slice) and k.indices(n) == (0, n, 1) for k, n in zip(rest, self.shape[1:], strict=False)
+        )
+        if whole and len(rest) == len(self.shape) - 1:  # dask reads whole tensors (one chunk per step)
+            for row, step in zip(values.reshape(-1, *self.shape[1:]), np.atleast_1d(steps), strict=True):
+                self.verify(self.name, int(step), row)
+        return values
+
+
+def _span(steps: list[int]) -> str:
+    return f"{len(steps)} steps ({steps[0]}..{steps[-1]})" if steps else "no steps"
 
 
 def open_zarr_store(where: str, *, read_only: bool, storage_options: dict[str, Any] | None = None) -> Any:
@@ -133,12 +150,13 @@ def check_format(attrs: dict[str, Any], where: str) -> None:
         msg = f"{where} is a zarr group but not a ckpt store (no attrs['ckpt']['format'] == {FORMAT_NAME!r})"
         raise NotAStoreError(msg)
     version = meta.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         newer = isinstance(version, int) and version > FORMAT_VERSION
         hint = "upgrade ckpt (pip install -U ckpt-dynamics)"
         if not newer:
             hint = "convert it with the ckpt version that wrote it"
-        msg = f"{where} uses store format v{version}; this ckpt reads v{FORMAT_VERSION} only: {hint}"
+        readable = ", ".join(f"v{v}" for v in READABLE_VERSIONS)
+        msg = f"{where} uses store format v{version}; this ckpt reads {readable} only: {hint}"
         raise UnsupportedFormatError(msg)
 
 
@@ -196,6 +214,30 @@ class Store:
         order = self._nodes.get(CHECKPOINTS, {}).get("attributes", {}).get(ROOT_ATTR, {}).get("tensors", [])
         self._schema = {name: schema[name] for name in order if name in schema}
         self._schema.update({name: info for name, info in schema.items() if name not in self._schema})
+        self._digest_index = {name: i for i, name in enumerate(order)}
+        recorded = self._attrs.get(ROOT_ATTR, {}).get(DIGESTS)
+        self._digests = None if recorded is None else {int(k): v for k, v in recorded.items()}
+        if self._digests is not None and sorted(self._digests) != self._steps.tolist():
+            # the record names every committed step; the `step` array must agree (plain xarray reads it)
+            msg = (
+                f"the step array of {self._where} does not match its commit record: it reads "
+                f"{_span(self._steps.tolist())} where {_span(sorted(self._digests))} were committed (a chunk of "
+                "checkpoints/step is missing or damaged); restore the store from a copy"
+            )
+            raise CorruptChunkError(msg)
+
+    def _verify(self, name: str, step: int, stored: np.ndarray) -> None:
+        """Raise CorruptChunkError unless ``stored`` (one tensor of one step, as stored) has its recorded digest."""
+        if self._digests is None:  # a v1 store: written before digests existed
+            return
+        expected = self._digests[int(step)][self._digest_index[name]]
+        if tensor_digest(stored) != expected:
+            msg = (
+                f"tensor {name!r} at step {step} of {self._where} is not the tensor written there: its digest "
+                "does not match the commit record (its chunk is missing and read as fill values, was copied from "
+                "another step or tensor, or was changed); restore the store from a copy, or re-import the checkpoint"
+            )
+            raise CorruptChunkError(msg)
 
     # -- metadata --------------------------------------------------------------------------
     @property
@@ -351,6 +393,8 @@ class Store:
             for name, array in zip(names, arrays, strict=True):
                 with _zarr.translated_read_errors(f"tensor {name!r} at step {step}"):
                     values.append(sync(array.getitem(index)))
+        for name, value in zip(names, values, strict=True):
+            self._verify(name, step, np.asarray(value))
         if device is not None:
             framework = "torch"
         if framework == "torch":
@@ -371,7 +415,10 @@ class Store:
         where = f"tensor {name!r} (steps {'all' if steps is None else list(steps)})"
         with _zarr.translated_read_errors(where):
             values = array[indices] if isinstance(indices, slice) else array.get_orthogonal_selection(indices)
-        return decode_numpy(np.asarray(values), self._schema[name].dtype)
+        values = np.asarray(values)
+        for row, step in zip(values, self._steps if steps is None else steps, strict=True):
+            self._verify(name, int(step), row)
+        return decode_numpy(values, self._schema[name].dtype)
 
     @property
     def checkpoints(self) -> xr.Dataset:
@@ -391,7 +438,7 @@ class Store:
                 *(f"{name}.{k}" for k in range(len(info.shape))),
             )
             data = da.from_array(
-                _ChunkSource(array, name, self._steps),
+                _ChunkSource(array, name, self._steps, self._verify),
                 chunks=(1, *info.shape),
                 name=f"ckpt-{self._where}-{name}-{len(self._steps)}",
                 asarray=False,
@@ -445,6 +492,7 @@ class Store:
         base = f"{DATA}/{split}"
         group_attrs = self._nodes[base].get("attributes", {}).get(ROOT_ATTR, {})
         variables: dict[str, Any] = {}
+        stored: dict[str, tuple[np.ndarray, tuple[str, ...]]] = {}
         labels = []
         for key, node in self._nodes.items():
             if not key.startswith(base + "/") or node.get("node_type") != "array":
@@ -455,7 +503,20 @@ class Store:
                 labels.append(name)
             with _zarr.translated_read_errors(f"data split {split!r} array {rel!r}"):
                 values = np.asarray(self._root[key][...])
-            variables[name] = (tuple(node["dimension_names"]), values)
+            if values.dtype.kind in "OTU":  # text: compared as the list of strings it was written as
+                values = values.astype(object)
+            dims = tuple(node["dimension_names"])
+            variables[name] = (dims, values)
+            stored[rel] = (values, dims)
+        expected = group_attrs.get("sha256")
+        if expected is not None and data_digest(stored) != expected:
+            # zarr reads a missing chunk as its fill value: a split is checked whole against its hash
+            msg = (
+                f"data split {split!r} of {self._where} does not match the content hash recorded when it was "
+                "written (a chunk is missing, was replaced, or was changed); restore the store from a copy or "
+                f"write the split again (Writer.add_data({split!r}, ..., overwrite=True))"
+            )
+            raise CorruptChunkError(msg)
         attrs = {"split": split, "labels": sorted(labels), **group_attrs}
         return xr.Dataset(variables, attrs=attrs)
 

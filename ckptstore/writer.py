@@ -26,6 +26,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
 from ckpt.errors import (
+    CorruptChunkError,
     DataError,
     InvalidNameError,
     NonFiniteError,
@@ -37,11 +38,12 @@ from ckpt.errors import (
     UnsupportedTensorError,
 )
 from ckpt.store import _zarr
-from ckpt.store.arrays import count_nonfinite, to_numpy
+from ckpt.store.arrays import count_nonfinite, tensor_digest, to_numpy
 from ckpt.store.data import check_data, data_digest
 from ckpt.store.format import (
     CHECKPOINTS,
     DATA,
+    DIGESTS,
     FORMAT_NAME,
     FORMAT_VERSION,
     LABELS,
@@ -194,6 +196,13 @@ class Writer:
         self._metric_count = int(self._nodes[f"{METRICS}/{STEP}"]["shape"][0])
         self._steps_cache = self._read_steps(CHECKPOINTS, self._count)
         self._metric_steps_cache = self._read_steps(METRICS, self._metric_count)
+        digests = self._attrs[ROOT_ATTR].get(DIGESTS)
+        if digests is not None and sorted(int(k) for k in digests) != self._steps_cache:
+            msg = (
+                f"the step array of {self._where} does not match its commit record (a chunk of checkpoints/step "
+                "is missing or damaged); appending would build on wrong steps: restore the store from a copy"
+            )
+            raise CorruptChunkError(msg)
 
     def _open_array(self, key: str, *, rewritten: bool) -> zarr.AsyncArray:
         # Checkpoint chunks are written once, so the fast zarrs pipeline is safe
@@ -262,6 +271,10 @@ class Writer:
     def steps(self) -> np.ndarray:
         """Committed checkpoint steps (int64 array)."""
         return np.asarray(self._steps_cache, dtype=np.int64)
+
+    def _tensor_order(self) -> list[str]:
+        """The tensor order of the first checkpoint (``checkpoints`` attrs), which digests follow."""
+        return list(self._nodes[CHECKPOINTS]["attributes"][ROOT_ATTR]["tensors"])
 
     @property
     def tensor_names(self) -> list[str]:
@@ -339,6 +352,9 @@ class Writer:
         values = {name: array for name, (array, _) in arrays.items()}
         values[STEP] = np.asarray(step, dtype=np.int64)
         self._write_rows(self._ckpt_arrays, index, values)
+        digests = self._attrs[ROOT_ATTR].get(DIGESTS)
+        if digests is not None:  # v2: the commit record binds every tensor of the checkpoint to its step
+            digests[str(step)] = [tensor_digest(values[name]) for name in self._tensor_order()]
         self._count = index + 1
         self._steps_cache.append(step)
         for name in self._ckpt_arrays:
@@ -702,6 +718,7 @@ def create(
         "created": _now(),
         "attrs": attrs_json,
         "history": [],
+        DIGESTS: {},
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -49,7 +49,8 @@ def test_store_format_doc_names_every_constant() -> None:
     doc = (ROOT / "docs" / "store-format.md").read_text()
     for value in (fmt.FORMAT_NAME, *fmt.TOP_LEVEL_GROUPS, *fmt.DATA_VARIABLES, *fmt.ENCODED_DTYPES):
         assert value in doc, value
-    assert '"format_version": 1' in doc
+    assert f'"format_version": {fmt.FORMAT_VERSION}' in doc
+    assert fmt.DIGESTS in doc
 
 
 def test_analyzer_reference_documents_every_builtin_analyzer_and_option() -> None:

@@ -170,12 +170,12 @@ def test_open_errors(tmp_path: Path) -> None:
 def test_future_format_version_is_detected(small_store: Path) -> None:
     root = small_store / "zarr.json"
     document = json.loads(root.read_text())
-    document["attributes"]["ckpt"]["format_version"] = 2
+    document["attributes"]["ckpt"]["format_version"] = 3
     root.write_text(json.dumps(document))
     for mode in ("r", "a"):
         error = _unchanged(small_store, lambda mode=mode: ckptstore.open(small_store, mode=mode))
         assert isinstance(error, errors.UnsupportedFormatError)
-        assert "uses store format v2; this ckpt reads v1 only: upgrade ckpt" in str(error)
+        assert "uses store format v3; this ckpt reads v1, v2 only: upgrade ckpt" in str(error)
 
 
 def test_one_writer_at_a_time(small_store: Path) -> None:

@@ -137,7 +137,7 @@ def test_metadata_metrics_and_data(small_store: Path) -> None:
     s = ckptstore.open(small_store)
     assert s.model == ckptstore.ModelSpec("tests.models:tiny", {"d": 4})
     assert s.objective == "cross-entropy"
-    assert s.format_version == 1
+    assert s.format_version == 2
     assert [h["event"] for h in s.history] == ["create"]
     np.testing.assert_allclose(s.metrics["loss"].values, [1.0, 1 / 11, 1 / 21])
     assert s.metrics["step"].values.tolist() == [0, 10, 20]

@@ -192,9 +192,9 @@ def test_no_text_labels_with_none_or_without_text(trained: Path, tmp_path: Path)
 
 
 def test_bad_text_label_options_are_refused() -> None:
-    with pytest.raises(AnalysisError, match="--pos-window must be at least 1"):
+    with pytest.raises(AnalysisError, match="option 'pos_window' of analyzer 'clusters' must be at least 1, got 0"):
         Clusters(pos_window=0)
-    with pytest.raises(AnalysisError, match="--text-top must be at least 1"):
+    with pytest.raises(AnalysisError, match="option 'text_top' of analyzer 'clusters' must be at least 1, got 0"):
         Clusters(text_top=0)
 
 
