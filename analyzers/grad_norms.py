@@ -386,11 +386,6 @@ class GradNorms(Analyzer):
         if not names:
             msg = f"{store.path} has no floating-point tensors; grad-norms needs weights"
             raise AnalysisError(msg)
-        for option in ("batch_size", "chunk_size"):
-            value = self.options[option]
-            if value is not None and value < 1:
-                msg = f"--{option.replace('_', '-')} must be at least 1, got {value}"
-                raise AnalysisError(msg)
         layers, groups = layer_index(names)
         split, trainable = None, []
         if store.model is not None:
@@ -486,7 +481,7 @@ class LossSpikes(Analyzer):
     per = PER_RUN
 
     metric = Option(str, None, "Loss series: a stored metric or 'evaluated' (default: train_loss, loss, evaluated).")
-    window = Option(int, 20, "Earlier checkpoints in the rolling median and MAD.", minimum=1)
+    window = Option(int, 20, "Earlier checkpoints in the rolling median and MAD.", minimum=MIN_PERIODS)
     threshold = Option(float, 5.0, "Spike when the rise above the median exceeds this many scaled MADs.", minimum=0)
     floor = Option(float, 0.01, "Smallest scale, as a fraction of |median| (guards against a zero MAD).", minimum=0)
     tolerance = Option(int, 0, "Loss and gradient spikes at most this many training steps apart co-occur.", minimum=0)
@@ -525,9 +520,6 @@ class LossSpikes(Analyzer):
         import dask.array as da
         import xarray as xr
 
-        if self.window < MIN_PERIODS:
-            msg = f"--window must be at least {MIN_PERIODS}, got {self.window}"
-            raise AnalysisError(msg)
         if self.threshold <= 0 or self.floor < 0 or self.tolerance < 0:
             msg = "--threshold must be positive, --floor and --tolerance non-negative"
             raise AnalysisError(msg)

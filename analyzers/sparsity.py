@@ -137,9 +137,6 @@ class Sparsity(Analyzer):
         if self.split not in store.splits:
             msg = f"{store.path} has no data split {self.split!r}; pass --split one of: {', '.join(store.splits)}"
             raise AnalysisError(msg)
-        if self.batch_size < 1:
-            msg = f"--batch-size must be at least 1, got {self.batch_size}"
-            raise AnalysisError(msg)
         epsilons = epsilon_grid(self.eps_min, self.eps_max, self.eps_count)
         modules = select_modules(store.model.build(), self.modules)
         result = ctx.map_checkpoints(

@@ -389,7 +389,7 @@ def test_place_restriction_end_to_end(planted_run: tuple[Path, np.ndarray], tmp_
 
 
 def test_options_are_checked() -> None:
-    with pytest.raises(Exception, match="min-cluster-size"):
+    with pytest.raises(Exception, match="option 'min_cluster_size' of analyzer 'clusters' must be at least 2"):
         clusters.Clusters(min_cluster_size=1)
     with pytest.raises(Exception, match="needs --label"):
         clusters.Clusters(place_restrict=True)

@@ -273,11 +273,11 @@ def test_bad_input_is_an_analysis_error(tmp_path: Path, registry: Any) -> None:
     path = write_mlp_run(tmp_path / "run.zarr", steps=2)
     with pytest.raises(AnalysisError, match="no data split 'nope'; pass --split one of: eval"):
         run("grad-norms", path, registry=registry, split="nope")
-    with pytest.raises(AnalysisError, match="--batch-size must be at least 1"):
+    with pytest.raises(AnalysisError, match="option 'batch_size' of analyzer 'grad-norms' must be at least 1, got 0"):
         run("grad-norms", path, registry=registry, batch_size=0)
     with pytest.raises(AnalysisError, match=r"no metric 'lr'.*pass --metric one of"):
         run("loss-spikes", path, registry=registry, metric="lr")
-    with pytest.raises(AnalysisError, match="--window must be at least 5"):
+    with pytest.raises(AnalysisError, match="option 'window' of analyzer 'loss-spikes' must be at least 5, got 4"):
         run("loss-spikes", path, registry=registry, window=4)
     assert "loss-spikes" not in ckptstore.open(path).analyses  # bad input writes nothing
 

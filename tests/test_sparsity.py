@@ -127,8 +127,10 @@ def test_bad_input_is_an_analysis_error(tmp_path: Path, registry: Any) -> None:
         run("sparsity", path, registry=registry, modules="1,blocks.*")
     with pytest.raises(AnalysisError, match="no data split 'train'; pass --split one of: eval"):
         run("sparsity", path, registry=registry, split="train")
-    with pytest.raises(AnalysisError, match="0 < eps-min <= eps-max"):
+    with pytest.raises(AnalysisError, match="option 'eps_min' of analyzer 'sparsity' must be at least 1e-30"):
         run("sparsity", path, registry=registry, eps_min=0.0)
+    with pytest.raises(AnalysisError, match="0 < eps-min <= eps-max"):
+        run("sparsity", path, registry=registry, eps_min=2.0, eps_max=1.0)
     with pytest.raises(AnalysisError, match="capture"):
         run("sparsity", path, registry=registry, capture="both")
     assert "sparsity" not in ckptstore.open(path).analyses  # bad input writes nothing
