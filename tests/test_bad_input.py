@@ -24,21 +24,17 @@ ERROR = 1  # everything else
 def _below_minimum_rows() -> list[tuple[list[str], str, int]]:
     """One row per bounded option of every built-in analyzer and task: a value just below its minimum."""
     registry = load_registry(entry_points=False)
+    commands = [(["analyze", name, "{store}"], cls) for name, cls in sorted(registry.analyzers.items())]
+    commands += [
+        (["train", name, "{tmp}/new.zarr"], resolve_task(task)) for name, task in sorted(registry.tasks.items())
+    ]
     rows = []
-    for name, analyzer in sorted(registry.analyzers.items()):
-        for key, option in analyzer.option_spec().items():
+    for command, owner in commands:
+        for key, option in owner.option_spec().items():
             if option.minimum is None or option.choices:
                 continue
-            value = str(option.minimum - 1) if option.type is int else str(option.minimum - 0.5)
-            flag = "--" + key.replace("_", "-")
-            rows.append((["analyze", name, "{store}", f"{flag}={value}"], "is not in the range", USAGE))
-    for name, task in sorted(registry.tasks.items()):
-        for key, option in resolve_task(task).option_spec().items():
-            if option.minimum is None:
-                continue
-            value = str(option.minimum - 1) if option.type is int else str(option.minimum - 0.5)
-            flag = "--" + key.replace("_", "-")
-            rows.append((["train", name, "{tmp}/new.zarr", f"{flag}={value}"], "is not in the range", USAGE))
+            value = option.minimum - (1 if option.type is int else 0.5)
+            rows.append(([*command, f"--{key.replace('_', '-')}={value}"], "is not in the range", USAGE))
     return rows
 
 
