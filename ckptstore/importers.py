@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpt.errors import ImportFormatError, StoreNotFoundError
+from ckpt.errors import ImportFormatError, StoreExistsError, StoreNotFoundError
 from ckpt.store import _zarr
-from ckpt.store.writer import create
+from ckpt.store.writer import _exists, _replaceable, create, publish, staging_path
 
 FORMATS = ("torch", "safetensors", "hf")
 """Source formats of :func:`import_checkpoints` (``"auto"`` picks one of them)."""
@@ -368,27 +368,48 @@ def import_checkpoints(
         # create(overwrite=True) would delete the very files about to be read
         raise ImportFormatError(f"the destination {where} is, or contains, the source folder {src}")
     attrs = {"imported_from": str(src), "import_format": fmt}
-    writer = create(
-        where, model=model, config=config, objective=objective, framework=framework, attrs=attrs, overwrite=overwrite
-    )
-    bytes_read, tensors, current = 0, 0, sources[0]
+    # Locally the store is built beside dest and moved into place when complete: a killed import
+    # leaves dest as it was (absent, or the old store), never a store with part of the run.
+    exists = local is not None and _exists(where, local, None)
+    if exists and not overwrite:
+        msg = f"{where} already exists; pass --overwrite to replace it, or choose another destination"
+        raise StoreExistsError(msg)
+    old_lock = _replaceable(where, local, None) if exists else None
+    build = where if local is None else str(staging_path(local))
     try:
-        for done, current in enumerate(sources, 1):
-            loaded = load_checkpoint(current, fmt, key)
-            tensors = len(loaded)
-            bytes_read += sum(f.stat().st_size for f in current.files)
-            writer.write(current.step, loaded)
-            del loaded  # before the next load: memory holds one checkpoint
-            if progress is not None:
-                progress(done, len(sources), current.step)
-        writer.close()
-    except BaseException as exc:
-        with contextlib.suppress(Exception):  # the store is deleted next; the original error is what matters
+        writer = create(
+            build,
+            model=model,
+            config=config,
+            objective=objective,
+            framework=framework,
+            attrs=attrs,
+            overwrite=overwrite,
+        )
+        bytes_read, tensors, current = 0, 0, sources[0]
+        try:
+            for done, current in enumerate(sources, 1):
+                loaded = load_checkpoint(current, fmt, key)
+                tensors = len(loaded)
+                bytes_read += sum(f.stat().st_size for f in current.files)
+                writer.write(current.step, loaded)
+                del loaded  # before the next load: memory holds one checkpoint
+                if progress is not None:
+                    progress(done, len(sources), current.step)
             writer.close()
-        _remove(where)
-        if not isinstance(exc, Exception):
-            raise  # an interrupt: nothing to explain
-        # load errors name the file already; writer errors (schema, names, disk) name the step only
-        msg = str(exc) if isinstance(exc, ImportFormatError) else f"cannot import {current.path}: {exc}"
-        raise ImportFormatError(f"{msg}; the destination {where} was not created") from exc
+        except BaseException as exc:
+            with contextlib.suppress(Exception):  # the store is deleted next; the original error is what matters
+                writer.close()
+            _remove(build)
+            if not isinstance(exc, Exception):
+                raise  # an interrupt: nothing to explain
+            # load errors name the file already; writer errors (schema, names, disk) name the step only
+            msg = str(exc) if isinstance(exc, ImportFormatError) else f"cannot import {current.path}: {exc}"
+            unchanged = "left as it was" if exists else "not created"
+            raise ImportFormatError(f"{msg}; the destination {where} was {unchanged}") from exc
+        if local is not None:
+            publish(Path(build), local, replace=exists)
+    finally:
+        if old_lock is not None:
+            old_lock.release()
     return ImportReport(where, fmt, [s.step for s in sources], tensors, bytes_read)

@@ -15,9 +15,12 @@ import asyncio
 import datetime as _dt
 import json
 import os
+import shutil
 import socket
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,11 +33,13 @@ from ckpt.errors import (
     DataError,
     InvalidNameError,
     NonFiniteError,
+    NotAStoreError,
     ReadOnlyError,
     SchemaMismatchError,
     StepOrderError,
     StoreExistsError,
     StoreNotFoundError,
+    UnsupportedFormatError,
     UnsupportedTensorError,
 )
 from ckpt.store import _zarr
@@ -258,7 +263,7 @@ class Writer:
 
     def _check_open(self) -> None:
         if self._closed:
-            msg = f"the writer of {self._where} is closed; reopen with ckptstore.open(path, mode='a')"
+            msg = f"the writer of {self._where} is closed; reopen with ckpt.open(path, mode='a')"
             raise ReadOnlyError(msg)
 
     # -- what has been committed -------------------------------------------------------------
@@ -692,17 +697,10 @@ def create(
         raise DataError(msg) from None
     where = str(path)
     local = _zarr.local_path(where)
-    zstore = _zarr.open_zarr_store(where, read_only=False, storage_options=storage_options)
-    exists = (
-        local.exists() and any(local.iterdir())
-        if local is not None and local.is_dir()
-        else bool(local is not None and local.exists())
-    )
-    if local is None:
-        exists = _zarr.read_json(zstore, _zarr.ROOT_KEY) is not None
+    exists = _exists(where, local, storage_options)
     if exists and not overwrite:
         msg = (
-            f"{where} already exists; append to it with ckptstore.open({where!r}, mode='a'), "
+            f"{where} already exists; append to it with ckpt.open({where!r}, mode='a'), "
             "choose another path, or pass overwrite=True to replace it"
         )
         raise StoreExistsError(msg)
@@ -720,6 +718,40 @@ def create(
         "history": [],
         DIGESTS: {},
     }
+    if local is None:  # object stores have no rename: written in place (docs/store-format.md, "Atomic create")
+        if exists:
+            _replaceable(where, None, storage_options).release()
+            _remove_store(where, storage_options)
+        _write_skeleton(_zarr.open_zarr_store(where, read_only=False, storage_options=storage_options), meta)
+    else:
+        old_lock = _replaceable(where, local, storage_options) if exists else None
+        staged = staging_path(local)
+        try:
+            _write_skeleton(_zarr.open_zarr_store(staged, read_only=False), meta)
+            publish(staged, local, replace=exists)
+        finally:
+            if old_lock is not None:
+                old_lock.release()
+            shutil.rmtree(staged, ignore_errors=True)  # left only when something failed before publishing
+    return Writer(
+        where,
+        storage_options=storage_options,
+        reject_nonfinite=reject_nonfinite,
+        compressor=compressor,
+        _history=_history_entry("create"),
+    )
+
+
+def _exists(where: str, local: Any, storage_options: dict[str, Any] | None) -> bool:
+    """Whether ``create`` would write over something: a store at a URL, anything but an empty folder locally."""
+    if local is None:
+        zstore = _zarr.open_zarr_store(where, read_only=True, storage_options=storage_options)
+        return _zarr.read_json(zstore, _zarr.ROOT_KEY) is not None
+    return bool(local.exists() and (not local.is_dir() or any(local.iterdir())))
+
+
+def _write_skeleton(zstore: Any, meta: dict[str, Any]) -> None:
+    """The groups and empty ``step`` arrays of a new store, then its root record (written last)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         root = zarr.open_group(zstore, mode="w", zarr_format=3, attributes={ROOT_ATTR: meta})
@@ -740,13 +772,84 @@ def create(
             )
             nodes[f"{group}/{STEP}"] = _zarr.node_json(step)
     _zarr.write_json(zstore, _zarr.ROOT_KEY, _zarr.root_document({ROOT_ATTR: meta}, nodes))
-    return Writer(
-        where,
-        storage_options=storage_options,
-        reject_nonfinite=reject_nonfinite,
-        compressor=compressor,
-        _history=_history_entry("create"),
+
+
+STAGING_PREFIX = "."
+STAGING_SUFFIX = ".incomplete-"
+"""A store being created or imported is built at ``.<name>.incomplete-<id>`` beside its destination."""
+
+
+def staging_path(final: Path) -> Path:
+    """A fresh hidden sibling of ``final`` to build a store in, moved into place when complete."""
+    return final.parent / f"{STAGING_PREFIX}{final.name}{STAGING_SUFFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _replaceable(where: str, local: Path | None, storage_options: dict[str, Any] | None) -> _zarr.DirectoryLock:
+    """The writer lock of the ckpt store at ``where``, held; refuse anything that is not a store, or is being written.
+
+    ``overwrite`` replaces a store, never a folder of other files: a user's ``precious.txt``
+    is not deleted because a path was mistyped.
+    """
+    try:
+        attrs, _ = _zarr.read_root(_zarr.open_zarr_store(where, read_only=True, storage_options=storage_options), where)
+        check_format(attrs, where)
+    except (NotAStoreError, UnsupportedFormatError) as exc:
+        msg = f"refusing to overwrite {where}: it is not a ckpt store this ckpt writes ({exc}); remove it yourself"
+        raise StoreExistsError(msg) from None
+    lock = _zarr.DirectoryLock(None if local is None else local / CHECKPOINTS)
+    lock.acquire(
+        blocking=False,
+        busy_message=f"another process is writing to {where}; it cannot be overwritten until that writer closes",
     )
+    return lock
 
 
-__all__ = ["Writer", "create"]
+def publish(staged: Path, final: Path, *, replace: bool) -> None:
+    """Move the complete store ``staged`` to ``final`` (replacing the store there when ``replace``).
+
+    A new store appears in one ``rename``. A replaced one is swapped with the new one
+    in one ``renameat2(RENAME_EXCHANGE)`` and then deleted. Where the system cannot
+    swap (not Linux), the old store is renamed aside first: a crash between the two
+    renames then leaves it, complete, at ``.<name>.replaced-<id>``, never a mix of both runs.
+    """
+    if not replace:
+        os.rename(staged, final)
+        return
+    if _exchange(staged, final):  # one atomic swap: final is the old store or the new one, at every instant
+        shutil.rmtree(staged, ignore_errors=True)  # now the old store
+        return
+    aside = final.parent / f"{STAGING_PREFIX}{final.name}.replaced-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.rename(final, aside)
+    os.rename(staged, final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system has no such call."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange)
+    if result != 0:
+        errno = ctypes.get_errno()
+        if errno in (38, 22, 95):  # ENOSYS, EINVAL, EOPNOTSUPP: the kernel or file system cannot swap
+            return False
+        raise OSError(errno, os.strerror(errno), str(second))
+    return True
+
+
+def _remove_store(where: str, storage_options: dict[str, Any] | None) -> None:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(where, **(storage_options or {}))
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+__all__ = ["Writer", "create", "publish", "staging_path"]

@@ -144,7 +144,7 @@ def test_overwriting_a_split(small_store: Path) -> None:
 def test_create_refuses_an_existing_store(small_store: Path) -> None:
     error = _unchanged(small_store, lambda: ckptstore.create(small_store))
     assert isinstance(error, errors.StoreExistsError)
-    assert "already exists; append to it with ckptstore.open" in str(error)
+    assert "already exists; append to it with ckpt.open" in str(error)
 
 
 def test_create_refuses_bad_model_spec_and_config(tmp_path: Path) -> None:

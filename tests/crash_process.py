@@ -1,0 +1,115 @@
+"""A child process for tests/test_crash_points.py: run one store operation, dying at its N-th file event.
+
+Usage: ``python crash_process.py OPERATION WORKDIR KILL_AT``. A *file event* is a
+call that changes the file system: opening a file for writing, ``os.open`` with
+write flags, rename/replace, mkdir, unlink/remove, rmdir. With ``KILL_AT`` = N > 0
+the process ``os._exit``s just before the N-th one, as a SIGKILL or a power cut
+would stop it there; with 0 it runs to the end and prints how many events it saw.
+(Chunk files the Rust zarrs pipeline writes do not pass through Python and are
+not counted; every commit-protocol step does.)
+
+Operations, each on WORKDIR:
+- ``create``: ``ckpt.create(run.zarr)``, closed at once.
+- ``import``: ``import_checkpoints(src, run.zarr)`` of three safetensors files.
+- ``reimport``: the same with ``overwrite=True`` over an existing store of another run.
+- ``append``: the "append if it exists, else create" loop writing checkpoints 0..2.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+_lock = threading.Lock()
+_count = 0
+_kill_at = 0
+
+
+def _event() -> None:
+    global _count
+    with _lock:
+        _count += 1
+        if _kill_at and _count >= _kill_at:
+            os._exit(137)
+
+
+def _writes(mode: str) -> bool:
+    return any(c in mode for c in "wax+")
+
+
+def _patch() -> None:
+    real_open, real_os_open = builtins.open, os.open
+
+    def patched_open(file, mode="r", *args, **kwargs):
+        if _writes(mode):
+            _event()
+        return real_open(file, mode, *args, **kwargs)
+
+    def patched_os_open(path, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC):
+            _event()
+        return real_os_open(path, flags, *args, **kwargs)
+
+    builtins.open = io.open = patched_open
+    os.open = patched_os_open
+    for name in ("rename", "replace", "mkdir", "unlink", "remove", "rmdir"):
+        real = getattr(os, name)
+
+        def patched(*args, _real=real, **kwargs):
+            _event()
+            return _real(*args, **kwargs)
+
+        setattr(os, name, patched)
+
+
+def tensors(step: int, run: int = 0) -> dict[str, np.ndarray]:
+    """The checkpoint written at ``step`` (``run`` tells two runs apart)."""
+    rng = np.random.default_rng(1000 * run + step)
+    return {"w": rng.standard_normal((4, 3)).astype(np.float32), "b": rng.standard_normal(3).astype(np.float32)}
+
+
+def write_sources(folder: Path) -> None:
+    """Three safetensors checkpoints ``step-<N>.safetensors`` of run 1 (made before any event is counted)."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(exist_ok=True)
+    for step in range(3):
+        save_file(tensors(step, run=1), str(folder / f"step-{step}.safetensors"))
+
+
+def main() -> None:
+    global _kill_at
+    operation, work, kill_at = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    import ckpt.store as ckptstore  # imports, and sources, before any event is counted
+    from ckpt.store.importers import import_checkpoints
+
+    path = work / "run.zarr"
+    if operation in ("import", "reimport"):
+        write_sources(work / "src")
+    _kill_at = kill_at
+    _patch()
+    if operation == "create":
+        ckptstore.create(path).close()
+    elif operation in ("import", "reimport"):
+        import_checkpoints(work / "src", path, format="safetensors", overwrite=operation == "reimport")
+    elif operation == "append":
+        writer = ckptstore.open(path, mode="a") if path.exists() else ckptstore.create(path)
+        with writer:
+            start = 0 if writer.last_step is None else writer.last_step + 1
+            for step in range(start, 3):
+                writer.write(step, tensors(step), metrics={"loss": float(step)})
+    else:
+        raise SystemExit(f"unknown operation {operation}")
+    shutil.rmtree(work / "never-there", ignore_errors=True)  # no event: keeps the last count honest
+    print(_count, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""A process killed at ANY file event of create, import, overwrite or the append loop leaves an old or new store.
+
+``tests/crash_process.py`` runs one operation in a child process that counts its file
+events (opens for writing, renames, mkdirs, unlinks ...) through an interposed
+``os``/``open`` layer and dies just before the N-th; this test does that for every N
+of every operation (not random timing) and checks what is left on disk.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckpt.store as ckptstore
+from ckpt.errors import StoreExistsError, StoreLockedError
+from tests.conftest import run_ckpt
+from tests.crash_process import tensors, write_sources
+
+CHILD = Path(__file__).with_name("crash_process.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _child(operation: str, work: Path, kill_at: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CHILD), operation, str(work), str(kill_at)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def _holds(path: Path, steps: list[int], run: int) -> bool:
+    """Whether ``path`` is a complete store holding exactly ``steps`` of ``run`` (read through every check)."""
+    store = ckptstore.open(path)
+    if store.steps.tolist() != steps:
+        return False
+    for step in steps:
+        read = store.tensors(step)
+        for name, expected in tensors(step, run).items():
+            np.testing.assert_array_equal(read[name], expected)
+    return True
+
+
+def _old_store(work: Path) -> None:
+    with ckptstore.create(work / "run.zarr") as writer:
+        for step in range(2):
+            writer.write(step, tensors(step, run=2))
+
+
+def _outcome(operation: str, work: Path, killed: subprocess.CompletedProcess[str]) -> str:
+    """What the killed operation left: 'old' or 'new' (or 'resumed' for the append loop); anything else fails."""
+    path = work / "run.zarr"
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    if operation == "create":
+        if not path.exists():
+            return "old"
+        assert _holds(path, [], run=0)
+        return "new"
+    if operation == "import":
+        if not path.exists():
+            return "old"
+        assert _holds(path, [0, 1, 2], run=1), "an import is complete or absent"
+        return "new"
+    if operation == "reimport":
+        if _holds(path, [0, 1], run=2):
+            return "old"
+        assert _holds(path, [0, 1, 2], run=1), "an overwrite leaves the old store or the new one"
+        return "new"
+    # append: whatever was committed is a prefix of the run; rerunning the loop finishes it identically
+    if path.exists():
+        committed = ckptstore.open(path).steps.tolist()
+        assert committed == list(range(len(committed)))
+        assert _holds(path, committed, run=0)
+    finished = _child("append", work, 0)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert _holds(path, [0, 1, 2], run=0)
+    np.testing.assert_array_equal(ckptstore.open(path).metrics["loss"].values, [0.0, 1.0, 2.0])
+    return "resumed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("operation", ["create", "import", "reimport", "append"])
+def test_killed_at_every_file_event(tmp_path: Path, operation: str) -> None:
+    template = tmp_path / "template"
+    template.mkdir()
+    if operation == "reimport":
+        _old_store(template)
+    counting = tmp_path / "count"
+    shutil.copytree(template, counting)
+    counted = _child(operation, counting, 0)
+    assert counted.returncode == 0, counted.stderr[-2000:]
+    events = int(counted.stdout.split()[-1])
+    assert events > 10
+
+    def kill_at(n: int) -> str:
+        work = tmp_path / f"kill-{n}"
+        shutil.copytree(template, work)
+        outcome = _outcome(operation, work, _child(operation, work, n))
+        shutil.rmtree(work)
+        return outcome
+
+    with ThreadPoolExecutor(2) as pool:  # the CI machine's two cores
+        outcomes = list(pool.map(kill_at, range(1, events + 1)))
+    print(f"{operation}: killed at each of its {events} file events: {sorted(set(outcomes))}")
+    if operation in ("create", "reimport"):
+        assert set(outcomes) == {"old", "new"}, "both outcomes occur: the kill points span the whole operation"
+    if operation == "import":  # its last event is the rename that publishes it: killed before it, nothing shows
+        assert set(outcomes) == {"old"}
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_store(tmp_path: Path) -> None:
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "precious.txt").write_text("a user's file")
+    with pytest.raises(StoreExistsError, match=r"refusing to overwrite .*results: it is not a ckpt store"):
+        ckptstore.create(folder, overwrite=True)
+    src = tmp_path / "src"
+    write_sources(src)
+    refused = run_ckpt("import", str(src), str(folder), "--overwrite")
+    assert refused.returncode == 1 and "refusing to overwrite" in refused.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["precious.txt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no staging folder is left behind"
+
+
+def test_overwrite_waits_for_no_one_and_refuses_a_store_being_written(tmp_path: Path) -> None:
+    _old_store(tmp_path)
+    path = tmp_path / "run.zarr"
+    src = tmp_path / "src"
+    write_sources(src)
+    with ckptstore.open(path, mode="a"):  # a training run is appending to it
+        with pytest.raises(StoreLockedError, match="cannot be overwritten until that writer closes"):
+            ckptstore.create(path, overwrite=True)
+        refused = run_ckpt("import", str(src), str(path), "--overwrite")
+        assert refused.returncode == 1 and "cannot be overwritten until that writer closes" in refused.stderr
+    assert _holds(path, [0, 1], run=2)
+    replaced = run_ckpt("import", str(src), str(path), "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert _holds(path, [0, 1, 2], run=1)
+
+
+def test_a_failed_overwrite_import_leaves_the_old_store(tmp_path: Path) -> None:
+    _old_store(tmp_path)
+    path = tmp_path / "run.zarr"
+    src = tmp_path / "src"
+    write_sources(src)
+    (src / "step-3.safetensors").write_bytes(b"not a safetensors file")
+    failed = run_ckpt("import", str(src), str(path), "--overwrite")
+    assert failed.returncode == 1 and "the destination" in failed.stderr and "left as it was" in failed.stderr
+    assert _holds(path, [0, 1], run=2)
