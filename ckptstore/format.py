@@ -17,6 +17,9 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 """Format versions this code reads; a v1 store is appended to as v1 (no digests)."""
 
+METRIC_DIGESTS = "metric_digests"
+"""Key of ``attrs["ckpt"]``: ``{"step" or metric name: digest of the committed column}`` (format v2)."""
+
 DIGESTS = "digests"
 """Key of ``attrs["ckpt"]``: ``{"<step>": [digest of each tensor, in the order of checkpoints' tensors]}``."""
 

@@ -41,6 +41,7 @@ from ckpt.store.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     LABELS,
+    METRIC_DIGESTS,
     METRICS,
     READABLE_VERSIONS,
     ROOT_ATTR,
@@ -460,6 +461,15 @@ class Store:
         step_path = f"{METRICS}/{STEP}"
         steps = np.asarray(self._root[step_path][:]) if step_path in self._nodes else np.zeros(0, np.int64)
         variables = {n: (STEP, np.asarray(self._root[f"{prefix}{n}"][:])) for n in names}
+        recorded = self._attrs.get(ROOT_ATTR, {}).get(METRIC_DIGESTS)
+        if recorded:  # v2: a lost chunk would read as NaN (metrics) or -1 (step)
+            for name, values in [(STEP, steps), *((n, v) for n, (_, v) in variables.items())]:
+                if name in recorded and tensor_digest(values) != recorded[name]:
+                    msg = (
+                        f"metrics {name!r} of {self._where} do not match the commit record (a chunk is missing "
+                        "and read as fill values, or was changed); restore the store from a copy"
+                    )
+                    raise CorruptChunkError(msg)
         return xr.Dataset(variables, coords={STEP: steps})
 
     @property

@@ -52,6 +52,7 @@ from ckpt.store.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     LABELS,
+    METRIC_DIGESTS,
     METRICS,
     ROOT_ATTR,
     STEP,
@@ -201,6 +202,13 @@ class Writer:
         self._metric_count = int(self._nodes[f"{METRICS}/{STEP}"]["shape"][0])
         self._steps_cache = self._read_steps(CHECKPOINTS, self._count)
         self._metric_steps_cache = self._read_steps(METRICS, self._metric_count)
+        self._metric_columns: dict[str, list[Any]] | None = None
+        if self._attrs[ROOT_ATTR].get(METRIC_DIGESTS) is not None:  # v2: kept in memory to digest at each commit
+            self._metric_columns = {
+                name: np.asarray(sync(array.getitem(slice(0, self._metric_count)))).tolist()
+                for name, array in self._metric_arrays.items()
+            }
+            self._check_metric_digests()
         digests = self._attrs[ROOT_ATTR].get(DIGESTS)
         if digests is not None and sorted(int(k) for k in digests) != self._steps_cache:
             msg = (
@@ -215,6 +223,17 @@ class Writer:
         # metrics) go through zarr's own pipeline, whose puts are atomic renames.
         array = zarr.open_array(self._zstore, path=key, mode="r+", zarr_format=3)._async_array
         return array if rewritten else _zarr.fast_io(array)
+
+    def _check_metric_digests(self) -> None:
+        recorded = self._attrs[ROOT_ATTR][METRIC_DIGESTS]
+        assert self._metric_columns is not None
+        for name, values in self._metric_columns.items():
+            if name in recorded and _column_digest(name, values) != recorded[name]:
+                msg = (
+                    f"metrics {name!r} of {self._where} do not match the commit record (a chunk is missing or "
+                    "damaged); appending would build on them: restore the store from a copy"
+                )
+                raise CorruptChunkError(msg)
 
     def _read_steps(self, group: str, count: int) -> list[int]:
         return [int(s) for s in sync(self._ckpt_or_metric(group, STEP).getitem(slice(0, count)))]
@@ -504,6 +523,12 @@ class Writer:
         row: dict[str, Any] = {name: np.float64(metrics.get(name, np.nan)) for name in self._metric_arrays}
         row[STEP] = np.int64(step)
         self._write_rows(self._metric_arrays, index, row)
+        if self._metric_columns is not None:  # v2: bind the metric columns, as they will be committed
+            for name, value in row.items():
+                self._metric_columns.setdefault(name, [float("nan")] * index).append(value.item())
+            self._attrs[ROOT_ATTR][METRIC_DIGESTS] = {
+                name: _column_digest(name, values) for name, values in self._metric_columns.items()
+            }
         self._metric_count = index + 1
         self._metric_steps_cache.append(step)
         for name in self._metric_arrays:
@@ -717,6 +742,7 @@ def create(
         "attrs": attrs_json,
         "history": [],
         DIGESTS: {},
+        METRIC_DIGESTS: {},
     }
     if local is None:  # object stores have no rename: written in place (docs/store-format.md, "Atomic create")
         if exists:
@@ -740,6 +766,11 @@ def create(
         compressor=compressor,
         _history=_history_entry("create"),
     )
+
+
+def _column_digest(name: str, values: list[Any]) -> str:
+    """The digest of a committed metrics column (``step`` as int64, metrics as float64)."""
+    return tensor_digest(np.asarray(values, dtype=np.int64 if name == STEP else np.float64))
 
 
 def _exists(where: str, local: Any, storage_options: dict[str, Any] | None) -> bool:

@@ -86,7 +86,7 @@ def info(store: str, as_json: bool, tensors: str) -> None:
 @click.command()
 @click.argument("store", metavar="STORE")
 def verify(store: str) -> None:
-    """Read every chunk of a store and check its checksum; exits 1 naming what is corrupt."""
+    """Check every checkpoint, data split and the metrics against the commit record; exits 1 naming what is corrupt."""
     from tqdm import tqdm
 
     import ckpt.store as ckptstore
@@ -107,6 +107,10 @@ def verify(store: str) -> None:
             s.data(split)
         except CorruptChunkError as exc:
             bad.append(str(exc).split(":")[0])
+    try:
+        s.metrics  # noqa: B018 - reading checks the metrics against the commit record
+    except CorruptChunkError as exc:
+        bad.append(str(exc).split(" (")[0])
     if bad:
         shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
         msg = f"{len(bad)} corrupt chunk(s) in {store}: {shown}"

@@ -123,3 +123,16 @@ def test_digests_follow_the_tensor_order_across_reopened_writers(tmp_path: Path)
         read = store.tensors(step)
         np.testing.assert_array_equal(read["z"], tensors["z"] + step)
     assert sorted(store.metadata["digests"]) == ["0", "1"]
+
+
+def test_a_lost_metrics_chunk_is_named_not_read_as_nan(run: Path) -> None:
+    with ckptstore.open(run, mode="a") as writer:
+        writer.log(10, {"loss": 0.5, "lr": 1e-3})
+    for chunk in (run / "metrics" / "loss" / "c").rglob("*"):
+        chunk.unlink()
+    with pytest.raises(CorruptChunkError, match=r"metrics 'loss' of .* do not match the commit record"):
+        ckptstore.open(run).metrics  # noqa: B018
+    with pytest.raises(CorruptChunkError, match="metrics 'loss'"):
+        ckptstore.open(run, mode="a")
+    verified = run_ckpt("verify", str(run))
+    assert verified.returncode == 1 and "metrics 'loss'" in verified.stderr
