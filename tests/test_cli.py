@@ -50,7 +50,7 @@ def test_info_shows_metadata_tensors_and_data(small_store: Path) -> None:
 def test_verify_passes_on_a_good_store(small_store: Path) -> None:
     result = run_ckpt("verify", str(small_store))
     assert result.returncode == 0, result.stderr
-    assert "3 checkpoints x 4 tensors and 1 data splits OK" in result.stdout
+    assert "3 checkpoints x 4 tensors, 1 data splits, the metrics and 0 analyses OK" in result.stdout
 
 
 @pytest.mark.parametrize("command", ["info", "verify", "repair"])
@@ -133,7 +133,7 @@ def test_corrupt_chunk_through_the_cli(small_store: Path) -> None:
     chunk.write_bytes(bytes(data))
     before = tree_digest(small_store)
     result = run_ckpt("verify", str(small_store))
-    _assert_one_line_error(result, "1 corrupt chunk(s)")
+    _assert_one_line_error(result, "1 problem(s) in")
     assert result.stderr.strip().endswith("tensor 'block.0.fc.weight' at step 20")
     assert tree_digest(small_store) == before
 

@@ -219,3 +219,14 @@ def test_well_formed_options_register() -> None:
 
     registry = load_registry(entry_points=False, extra=[Plugin()])
     assert "good" in registry.analyzers and registry.problems == []
+
+
+def test_verify_names_results_whose_files_are_gone_or_whose_rows_disagree(mlp_store: Path) -> None:
+    ckpt.analyze("loss", mlp_store)
+    ckpt.analyze("grad-norms", mlp_store)
+    assert run_ckpt("verify", str(mlp_store)).returncode == 0
+    shutil.rmtree(mlp_store / "analyses" / "grad-norms")
+    verified = run_ckpt("verify", str(mlp_store))
+    assert verified.returncode == 1
+    assert "analysis 'grad-norms': analysis 'grad-norms' of" in verified.stdout  # one line per problem
+    assert verified.stderr.startswith("Error: 1 problem(s) in") and len(verified.stderr.strip().splitlines()) == 1

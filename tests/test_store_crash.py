@@ -124,7 +124,7 @@ def test_flipped_byte_is_reported_not_returned(small_store: Path) -> None:
     result = run_ckpt("verify", str(small_store))
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        f"Error: 1 corrupt chunk(s) in {small_store}: tensor 'embed.weight' at step 10"
+        f"Error: 1 problem(s) in {small_store}: tensor 'embed.weight' at step 10"
     )
     assert "Traceback" not in result.stderr
     assert tree_digest(small_store) == before
