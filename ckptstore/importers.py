@@ -12,7 +12,6 @@ import json
 import os
 import pickle
 import re
-import shutil
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 
 from ckpt.errors import ImportFormatError, StoreExistsError, StoreNotFoundError
 from ckpt.store import _zarr
-from ckpt.store.writer import _exists, _replaceable, create, publish, staging_path
+from ckpt.store.writer import _exists, _replaceable, create, publish, remove_store, staging_path
 
 FORMATS = ("torch", "safetensors", "hf")
 """Source formats of :func:`import_checkpoints` (``"auto"`` picks one of them)."""
@@ -304,18 +303,6 @@ def load_checkpoint(
     return tensors
 
 
-def _remove(dest: str) -> None:
-    local = _zarr.local_path(dest)
-    if local is not None:
-        shutil.rmtree(local, ignore_errors=True)
-        return
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(dest)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
-
-
 def import_checkpoints(
     src: str | os.PathLike[str],
     dest: str | os.PathLike[str],
@@ -400,7 +387,7 @@ def import_checkpoints(
         except BaseException as exc:
             with contextlib.suppress(Exception):  # the store is deleted next; the original error is what matters
                 writer.close()
-            _remove(build)
+            remove_store(build)
             if not isinstance(exc, Exception):
                 raise  # an interrupt: nothing to explain
             # load errors name the file already; writer errors (schema, names, disk) name the step only

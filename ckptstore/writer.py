@@ -747,7 +747,7 @@ def create(
     if local is None:  # object stores have no rename: written in place (docs/store-format.md, "Atomic create")
         if exists:
             _replaceable(where, None, storage_options).release()
-            _remove_store(where, storage_options)
+            remove_store(where, storage_options)
         _write_skeleton(_zarr.open_zarr_store(where, read_only=False, storage_options=storage_options), meta)
     else:
         old_lock = _replaceable(where, local, storage_options) if exists else None
@@ -875,7 +875,12 @@ def _exchange(first: Path, second: Path) -> bool:
     return True
 
 
-def _remove_store(where: str, storage_options: dict[str, Any] | None) -> None:
+def remove_store(where: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Delete the store at ``where`` (a local folder or a URL), if there is one."""
+    local = _zarr.local_path(where)
+    if local is not None:
+        shutil.rmtree(local, ignore_errors=True)
+        return
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(where, **(storage_options or {}))
@@ -883,4 +888,4 @@ def _remove_store(where: str, storage_options: dict[str, Any] | None) -> None:
         fs.rm(path, recursive=True)
 
 
-__all__ = ["Writer", "create", "publish", "staging_path"]
+__all__ = ["Writer", "create", "publish", "remove_store", "staging_path"]
