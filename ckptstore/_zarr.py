@@ -242,8 +242,10 @@ def commit(
 
 
 @contextlib.contextmanager
-def translated_read_errors(describe: str) -> Iterator[None]:
-    """Turn zarr/zarrs decoding failures into :class:`CorruptChunkError` naming ``describe``."""
+def translated_read_errors(
+    describe: str, remedy: str = "restore the store from a copy (or re-import the checkpoint)"
+) -> Iterator[None]:
+    """Turn zarr/zarrs decoding failures into :class:`CorruptChunkError` naming ``describe`` and ``remedy``."""
     from ckpt.errors import CorruptChunkError
 
     try:
@@ -251,11 +253,8 @@ def translated_read_errors(describe: str) -> Iterator[None]:
     except FileNotFoundError:
         raise
     except (ValueError, RuntimeError, OSError) as exc:
-        # Reading a committed chunk has no other failure mode than bad bytes:
-        # zarr raises ValueError on a checksum mismatch, zarrs RuntimeError.
+        # Reading a committed chunk has no other failure mode than bad bytes: zarr raises
+        # ValueError on a checksum mismatch or a chunk of the wrong size, zarrs RuntimeError.
         text = str(exc)
-        msg = (
-            f"corrupt data in {describe}: {text}. The bytes on disk fail their crc32c checksum; "
-            "restore the store from a copy (or re-import the checkpoint)"
-        )
+        msg = f"corrupt data in {describe}: {text}. The bytes on disk are not the chunk that was written; {remedy}"
         raise CorruptChunkError(msg) from None

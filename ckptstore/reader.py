@@ -32,6 +32,7 @@ from ckpt.errors import (
 )
 from ckpt.store import _zarr, accessor  # noqa: F401 (registers ds.ckpt)
 from ckpt.store.arrays import decode_numpy, decode_torch, tensor_digest
+from ckpt.store.chunks import verified
 from ckpt.store.data import data_digest
 from ckpt.store.format import (
     ANALYSES,
@@ -564,7 +565,11 @@ class Store:
                 f"remove it with `ckpt rm {self._where} {name}` or recompute it with `ckpt analyze {name} --force`"
             )
             raise MissingDataError(msg)
-        return xr.open_zarr(self._zstore, group=prefix, consolidated=True)
+        describe = f"analysis {name!r} of {self._where}"
+        remedy = f"recompute it with `ckpt analyze {name} {self._where} --force` or drop it with `ckpt repair`"
+        with _zarr.translated_read_errors(describe, remedy):  # index coordinates are read now
+            opened = xr.open_zarr(self._zstore, group=prefix, consolidated=True, chunks=None)
+        return verified(opened, self._nodes, prefix, describe, remedy)
 
     # -- summary ---------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:

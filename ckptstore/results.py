@@ -23,6 +23,7 @@ from zarr.core.sync import sync
 
 from ckpt.errors import InvalidNameError, StoreError
 from ckpt.store import _zarr
+from ckpt.store.chunks import CHUNK_DIGESTS, digest_variable
 from ckpt.store.format import ANALYSES, STEP, check_name
 from ckpt.store.reader import check_format, open_zarr_store
 
@@ -170,8 +171,45 @@ def write_analysis(
             if exists:  # readers must stop seeing the old result before it is deleted
                 _zarr.commit(zstore, where, attributes=None, nodes={}, owns=owned)
             _clear(zstore, prefix)
-            dataset.to_zarr(zstore, group=prefix, mode="w", consolidated=False, zarr_format=3)
-    _zarr.commit(zstore, where, attributes=None, nodes=_disk_nodes(zstore, name), owns=owned)
+            dataset.to_zarr(
+                zstore, group=prefix, mode="w", consolidated=False, zarr_format=3, encoding=_checksummed(dataset)
+            )
+    appended = append_dim if append_dim is not None and exists else None
+    nodes = _with_digests(zstore, name, _disk_nodes(zstore, name), committed, appended)
+    _zarr.commit(zstore, where, attributes=None, nodes=nodes, owns=owned)
+
+
+def _checksummed(dataset: xr.Dataset) -> dict[str, dict[str, Any]]:
+    """Encodings that end every chunk of every variable with a crc32c, like the rest of the store."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    return {name: {"compressors": (ZstdCodec(level=0), Crc32cCodec())} for name in dataset.variables}
+
+
+def _with_digests(
+    zstore: Any,
+    name: str,
+    nodes: dict[str, dict[str, Any]],
+    committed: dict[str, dict[str, Any]],
+    appended: str | None,
+) -> dict[str, dict[str, Any]]:
+    """The result's nodes with the digest of every chunk recorded (chunks.py); appends hash only new chunks.
+
+    The values are read back through xarray, decoded as readers will see them.
+    """
+    prefix = _prefix(name)
+    opened = xr.open_zarr(zstore, group=prefix, consolidated=False, chunks=None)
+    for path, node in nodes.items():
+        if node.get("node_type") != "array":
+            continue
+        dims = list(node.get("dimension_names") or [])
+        axis = dims.index(appended) if appended in dims and path in committed else None
+        variable = opened.variables[path.removeprefix(prefix + "/")]
+        node["attributes"] = {
+            **node.get("attributes", {}),
+            CHUNK_DIGESTS: digest_variable(variable, node, committed.get(path), axis),
+        }
+    return nodes
 
 
 def delete_analysis(path: str | os.PathLike[str], name: str, storage_options: dict[str, Any] | None = None) -> None:

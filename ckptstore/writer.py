@@ -633,7 +633,7 @@ class Writer:
                     shape=array.shape,
                     chunks=(rows, *array.shape[1:]),
                     dtype=str if array.dtype.kind in "OU" else array.dtype,
-                    compressors=[Crc32cCodec()] if array.dtype.kind not in "OU" else None,
+                    compressors=[Crc32cCodec()],
                     dimension_names=dims,
                 )
                 created[...] = array

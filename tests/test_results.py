@@ -15,7 +15,7 @@ import pytest
 import ckpt
 import ckpt.plugins
 import ckpt.store as ckptstore
-from ckpt.errors import MissingDataError, StoreLockedError
+from ckpt.errors import CorruptChunkError, MissingDataError, StoreLockedError
 from ckpt.plugins import PER_PAIR, AnalysisContext, AnalysisError, Analyzer, Option, PluginWarning, load_registry
 from ckpt.plugins._engine import run
 from ckpt.store.results import result_lock
@@ -230,3 +230,63 @@ def test_verify_names_results_whose_files_are_gone_or_whose_rows_disagree(mlp_st
     assert verified.returncode == 1
     assert "analysis 'grad-norms': analysis 'grad-norms' of" in verified.stdout  # one line per problem
     assert verified.stderr.startswith("Error: 1 problem(s) in") and len(verified.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- chunk digests
+
+
+def _chunk_files(result: Path, variable: str) -> list[Path]:
+    return sorted(p for p in (result / variable / "c").rglob("*") if p.is_file())
+
+
+def test_every_chunk_of_a_result_is_bound_by_its_digest_also_across_appends(mlp_store: Path) -> None:
+    # block_steps=2: the result is committed three times, appending two steps each time
+    report = run("loss", mlp_store, block_steps=2)
+    assert report.computed_steps == [0, 1, 2, 3, 4, 5]
+    truth = report.dataset.load()
+    stored = ckptstore.open(mlp_store).analysis("loss")
+    assert "ckpt_chunk_digests" not in stored["loss"].attrs
+    xr_testing = pytest.importorskip("xarray.testing")
+    xr_testing.assert_identical(stored.load().drop_attrs(), truth.drop_attrs())
+    result = mlp_store / "analyses" / "loss"
+    loss_chunks = _chunk_files(result, "loss")
+    assert len(loss_chunks) >= 2
+    before = tree_digest(mlp_store)
+    # a lost chunk: zarr would read NaN
+    lost = loss_chunks[-1]
+    saved = lost.read_bytes()
+    lost.unlink()
+    key = ".".join(lost.relative_to(result / "loss" / "c").parts)
+    with pytest.raises(CorruptChunkError, match=rf"analysis 'loss' .* variable 'loss': chunk {key} does not match"):
+        ckptstore.open(mlp_store).analysis("loss")["loss"].values  # noqa: B018
+    shown = run_ckpt("show", str(mlp_store), "loss")
+    assert shown.returncode == 1 and shown.stderr.startswith("Error: analysis 'loss'")
+    assert "nan" not in shown.stdout.lower()
+    # a chunk copied from another place of the same array (valid crc32c, wrong values)
+    lost.write_bytes(loss_chunks[0].read_bytes())
+    verified = run_ckpt("verify", str(mlp_store))
+    assert verified.returncode == 1 and f"variable 'loss': chunk {key}" in verified.stdout
+    lost.write_bytes(saved)
+    assert tree_digest(mlp_store) == before
+    assert run_ckpt("verify", str(mlp_store)).returncode == 0
+
+
+def test_a_changed_step_coordinate_of_a_result_is_caught_when_opened(mlp_store: Path) -> None:
+    run("loss", mlp_store, block_steps=2)  # step chunks of 2 rows each
+    first, second = _chunk_files(mlp_store / "analyses" / "loss", "step")[:2]
+    first.write_bytes(second.read_bytes())  # a well-formed chunk (valid crc32c) of the wrong steps
+    with pytest.raises(CorruptChunkError, match=r"analysis 'loss' of .*, variable 'step': chunk 0 does not match"):
+        ckptstore.open(mlp_store).analysis("loss")
+    other = _chunk_files(mlp_store / "analyses" / "loss", "example")[0]
+    first.write_bytes(other.read_bytes())  # a chunk of another shape: zarr cannot decode it
+    with pytest.raises(CorruptChunkError, match=r"corrupt data in analysis 'loss' of .*: cannot reshape"):
+        ckptstore.open(mlp_store).analysis("loss")
+
+
+def test_result_chunks_carry_a_crc32c_like_the_rest_of_the_store(mlp_store: Path) -> None:
+    ckpt.analyze("loss", mlp_store)
+    import json
+
+    for node in (mlp_store / "analyses" / "loss").glob("*/zarr.json"):
+        codecs = [c["name"] for c in json.loads(node.read_text())["codecs"]]
+        assert codecs[-1] == "crc32c", (node, codecs)

@@ -1,0 +1,155 @@
+"""Chunk digests of analysis results: what binds a stored result to the values it was committed with.
+
+A result's arrays are committed with the xxh3-64 digest of every chunk, as
+values, in the array's node of the commit record (attribute
+``ckpt_chunk_digests``, docs/store-format.md section 4). Readers check each
+chunk as it is loaded, so a chunk that is missing (zarr would read its fill
+value, NaN), copied from elsewhere or changed raises
+:class:`~ckpt.errors.CorruptChunkError` instead of returning values.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ckpt.errors import CorruptChunkError
+from ckpt.store.arrays import tensor_digest
+
+CHUNK_DIGESTS = "ckpt_chunk_digests"
+
+
+def block_digest(values: Any) -> str:
+    """The digest of one chunk's values: xxh3-64 of its bytes, or of its strings (text, labels) as JSON."""
+    values = np.asarray(values)
+    if values.dtype.kind in "OTU":
+        import xxhash
+
+        document = json.dumps({"shape": list(values.shape), "values": [str(v) for v in values.ravel().tolist()]})
+        return xxhash.xxh3_64_hexdigest(document.encode())
+    return tensor_digest(values)
+
+
+def chunk_regions(
+    shape: tuple[int, ...], chunks: tuple[int, ...], *, axis: int | None = None, first: int = 0
+) -> Iterator[tuple[str, tuple[slice, ...]]]:
+    """Yield ``(key, region)`` for every chunk of an array; along ``axis`` only from chunk ``first`` on.
+
+    The key is the chunk's grid index joined with dots (``"0.3"``; ``""`` for a 0-d array).
+    """
+    grid = [range(math.ceil(size / chunk)) for size, chunk in zip(shape, chunks, strict=True)]
+    if axis is not None:
+        grid[axis] = range(first, len(grid[axis]))
+    for index in itertools.product(*grid):
+        region = tuple(
+            slice(i * chunk, min((i + 1) * chunk, size)) for i, chunk, size in zip(index, chunks, shape, strict=True)
+        )
+        yield ".".join(map(str, index)), region
+
+
+def node_chunks(node: dict[str, Any]) -> tuple[int, ...]:
+    """The chunk shape recorded in an array's metadata document."""
+    return tuple(node["chunk_grid"]["configuration"]["chunk_shape"])
+
+
+def digest_variable(
+    variable: Any, node: dict[str, Any], previous: dict[str, Any] | None, appended_along: int | None
+) -> dict[str, str]:
+    """Digests of every chunk of ``variable`` (lazily opened by xarray, so decoded as readers see it).
+
+    With ``previous`` (the committed node) and ``appended_along`` (the axis rows
+    were appended to), only the chunks at or after the first one the append
+    touched are read; the earlier digests are kept from the commit record.
+    """
+    shape, chunks = tuple(node["shape"]), node_chunks(node)
+    known = (previous or {}).get("attributes", {}).get(CHUNK_DIGESTS)
+    if known is None or appended_along is None:
+        first, digests, axis = 0, {}, None
+    else:
+        axis = appended_along
+        first = previous["shape"][axis] // chunks[axis]
+        digests = {k: v for k, v in known.items() if int(k.split(".")[axis]) < first}
+    offset = first * chunks[axis] if axis is not None else 0
+    selection = tuple(slice(offset, None) if i == axis else slice(None) for i in range(len(shape)))
+    values = np.asarray(variable[selection].values)
+    for key, region in chunk_regions(shape, chunks, axis=axis, first=first):
+        local = tuple(slice(r.start - offset, r.stop - offset) if i == axis else r for i, r in enumerate(region))
+        digests[key] = block_digest(values[local])
+    return digests
+
+
+def verified(dataset: Any, nodes: dict[str, dict[str, Any]], prefix: str, describe: str, remedy: str) -> Any:
+    """``dataset`` (opened lazily, ``chunks=None``) as dask arrays whose every chunk is checked when read.
+
+    Each dask chunk is one stored chunk: it is read (decoded by xarray, as the
+    digests were taken), a decoding failure becomes CorruptChunkError, and its
+    digest is compared with the commit record. Variables already in memory
+    (index coordinates) are checked now. A variable whose node records no
+    digests (results written before ckpt 0.2) is returned as opened.
+    """
+    import dask.array as da
+    import xarray as xr
+
+    variables = {}
+    for name, variable in dataset.variables.items():
+        node = nodes.get(f"{prefix}/{name}", {})
+        digests = node.get("attributes", {}).get(CHUNK_DIGESTS)
+        variable = variable.copy(deep=False)
+        variable.attrs.pop(CHUNK_DIGESTS, None)
+        if digests is not None:
+            what = (f"{describe}, variable {name!r}", remedy)
+            chunks = node_chunks(node)
+            if isinstance(variable, xr.IndexVariable):
+                values = np.asarray(variable.values)
+                for key, region in chunk_regions(values.shape, chunks):
+                    _compare(values[region], digests, key, what)
+            else:
+                source = _CheckedChunks(variable, chunks, digests, what)
+                lazy = da.from_array(source, chunks=chunks or (), name=False, asarray=False, fancy=False)
+                variable = xr.Variable(variable.dims, lazy, variable.attrs, variable.encoding)
+        variables[name] = variable
+    coords = {name: variables[name] for name in dataset.coords}
+    data_vars = {name: variables[name] for name in dataset.data_vars}
+    return xr.Dataset(data_vars, coords=coords, attrs=dataset.attrs)
+
+
+class _CheckedChunks:
+    """Array-like source for dask: reads one stored chunk at a time and checks it against its digest."""
+
+    def __init__(self, variable: Any, chunks: tuple[int, ...], digests: dict[str, str], what: tuple[str, str]):
+        self.variable, self.chunks, self.digests, self.what = variable, chunks, digests, what
+        self.shape, self.dtype, self.ndim = variable.shape, variable.dtype, variable.ndim
+
+    def __getitem__(self, key: tuple[slice, ...]) -> np.ndarray:
+        from ckpt.store._zarr import translated_read_errors
+
+        key = key if isinstance(key, tuple) else (key,)
+        with translated_read_errors(*self.what):
+            values = np.asarray(self.variable[key].values)
+        starts = [k.start or 0 for k in key]
+        aligned = all(start % chunk == 0 for start, chunk in zip(starts, self.chunks, strict=True))
+        if not aligned:  # dask only asks for whole chunks (chunks= above); never read unchecked
+            raise AssertionError(f"{self.what[0]}: read of {key} is not aligned with the stored chunks")
+        index = [start // chunk for start, chunk in zip(starts, self.chunks, strict=True)]
+        _compare(values, self.digests, ".".join(map(str, index)), self.what)
+        return values
+
+
+def _compare(values: np.ndarray, digests: dict[str, str], key: str, what: tuple[str, str]) -> None:
+    if values.size == 0:
+        return
+    expected = digests.get(key)
+    if expected is None or block_digest(values) != expected:
+        where = f"chunk {key or '(only)'}"
+        reason = "has no digest in the commit record" if expected is None else "does not match its digest"
+        describe, remedy = what
+        msg = (
+            f"{describe}: {where} {reason} (a chunk is missing and read as fill values, was changed, or was "
+            f"written after the last commit); {remedy}"
+        )
+        raise CorruptChunkError(msg)
