@@ -224,7 +224,7 @@ class Store:
             msg = (
                 f"the step array of {self._where} does not match its commit record: it reads "
                 f"{_span(self._steps.tolist())} where {_span(sorted(self._digests))} were committed (a chunk of "
-                "checkpoints/step is missing or damaged); restore the store from a copy"
+                "checkpoints/step is missing or damaged); rewrite it from the record with `ckpt repair`"
             )
             raise CorruptChunkError(msg)
 
@@ -462,16 +462,26 @@ class Store:
         step_path = f"{METRICS}/{STEP}"
         steps = np.asarray(self._root[step_path][:]) if step_path in self._nodes else np.zeros(0, np.int64)
         variables = {n: (STEP, np.asarray(self._root[f"{prefix}{n}"][:])) for n in names}
-        recorded = self._attrs.get(ROOT_ATTR, {}).get(METRIC_DIGESTS)
-        if recorded:  # v2: a lost chunk would read as NaN (metrics) or -1 (step)
-            for name, values in [(STEP, steps), *((n, v) for n, (_, v) in variables.items())]:
-                if name in recorded and tensor_digest(values) != recorded[name]:
-                    msg = (
-                        f"metrics {name!r} of {self._where} do not match the commit record (a chunk is missing "
-                        "and read as fill values, or was changed); restore the store from a copy"
-                    )
-                    raise CorruptChunkError(msg)
+        damaged = self._damaged_metrics({STEP: steps, **{n: v for n, (_, v) in variables.items()}})
+        if damaged:
+            msg = (
+                f"metrics {damaged[0]!r} of {self._where} do not match the commit record (a chunk is missing "
+                "and read as fill values, or was changed); drop them with `ckpt repair` or restore the store "
+                "from a copy"
+            )
+            raise CorruptChunkError(msg)
         return xr.Dataset(variables, coords={STEP: steps})
+
+    def _damaged_metrics(self, columns: dict[str, np.ndarray] | None = None) -> list[str]:
+        """The metrics columns (``step`` included) that do not match their digests (v2; a v1 store has none)."""
+        recorded = self._attrs.get(ROOT_ATTR, {}).get(METRIC_DIGESTS)
+        if not recorded:
+            return []
+        if columns is None:
+            names = [k.split("/", 1)[1] for k in self._nodes if k.startswith(f"{METRICS}/")]
+            with _zarr.translated_read_errors("metrics"):
+                columns = {n: np.asarray(self._root[f"{METRICS}/{n}"][:]) for n in names}
+        return [n for n, values in columns.items() if n in recorded and tensor_digest(values) != recorded[n]]
 
     @property
     def splits(self) -> list[str]:

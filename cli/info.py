@@ -91,6 +91,7 @@ def verify(store: str) -> None:
 
     import ckpt.store as ckptstore
     from ckpt.errors import CorruptChunkError
+    from ckpt.store.repair import analysis_problems
 
     s = ckptstore.open(store)
     bad = []
@@ -112,7 +113,7 @@ def verify(store: str) -> None:
     except CorruptChunkError as exc:
         bad.append(str(exc).split(" (")[0])
     for name in s.analyses:
-        bad += _analysis_problems(s, name)
+        bad += analysis_problems(s, name)
     if bad:
         for problem in bad:  # each on its own line (stdout); the error itself stays one line
             click.echo(f"  {problem}")
@@ -123,22 +124,3 @@ def verify(store: str) -> None:
         f"{store}: {len(s.steps)} checkpoints x {len(s.tensor_names)} tensors, {len(s.splits)} data splits, "
         f"the metrics and {len(s.analyses)} analyses OK"
     )
-
-
-def _analysis_problems(store: Any, name: str) -> list[str]:
-    """What is wrong with the stored result ``name``: files gone, unreadable, or rows its provenance does not claim."""
-    from ckpt.errors import CkptError
-
-    try:
-        result = store.analysis(name).load()
-    except CkptError as exc:
-        return [f"analysis {name!r}: {str(exc).split(';')[0]}"]
-    except (ValueError, OSError, RuntimeError) as exc:  # zarr could not decode a chunk
-        return [f"analysis {name!r}: unreadable ({type(exc).__name__}: {exc})"]
-    claimed = result.ckpt.steps
-    if "step" in result.dims and claimed and result["step"].values.tolist() != claimed:
-        held = result["step"].values.tolist()
-        return [
-            f"analysis {name!r}: holds steps {held[:3]}... ({len(held)}) where its provenance claims {len(claimed)}"
-        ]
-    return []

@@ -82,12 +82,20 @@ def import_command(
 @click.command()
 @click.argument("store", metavar="STORE")
 def repair(store: str) -> None:
-    """Remove what a crashed writer left beyond the last commit, so plain zarr readers agree too."""
-    import ckpt.store as ckptstore
+    """Make a damaged store consistent: rebuild what the commit record allows, drop what cannot be trusted.
 
-    writer = ckptstore.open(store, mode="a")
-    writer.close()
-    entry = ckptstore.open(store).history[-1]
-    removed = entry.get("repaired", {}).get("removed", [])
-    detail = f"removed {len(removed)} uncommitted node(s)" if removed else "nothing uncommitted found"
-    click.echo(f"{store}: {len(writer.steps)} committed checkpoints; {detail}")
+    Removes what a crashed writer left beyond the last commit; rewrites a lost chunk of the step
+    array from the commit record; drops checkpoints with a missing or damaged tensor, data splits
+    and metrics that fail their hashes, and analyses that are damaged or hold a dropped checkpoint.
+    Prints one line per thing dropped; the store's history records them. Run `ckpt verify` first
+    to see what is wrong without changing anything.
+    """
+    from ckpt.store.repair import repair as repair_store
+
+    report = repair_store(store)
+    for line in report.lines():
+        click.echo(f"  {line}")
+    detail = "nothing damaged or uncommitted found" if not report.lines() else f"{len(report.lines())} repair(s)"
+    click.echo(f"{store}: {report.checkpoints} committed checkpoints; {detail}")
+    if report.dropped_anything:
+        click.echo("what was dropped is gone from the store; recompute dropped analyses with `ckpt analyze`")

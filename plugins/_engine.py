@@ -38,6 +38,7 @@ from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
 from ckpt.plugins._runtime import TaskSpec, resolve_device
+from ckpt.store._zarr import local_path
 from ckpt.store.results import result_lock, write_analysis
 
 SCHEDULERS = ("threads", "processes", "sync")
@@ -307,7 +308,9 @@ def _compute(
 ) -> None:
     from tqdm import tqdm
 
-    spec = TaskSpec(where, engine["device"], engine["storage_options"])
+    local = local_path(where)  # a replaced local store is a new folder (a new inode), even within one second
+    generation = f"{store.created}|{len(store.history)}|{os.stat(local).st_ino if local else ''}"
+    spec = TaskSpec(where, engine["device"], engine["storage_options"], generation)
     context = AnalysisContext(store, missing, spec, results, analyzer=analyzer.name)
     dataset = analyzer.compute(context)
     _check_lazy(analyzer.name, dataset)

@@ -31,6 +31,9 @@ class TaskSpec:
     store: str
     device: str = "cpu"
     storage_options: Mapping[str, Any] | None = None
+    generation: str = ""
+    """Which state of the store a worker may cache against (its creation time and history length):
+    a store replaced (``--overwrite``) or repaired (rows moved) since gets fresh workers."""
 
 
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"

@@ -1,0 +1,264 @@
+"""``ckpt repair``: turn a damaged store back into a consistent one, saying exactly what was dropped.
+
+What can be rebuilt from the commit record is rebuilt: a lost chunk of
+``checkpoints/step`` is rewritten from the record's ``digests`` (its keys are the
+committed steps). What cannot be trusted is dropped, never kept as fill values:
+a checkpoint with a missing or damaged tensor, a data split that fails its
+sha256, a metrics column that fails its digest (all metrics when their ``step``
+column does), an analysis result that is unreadable, incomplete, disagrees with
+its provenance or holds a dropped checkpoint. Leftovers of a crashed writer are
+removed as on every open for append (docs/store-format.md §4.3).
+
+Dropping a checkpoint in the middle of a run moves the rows after it, so on a
+local store it is done on a copy that replaces the store in one atomic swap
+(§4.3.1): a repair killed at any point leaves the damaged store or the repaired
+one. Object stores cannot swap; for them it refuses and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.core.sync import sync
+
+from ckpt.errors import CkptError, CorruptChunkError, StoreError
+from ckpt.store import _zarr
+from ckpt.store.format import CHECKPOINTS, DATA, DIGESTS, METRIC_DIGESTS, METRICS, ROOT_ATTR, STEP
+from ckpt.store.reader import Store, check_format
+from ckpt.store.results import delete_analysis
+from ckpt.store.writer import Writer, _column_digest, _history_entry, _replaceable, publish, staging_path
+
+
+@dataclass
+class RepairReport:
+    """What :func:`repair` did to a store."""
+
+    path: str
+    restored_steps: bool = False
+    dropped_steps: list[int] = field(default_factory=list)
+    dropped_splits: list[str] = field(default_factory=list)
+    dropped_metrics: list[str] = field(default_factory=list)
+    dropped_analyses: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    checkpoints: int = 0
+
+    @property
+    def dropped_anything(self) -> bool:
+        """Whether anything was dropped (as opposed to rebuilt or tidied)."""
+        return bool(self.dropped_steps or self.dropped_splits or self.dropped_metrics or self.dropped_analyses)
+
+    def lines(self) -> list[str]:
+        """One line per thing repaired, dropped or removed, for the command line."""
+        lines = []
+        if self.restored_steps:
+            lines.append("rewrote checkpoints/step from the commit record (a chunk of it was lost or damaged)")
+        lines += [f"dropped checkpoint {step} (a tensor is missing or damaged)" for step in self.dropped_steps]
+        lines += [f"dropped data split {split!r} (fails its sha256)" for split in self.dropped_splits]
+        lines += [f"dropped metrics {name!r} (fails its digest)" for name in self.dropped_metrics]
+        lines += [f"dropped analysis {name!r} ({why})" for name, why in self.dropped_analyses.items()]
+        lines += [f"removed uncommitted {path}" for path in self.removed]
+        return lines
+
+
+def analysis_problems(store: Store, name: str) -> list[str]:
+    """What is wrong with the stored result ``name``: files gone, chunks damaged, rows its provenance does not claim."""
+    try:
+        result = store.analysis(name).load()
+    except CkptError as exc:
+        return [f"analysis {name!r}: {str(exc).split(';')[0]}"]
+    except (ValueError, OSError, RuntimeError) as exc:  # zarr could not decode a chunk of a pre-0.2 result
+        return [f"analysis {name!r}: unreadable ({type(exc).__name__}: {exc})"]
+    claimed = result.ckpt.steps
+    if STEP in result.dims and claimed and result[STEP].values.tolist() != claimed:
+        held = result[STEP].values.tolist()
+        return [
+            f"analysis {name!r}: holds steps {held[:3]}... ({len(held)}) where its provenance claims {len(claimed)}"
+        ]
+    return []
+
+
+def repair(path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> RepairReport:
+    """Make the store at ``path`` consistent: rebuild what the commit record allows, drop what cannot be trusted.
+
+    Parameters
+    ----------
+    path
+        The store (a local folder or an fsspec URL).
+    storage_options
+        fsspec options for URLs.
+
+    Returns
+    -------
+    RepairReport
+        Everything rebuilt, dropped or removed; also recorded in the store's
+        ``history`` as a ``repair`` event.
+
+    Raises
+    ------
+    StoreLockedError
+        A writer is appending to the store.
+    StoreError
+        Damaged checkpoints in an object store (dropping them needs an atomic swap).
+    """
+    where = str(path)
+    report = RepairReport(where)
+    local = _zarr.local_path(where)
+    lock = _replaceable(where, local, storage_options)  # a store, and no writer appending to it
+    try:
+        zstore = _zarr.open_zarr_store(where, read_only=False, storage_options=storage_options)
+        report.restored_steps = _restore_step_array(zstore, where)
+        store = Store(where, storage_options=storage_options)
+        _drop_damaged_data(zstore, where, store, report)
+        bad_steps = _damaged_checkpoints(store)
+        if bad_steps:
+            if local is None:
+                msg = (
+                    f"checkpoints {bad_steps} of {where} are damaged; dropping them needs an atomic swap that "
+                    "object stores lack: copy the store to a local folder, repair it there, and copy it back"
+                )
+                raise StoreError(msg)
+            _drop_checkpoints(local, bad_steps)
+            report.dropped_steps = bad_steps
+    finally:
+        lock.release()
+    store = Store(where, storage_options=storage_options)
+    for name in store.analyses:
+        problems = analysis_problems(store, name)
+        held = _held_steps(store, name) if not problems else []
+        if problems:
+            report.dropped_analyses[name] = problems[0].split(": ", 1)[1]
+        elif set(held) & set(report.dropped_steps):
+            report.dropped_analyses[name] = "holds a dropped checkpoint"
+    for name in report.dropped_analyses:
+        delete_analysis(where, name, storage_options=storage_options)
+    details = {k: v for k, v in _details(report).items() if v}
+    writer = Writer(where, storage_options=storage_options, _history=_history_entry("repair", **details))
+    writer.close()
+    report.removed = store_history_removed(where, storage_options)
+    report.checkpoints = len(writer.steps)
+    return report
+
+
+def store_history_removed(where: str, storage_options: dict[str, Any] | None) -> list[str]:
+    """The uncommitted nodes the last open for append removed (its history event)."""
+    entry = Store(where, storage_options=storage_options).history[-1]
+    return list(entry.get("repaired", {}).get("removed", []))
+
+
+def _details(report: RepairReport) -> dict[str, Any]:
+    return {
+        "restored_steps": report.restored_steps,
+        "dropped_steps": report.dropped_steps,
+        "dropped_splits": report.dropped_splits,
+        "dropped_metrics": report.dropped_metrics,
+        "dropped_analyses": report.dropped_analyses,
+    }
+
+
+def _held_steps(store: Store, name: str) -> list[int]:
+    result = store.analysis(name)
+    return [int(s) for s in result[STEP].values] if STEP in result.coords else []
+
+
+def _restore_step_array(zstore: Any, where: str) -> bool:
+    """Rewrite ``checkpoints/step`` from the record's digests when it disagrees with them (v2)."""
+    attrs, nodes = _zarr.read_root(zstore, where)
+    check_format(attrs, where)
+    recorded = attrs.get(ROOT_ATTR, {}).get(DIGESTS)
+    if recorded is None:
+        return False
+    steps = sorted(int(k) for k in recorded)
+    array = zarr.open_array(zstore, path=f"{CHECKPOINTS}/{STEP}", mode="r+", zarr_format=3)
+    count = int(nodes[f"{CHECKPOINTS}/{STEP}"]["shape"][0])
+    try:
+        stored = np.asarray(array[:count]).tolist()
+    except (ValueError, RuntimeError, OSError):  # a chunk that does not decode
+        stored = None
+    if stored == steps:
+        return False
+    array[:count] = np.asarray(steps, dtype=np.int64)
+    return True
+
+
+def _drop_damaged_data(zstore: Any, where: str, store: Store, report: RepairReport) -> None:
+    """Drop data splits and metrics columns that fail their hashes, in one commit, then delete their files."""
+    for split in store.splits:
+        try:
+            store.data(split)
+        except CorruptChunkError:
+            report.dropped_splits.append(split)
+    try:
+        damaged = store._damaged_metrics()
+    except CorruptChunkError:  # a chunk that does not decode: every column is suspect
+        damaged = [STEP]
+    metric_names = [k.split("/", 1)[1] for k in store._nodes if k.startswith(f"{METRICS}/")]
+    if STEP in damaged:  # the rows' steps are unknown: no metric can be trusted
+        damaged = metric_names
+    report.dropped_metrics = sorted(damaged)
+    if not report.dropped_splits and not damaged:
+        return
+    attrs, nodes = _zarr.read_root(zstore, where)
+    gone = [f"{DATA}/{split}" for split in report.dropped_splits]
+    gone += [f"{METRICS}/{name}" for name in damaged if name != STEP]
+    kept = {k: v for k, v in nodes.items() if not any(k == g or k.startswith(g + "/") for g in gone)}
+    digests = attrs[ROOT_ATTR].get(METRIC_DIGESTS)
+    if STEP in damaged:  # an empty metrics table, as in a new store
+        kept[f"{METRICS}/{STEP}"]["shape"] = [0]
+    if digests is not None:
+        kept_digests = {name: d for name, d in digests.items() if name not in damaged}
+        attrs[ROOT_ATTR][METRIC_DIGESTS] = {STEP: _column_digest(STEP, [])} if STEP in damaged else kept_digests
+    _zarr.commit(zstore, where, attributes=attrs, nodes=kept, owns=lambda p: not _zarr.is_analysis_node(p))
+    for path in gone:
+        sync(zstore.delete_dir(path))
+
+
+def _damaged_checkpoints(store: Store) -> list[int]:
+    """Steps one of whose tensors is missing, damaged or not the tensor written there."""
+    bad = []
+    for step in store.steps:
+        try:
+            store.tensors(int(step))
+        except CorruptChunkError:
+            bad.append(int(step))
+    return bad
+
+
+def _drop_checkpoints(local: Path, bad_steps: list[int]) -> None:
+    """Drop checkpoints ``bad_steps`` on a copy of the store, then swap it in (the old store stays whole until then)."""
+    staged = staging_path(local)
+    try:
+        shutil.copytree(local, staged, symlinks=True)
+        zstore = _zarr.open_zarr_store(staged, read_only=False)
+        attrs, nodes = _zarr.read_root(zstore, str(staged))
+        count = int(nodes[f"{CHECKPOINTS}/{STEP}"]["shape"][0])
+        steps = np.asarray(zarr.open_array(zstore, path=f"{CHECKPOINTS}/{STEP}", mode="r")[:count]).tolist()
+        keep = [i for i, step in enumerate(steps) if step not in bad_steps]
+        for key, node in nodes.items():
+            group, _, name = key.partition("/")
+            if group != CHECKPOINTS or not name or node.get("node_type") != "array":
+                continue
+            array = zarr.open_array(zstore, path=key, mode="r+", zarr_format=3)
+            for new, old in enumerate(keep):
+                if new != old:  # rows move up over the dropped ones, as stored (bfloat16 as its bits)
+                    array[new] = array[old]
+            for row in range(len(keep), count):  # no stale rows beyond the new end for plain zarr readers
+                chunk = array.metadata.encode_chunk_key((row,) + (0,) * (array.ndim - 1))
+                sync(zstore.delete(f"{key}/{chunk}"))
+            node["shape"][0] = len(keep)
+            _zarr.write_json(zstore, f"{key}/{_zarr.ROOT_KEY}", node)
+        digests = attrs[ROOT_ATTR].get(DIGESTS)
+        if digests is not None:
+            attrs[ROOT_ATTR][DIGESTS] = {k: v for k, v in digests.items() if int(k) not in bad_steps}
+        _zarr.write_json(zstore, _zarr.ROOT_KEY, _zarr.root_document(attrs, nodes))
+        publish(staged, local, replace=True)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)  # left only when something failed before publishing
+
+
+__all__ = ["RepairReport", "analysis_problems", "repair"]
