@@ -13,6 +13,9 @@ Operations, each on WORKDIR:
 - ``import``: ``import_checkpoints(src, run.zarr)`` of three safetensors files.
 - ``reimport``: the same with ``overwrite=True`` over an existing store of another run.
 - ``append``: the "append if it exists, else create" loop writing checkpoints 0..2.
+- ``add_data``: on an existing store, add split ``train`` and replace split ``eval``.
+- ``analysis``: commit a result in two blocks (steps 0-1, then step 2 appended), as the engine does.
+- ``reanalysis``: replace a stored result with another (``ckpt analyze --force``).
 """
 
 from __future__ import annotations
@@ -84,6 +87,28 @@ def write_sources(folder: Path) -> None:
         save_file(tensors(step, run=1), str(folder / f"step-{step}.safetensors"))
 
 
+def split(run: int) -> dict[str, object]:
+    """The arrays of a small data split (``run`` tells two versions apart)."""
+    rng = np.random.default_rng(run)
+    return {
+        "inputs": rng.integers(0, 9, (5, 2)),
+        "targets": rng.integers(0, 9, 5),
+        "text": [f"run {run} example {i}" for i in range(5)],
+    }
+
+
+def result(steps: list[int], run: int):
+    """A per-checkpoint result over ``steps`` (values recomputable from step and run)."""
+    import xarray as xr
+
+    values = np.stack([np.random.default_rng(100 * run + s).standard_normal(7) for s in steps])
+    return xr.Dataset({"v": (("step", "datapoint"), values)}, coords={"step": steps})
+
+
+def provenance(steps: list[int], run: int) -> dict[str, object]:
+    return {"ckpt": {"analyzer": "toy", "version": "1", "run": run, "steps": steps}}
+
+
 def main() -> None:
     global _kill_at
     operation, work, kill_at = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
@@ -105,6 +130,18 @@ def main() -> None:
             start = 0 if writer.last_step is None else writer.last_step + 1
             for step in range(start, 3):
                 writer.write(step, tensors(step), metrics={"loss": float(step)})
+    elif operation == "add_data":
+        with ckptstore.open(path, mode="a") as writer:
+            writer.add_data("train", **split(1))
+            writer.add_data("eval", **split(1), overwrite=True)
+    elif operation in ("analysis", "reanalysis"):
+        from ckpt.store.results import write_analysis
+
+        if operation == "analysis":
+            write_analysis(path, "toy", result([0, 1], 1), attrs=provenance([0, 1], 1))
+            write_analysis(path, "toy", result([2], 1), append_dim="step", attrs=provenance([0, 1, 2], 1))
+        else:
+            write_analysis(path, "toy", result([0, 1, 2], 1), attrs=provenance([0, 1, 2], 1))
     else:
         raise SystemExit(f"unknown operation {operation}")
     shutil.rmtree(work / "never-there", ignore_errors=True)  # no event: keeps the last count honest

@@ -1,4 +1,7 @@
-"""A process killed at ANY file event of create, import, overwrite or the append loop leaves an old or new store.
+"""A process killed at ANY file event of a store operation leaves its old or new committed state.
+
+Operations: create, import, overwrite, the append loop, adding and replacing data
+splits, and committing or replacing an analysis result.
 
 ``tests/crash_process.py`` runs one operation in a child process that counts its file
 events (opens for writing, renames, mkdirs, unlinks ...) through an interposed
@@ -20,7 +23,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.errors import StoreExistsError, StoreLockedError
 from tests.conftest import run_ckpt
-from tests.crash_process import tensors, write_sources
+from tests.crash_process import provenance, result, split, tensors, write_sources
 
 CHILD = Path(__file__).with_name("crash_process.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +58,41 @@ def _old_store(work: Path) -> None:
             writer.write(step, tensors(step, run=2))
 
 
+def _old_split_store(work: Path) -> None:
+    with ckptstore.create(work / "run.zarr") as writer:
+        writer.add_data("eval", **split(2))
+        for step in range(3):
+            writer.write(step, tensors(step, run=2))
+
+
+def _old_result_store(work: Path) -> None:
+    from ckpt.store.results import write_analysis
+
+    _old_split_store(work)
+    write_analysis(work / "run.zarr", "toy", result([0, 1, 2], 2), attrs=provenance([0, 1, 2], 2))
+
+
+def _split_is(store: ckptstore.Store, name: str, run: int) -> bool:
+    data = store.data(name)  # checked against its sha256
+    expected = split(run)
+    return (
+        np.array_equal(data["inputs"].values, expected["inputs"]) and data["text"].values.tolist() == expected["text"]
+    )
+
+
+def _result_state(path: Path) -> tuple[int, list[int]] | None:
+    """(run, steps) of the stored result ``toy``, every chunk read through its digest; None when absent."""
+    store = ckptstore.open(path)
+    if "toy" not in store.analyses:
+        return None
+    stored = store.analysis("toy").load()
+    record = stored.attrs["ckpt"]
+    steps = stored["step"].values.tolist()
+    assert record["steps"] == steps, "a result and its provenance change together"
+    np.testing.assert_array_equal(stored["v"].values, result(steps, record["run"])["v"].values)
+    return record["run"], steps
+
+
 def _outcome(operation: str, work: Path, killed: subprocess.CompletedProcess[str]) -> str:
     """What the killed operation left: 'old' or 'new' (or 'resumed' for the append loop); anything else fails."""
     path = work / "run.zarr"
@@ -74,6 +112,24 @@ def _outcome(operation: str, work: Path, killed: subprocess.CompletedProcess[str
             return "old"
         assert _holds(path, [0, 1, 2], run=1), "an overwrite leaves the old store or the new one"
         return "new"
+    if operation == "add_data":
+        store = ckptstore.open(path)
+        assert store.steps.tolist() == [0, 1, 2]
+        if store.splits == ["eval"] and _split_is(store, "eval", 2):
+            return "old"
+        if store.splits == ["eval", "train"] and _split_is(store, "train", 1):
+            return "new" if _split_is(store, "eval", 1) else "train added"
+        # replacing a split commits its removal first: never a mix of old and new values
+        assert store.splits == ["train"] and _split_is(store, "train", 1), store.splits
+        return "eval being replaced"
+    if operation == "analysis":
+        state = _result_state(path)
+        assert state in (None, (1, [0, 1]), (1, [0, 1, 2])), state
+        return {None: "old", (1, (0, 1)): "first block"}.get(state and (state[0], tuple(state[1])), "new")
+    if operation == "reanalysis":
+        state = _result_state(path)
+        assert state in ((2, [0, 1, 2]), None, (1, [0, 1, 2])), state
+        return {None: "being replaced", 2: "old"}.get(state and state[0], "new")
     # append: whatever was committed is a prefix of the run; rerunning the loop finishes it identically
     if path.exists():
         committed = ckptstore.open(path).steps.tolist()
@@ -87,12 +143,16 @@ def _outcome(operation: str, work: Path, killed: subprocess.CompletedProcess[str
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("operation", ["create", "import", "reimport", "append"])
+@pytest.mark.parametrize("operation", ["create", "import", "reimport", "append", "add_data", "analysis", "reanalysis"])
 def test_killed_at_every_file_event(tmp_path: Path, operation: str) -> None:
     template = tmp_path / "template"
     template.mkdir()
     if operation == "reimport":
         _old_store(template)
+    if operation in ("add_data", "analysis"):
+        _old_split_store(template)
+    if operation == "reanalysis":
+        _old_result_store(template)
     counting = tmp_path / "count"
     shutil.copytree(template, counting)
     counted = _child(operation, counting, 0)
@@ -112,6 +172,12 @@ def test_killed_at_every_file_event(tmp_path: Path, operation: str) -> None:
     print(f"{operation}: killed at each of its {events} file events: {sorted(set(outcomes))}")
     if operation in ("create", "reimport"):
         assert set(outcomes) == {"old", "new"}, "both outcomes occur: the kill points span the whole operation"
+    if operation == "add_data":
+        assert set(outcomes) == {"old", "train added", "eval being replaced", "new"}
+    if operation == "analysis":  # its last event is the commit of the second block: killed before it, one block
+        assert set(outcomes) == {"old", "first block"}
+    if operation == "reanalysis":  # likewise the commit of the new result; before it, the old one was withdrawn
+        assert set(outcomes) == {"old", "being replaced"}
     if operation == "import":  # its last event is the rename that publishes it: killed before it, nothing shows
         assert set(outcomes) == {"old"}
 
