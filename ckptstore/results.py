@@ -148,9 +148,6 @@ def write_analysis(
     zstore = open_zarr_store(where, read_only=False, storage_options=storage_options)
     root_attrs, committed = _zarr.read_root(zstore, where)
     check_format(root_attrs, where)
-    prefix = _prefix(name)
-    owned = _owned_by(name)
-    exists = prefix in committed
     dataset = dataset.copy()
     dataset.attrs = dict(attrs if attrs is not None else dataset.attrs)
     for key, variable in list(dataset.variables.items()):
@@ -160,6 +157,25 @@ def write_analysis(
                 dataset = dataset.assign_coords({key: variable.astype(object)})
             else:
                 dataset[key] = variable.astype(object)
+    try:
+        _write(zstore, where, name, dataset, append_dim, committed)
+    except BaseException:
+        # nothing of this write is committed; leave no half-written files behind (a full disk
+        # needs the space back, and plain zarr readers would see them): best effort
+        with contextlib.suppress(Exception):
+            _trim_to_committed(zstore, name, _zarr.read_root(zstore, where)[1])
+        raise
+
+
+def _write(
+    zstore: Any,
+    where: str,
+    name: str,
+    dataset: xr.Dataset,
+    append_dim: str | None,
+    committed: dict[str, dict[str, Any]],
+) -> None:
+    prefix, owned, exists = _prefix(name), _owned_by(name), _prefix(name) in committed
     with warnings.catch_warnings():
         # zarr: string/vlen dtypes and consolidated metadata are not in the v3 core spec yet
         warnings.simplefilter("ignore")

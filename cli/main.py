@@ -45,11 +45,38 @@ class CkptGroup(click.Group):
             fail(exc.format_message(), exc.exit_code or EXIT_ERROR)
         except CkptError as exc:
             fail(str(exc))
+        except OSError as exc:
+            message = environment_problem(exc)
+            if message is None:
+                raise  # not the environment: a bug, keep its traceback
+            fail(message)
         except KeyboardInterrupt:
             fail("interrupted", EXIT_INTERRUPTED)
         if isinstance(result, int) and not isinstance(result, bool):
             sys.exit(result)  # click returns the exit code of --help/--version here
         sys.exit(0)
+
+
+def environment_problem(exc: OSError) -> str | None:
+    """The one-line message for a file system that refuses a write (read-only, no permission, full), else None.
+
+    The commit protocol makes these safe to report and stop: whatever was half
+    written is not in the commit record, so the store keeps its last committed state.
+    """
+    import errno
+
+    where = exc.filename or "the store"
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (
+            f"cannot write {where}: {exc.strerror}. This command writes into the store (results, locks, its "
+            "history); give it write access, or copy the store somewhere writable (cp -r) and use the copy"
+        )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"no space left writing {where} ({exc.strerror}); nothing half-written was committed, so the store "
+            "keeps its last committed state: free some space and run the command again"
+        )
+    return None
 
 
 @click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

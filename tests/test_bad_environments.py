@@ -1,0 +1,81 @@
+"""Bad environments get one ``Error:`` line and leave the store as it was: a read-only store, a full disk.
+
+Real file systems, not patched calls: a tmpfs mounted read-only, and a tmpfs filled to
+the last block. Mounting needs root (as on the CI machines); elsewhere these are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ckpt.store as ckptstore
+from tests.conftest import run_ckpt, tree_digest
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A fresh 4 MB tmpfs, unmounted afterwards."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _contents(path: Path) -> dict[str, str]:
+    return tree_digest(path)
+
+
+def test_a_read_only_store_is_one_error_line_for_commands_that_write(mlp_store: Path, tmpfs: Path) -> None:
+    assert run_ckpt("analyze", "grad-norms", str(mlp_store)).returncode == 0
+    store = tmpfs / "run.zarr"
+    shutil.copytree(mlp_store, store)
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    before = _contents(store)
+    for command in (["analyze", "loss", str(store)], ["repair", str(store)], ["rm", str(store), "grad-norms"]):
+        result = run_ckpt(*command)
+        assert result.returncode == 1, (command, result.stderr)
+        assert result.stderr.startswith("Error: cannot write ") and "Read-only file system" in result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    for command in (["info", str(store)], ["verify", str(store)]):  # reading needs no write access
+        assert run_ckpt(*command).returncode == 0, command
+    assert _contents(store) == before
+
+
+def test_a_full_disk_is_one_error_line_and_the_store_keeps_its_committed_state(mlp_store: Path, tmpfs: Path) -> None:
+    store = tmpfs / "run.zarr"
+    shutil.copytree(mlp_store, store)
+    analyzed = run_ckpt("analyze", "grad-norms", str(store))
+    assert analyzed.returncode == 0, analyzed.stderr
+    filler = tmpfs / "filler"
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:  # fill the file system to its last block (unbuffered: nothing left to flush at close)
+        while True:
+            os.write(descriptor, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+    before = _contents(store)
+    result = run_ckpt("analyze", "loss", str(store))
+    assert result.returncode == 1
+    assert (
+        result.stderr.startswith("Error: no space left writing ") and "keeps its last committed state" in result.stderr
+    )
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert _contents(store) == before, "nothing half-written is left behind"
+    assert ckptstore.open(store).analyses == ["grad-norms"]
+    filler.unlink()  # space again: the same command now works
+    again = run_ckpt("analyze", "loss", str(store))
+    assert again.returncode == 0, again.stderr
+    assert run_ckpt("verify", str(store)).returncode == 0
