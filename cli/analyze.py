@@ -113,6 +113,14 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
         allow(*values.pop("trust_factory"))
         engine = {k: values.pop(k) for k in ENGINE_OPTIONS}
         options = {k: v for k, v in values.items() if v is not None}
+        if engine["address"] is not None:
+            import logging
+
+            import distributed  # noqa: F401 - importing it sets its loggers' levels from dask's config
+
+            # the client logs "Failed to reconnect to scheduler" on stderr before the engine's own Error: line
+            for logger in ("distributed.client", "distributed.utils"):
+                logging.getLogger(logger).setLevel(logging.CRITICAL)
         paths = expand_stores(stores)
         for store in paths:
             report = run(name, store, registry=registry(), **engine, **options)

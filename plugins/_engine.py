@@ -321,7 +321,8 @@ def _compute(
         count,
     ):
         if not per_step:
-            computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
+            with _cluster_lost(engine, analyzer.name, []):
+                computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
             attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
             attrs["ckpt"]["created"] = _now()
             write_analysis(where, analyzer.name, computed, attrs=attrs, storage_options=engine["storage_options"])
@@ -337,7 +338,8 @@ def _compute(
         with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None) as bar:
             while start < len(missing):
                 began = time.perf_counter()
-                part = dataset.isel(step=slice(start, start + size)).compute(**settings)
+                with _cluster_lost(engine, analyzer.name, done):
+                    part = dataset.isel(step=slice(start, start + size)).compute(**settings)
                 part = _add_running_sums(analyzer, part, carry)
                 carry = {total: part[total].isel(step=-1, drop=True) for total in analyzer.running_sums}
                 steps = [int(s) for s in part["step"].values]
@@ -357,6 +359,36 @@ def _compute(
                 if not engine["block_steps"]:
                     per_step = (time.perf_counter() - began) / len(steps)
                     size = max(count, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
+
+
+@contextlib.contextmanager
+def _cluster_lost(engine: Mapping[str, Any], name: str, done: Sequence[int]) -> Iterator[None]:
+    """Turn a dask cluster that went away mid-run (scheduler killed, workers dying) into one AnalysisError.
+
+    What was committed before stays (each block is committed when done): the message
+    says so, and that rerunning the command computes only the rest.
+    """
+    try:
+        yield
+    except BaseException as exc:
+        kind = type(exc)
+        lost = kind.__module__.startswith("distributed") and kind.__name__ in (
+            "FutureCancelledError",
+            "CancelledError",
+            "CommClosedError",
+            "KilledWorker",
+        )
+        if not lost:
+            raise
+        where = f"the dask scheduler at {engine['address']}" if engine["address"] else "the dask cluster"
+        cause = (
+            "its workers kept dying (out of memory?)"
+            if kind.__name__ == "KilledWorker"
+            else "it went away mid-run (stopped or unreachable)"
+        )
+        kept = f"the {len(done)} step(s) committed before are kept" if done else "nothing was committed"
+        msg = f"{name}: {where} failed: {cause} ({kind.__name__}); {kept}: rerun the same command to compute the rest"
+        raise AnalysisError(msg) from None
 
 
 def _add_running_sums(analyzer: Analyzer, part: xr.Dataset, carry: Mapping[str, Any] | None) -> xr.Dataset:

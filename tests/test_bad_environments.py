@@ -79,3 +79,73 @@ def test_a_full_disk_is_one_error_line_and_the_store_keeps_its_committed_state(m
     again = run_ckpt("analyze", "loss", str(store))
     assert again.returncode == 0, again.stderr
     assert run_ckpt("verify", str(store)).returncode == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_scheduler_that_dies_mid_run_is_one_error_line_and_keeps_what_was_committed(tmp_path: Path) -> None:
+    import signal
+    import sys
+    import time
+
+    from tests.conftest import write_mlp_run
+
+    path = write_mlp_run(tmp_path / "run.zarr", steps=40, examples=2000)
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    bin_dir = Path(sys.executable).parent
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the worker imports tests.models:mlp
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    scheduler = subprocess.Popen(
+        [bin_dir / "dask", "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1], "--no-dashboard"],
+        **quiet,
+    )
+    worker = subprocess.Popen(
+        [bin_dir / "dask", "worker", address, "--nthreads", "1", "--no-dashboard"], cwd=root, **quiet
+    )
+    try:
+        command = [bin_dir / "ckpt", "analyze", "loss", str(path), "--address", address, "--block-steps", "1"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the scheduler and its worker are up
+            probe = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    f"from distributed import Client; c = Client('{address}', timeout=2); "
+                    "c.wait_for_workers(1, timeout=5)",
+                ],
+                capture_output=True,
+                check=False,
+            )
+            if probe.returncode == 0:
+                break
+        analysis = subprocess.Popen(
+            [*command, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root, env=env
+        )
+        committed: list[int] = []
+        while time.monotonic() < deadline and analysis.poll() is None and len(committed) < 3:
+            store = ckptstore.open(path)
+            committed = store.analysis("loss").ckpt.steps if "loss" in store.analyses else []
+            time.sleep(0.05)
+        scheduler.send_signal(signal.SIGKILL)
+        _, stderr = analysis.communicate(timeout=120)
+    finally:
+        scheduler.kill()
+        worker.kill()
+        worker.wait()
+    assert analysis.returncode == 1
+    assert stderr.startswith(f"Error: loss: the dask scheduler at {address} failed: it went away mid-run"), stderr
+    assert len(stderr.strip().splitlines()) == 1 and "rerun the same command" in stderr
+    kept = ckptstore.open(path).analysis("loss").ckpt.steps
+    assert 3 <= len(kept) < 40 and kept == list(range(len(kept)))
+    assert f"the {len(kept)} step(s) committed before are kept" in stderr
+    assert run_ckpt("verify", str(path)).returncode == 0
+    resumed = run_ckpt("analyze", "loss", str(path), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"computed {40 - len(kept)} step(s), reused {len(kept)} stored" in resumed.stdout
