@@ -256,5 +256,8 @@ def translated_read_errors(
         # Reading a committed chunk has no other failure mode than bad bytes: zarr raises
         # ValueError on a checksum mismatch or a chunk of the wrong size, zarrs RuntimeError.
         text = str(exc)
-        msg = f"corrupt data in {describe}: {text}. The bytes on disk are not the chunk that was written; {remedy}"
+        msg = (
+            f"corrupt data in {describe}: {text}. The bytes on disk are not the chunk that was written (they "
+            f"fail its crc32c checksum, or have the wrong size); {remedy}"
+        )
         raise CorruptChunkError(msg) from None

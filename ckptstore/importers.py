@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpt.errors import ImportFormatError, StoreExistsError, StoreNotFoundError
+from ckpt.errors import CkptError, ImportFormatError, StoreExistsError, StoreNotFoundError
 from ckpt.store import _zarr
+from ckpt.store.format import ROOT_ATTR
+from ckpt.store.reader import INCOMPLETE
 from ckpt.store.writer import _exists, _replaceable, create, publish, remove_store, staging_path
 
 FORMATS = ("torch", "safetensors", "hf")
@@ -303,6 +305,16 @@ def load_checkpoint(
     return tensors
 
 
+def _interrupted_import(where: str, storage_options: dict[str, Any] | None) -> bool:
+    """Whether the store at URL ``where`` is one an import was building in place when it stopped."""
+    try:
+        zstore = _zarr.open_zarr_store(where, read_only=True, storage_options=storage_options)
+        attrs, _ = _zarr.read_root(zstore, where)
+    except CkptError:
+        return False
+    return bool(attrs.get(ROOT_ATTR, {}).get(INCOMPLETE))
+
+
 def import_checkpoints(
     src: str | os.PathLike[str],
     dest: str | os.PathLike[str],
@@ -316,6 +328,7 @@ def import_checkpoints(
     key: str | None = None,
     overwrite: bool = False,
     progress: Callable[[int, int, int], None] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> ImportReport:
     """Import a folder of checkpoints into a new store, holding one checkpoint in memory at a time.
 
@@ -324,7 +337,9 @@ def import_checkpoints(
     src
         Local folder of checkpoints (see :func:`discover`).
     dest
-        Path or fsspec URL of the store to create.
+        Path or fsspec URL of the store to create. Locally the store appears complete or
+        not at all; at a URL it is built in place, marked incomplete until its last commit
+        (readers refuse it; a rerun replaces it).
     format, step_pattern
         See :func:`discover`.
     model, config, objective, framework, overwrite
@@ -333,6 +348,8 @@ def import_checkpoints(
         Entry of torch checkpoint dicts holding the state_dict (see :func:`load_checkpoint`).
     progress
         Called as ``progress(done, total, step)`` after each checkpoint is written.
+    storage_options
+        fsspec options for a URL ``dest`` (credentials ...).
 
     Returns
     -------
@@ -363,6 +380,9 @@ def import_checkpoints(
         raise StoreExistsError(msg)
     old_lock = _replaceable(where, local, None) if exists else None
     build = where if local is None else str(staging_path(local))
+    # An object store has no rename: the store is built in place, marked incomplete until its last
+    # commit, so that readers refuse a killed import and a rerun replaces it.
+    replace_interrupted = local is None and _interrupted_import(where, storage_options)
     try:
         writer = create(
             build,
@@ -371,7 +391,9 @@ def import_checkpoints(
             objective=objective,
             framework=framework,
             attrs=attrs,
-            overwrite=overwrite,
+            overwrite=overwrite or replace_interrupted,
+            storage_options=storage_options if local is None else None,
+            _incomplete=f"import from {src}",
         )
         bytes_read, tensors, current = 0, 0, sources[0]
         try:
@@ -383,11 +405,12 @@ def import_checkpoints(
                 del loaded  # before the next load: memory holds one checkpoint
                 if progress is not None:
                     progress(done, len(sources), current.step)
+            writer._mark_complete()
             writer.close()
         except BaseException as exc:
             with contextlib.suppress(Exception):  # the store is deleted next; the original error is what matters
                 writer.close()
-            remove_store(build)
+            remove_store(build, storage_options if local is None else None)
             if not isinstance(exc, Exception):
                 raise  # an interrupt: nothing to explain
             # load errors name the file already; writer errors (schema, names, disk) name the step only

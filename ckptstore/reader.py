@@ -162,6 +162,21 @@ def check_format(attrs: dict[str, Any], where: str) -> None:
         raise UnsupportedFormatError(msg)
 
 
+INCOMPLETE = "incomplete"
+"""Root attribute set while an import builds a store in place (object stores), cleared by its last commit."""
+
+
+def check_complete(attrs: dict[str, Any], where: str) -> None:
+    """Raise StoreError for a store an import was building in place when it stopped (docs/store-format.md §4.3.1)."""
+    what = attrs.get(ROOT_ATTR, {}).get(INCOMPLETE)
+    if what:
+        msg = (
+            f"{where} holds an interrupted {what}: it stopped before its last checkpoint and is not a complete "
+            "run; run the same `ckpt import` again (it replaces an interrupted import without --overwrite)"
+        )
+        raise StoreError(msg)
+
+
 class Store:
     """A checkpoint store opened for reading.
 
@@ -190,6 +205,7 @@ class Store:
         self._root = root
         self._attrs = dict(root.attrs.asdict())
         check_format(self._attrs, self._where)
+        check_complete(self._attrs, self._where)
         self._nodes = {
             key: node.to_dict() for key, node in (consolidated.flattened_metadata.items() if consolidated else [])
         }

@@ -60,7 +60,7 @@ from ckpt.store.format import (
     TOP_LEVEL_GROUPS,
     check_name,
 )
-from ckpt.store.reader import Store, check_format, open_zarr_store
+from ckpt.store.reader import INCOMPLETE, Store, check_complete, check_format, open_zarr_store
 
 STEP_CHUNK = 4096
 """Rows per chunk of ``step`` and metric arrays (rewritten, atomically, at each commit)."""
@@ -153,6 +153,7 @@ class Writer:
         reject_nonfinite: bool = False,
         compressor: str | None = None,
         _history: dict[str, Any] | None = None,
+        _building: bool = False,
     ) -> None:
         self._where = str(path)
         self._storage_options = storage_options
@@ -169,6 +170,8 @@ class Writer:
         try:
             self._attrs, self._nodes = _zarr.read_root(self._zstore, self._where)
             check_format(self._attrs, self._where)
+            if not _building:  # only the import building it may write to a store marked incomplete
+                check_complete(self._attrs, self._where)
             self._open_arrays()
             repaired = self._repair()
             entry = _history or _history_entry("open")
@@ -642,6 +645,10 @@ class Writer:
         self._commit()
 
     # -- closing ---------------------------------------------------------------------------
+    def _mark_complete(self) -> None:
+        """Clear the mark an import set at create; the next commit (``close``) makes the store complete."""
+        self._attrs[ROOT_ATTR].pop(INCOMPLETE, None)
+
     def close(self) -> None:
         """Record the final shapes in every array's own metadata, commit, release the lock."""
         if self._closed:
@@ -679,6 +686,7 @@ def create(
     reject_nonfinite: bool = False,
     compressor: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    _incomplete: str | None = None,
 ) -> Writer:
     """Create a new checkpoint store and return its :class:`Writer`.
 
@@ -744,6 +752,8 @@ def create(
         DIGESTS: {},
         METRIC_DIGESTS: {},
     }
+    if _incomplete:  # an import marks what it builds until its last commit (Writer.mark_complete)
+        meta[INCOMPLETE] = _incomplete
     if local is None:  # object stores have no rename: written in place (docs/store-format.md, "Atomic create")
         if exists:
             _replaceable(where, None, storage_options).release()
@@ -765,6 +775,7 @@ def create(
         reject_nonfinite=reject_nonfinite,
         compressor=compressor,
         _history=_history_entry("create"),
+        _building=bool(_incomplete),
     )
 
 
@@ -785,14 +796,14 @@ def _write_skeleton(zstore: Any, meta: dict[str, Any]) -> None:
     """The groups and empty ``step`` arrays of a new store, then its root record (written last)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        root = zarr.open_group(zstore, mode="w", zarr_format=3, attributes={ROOT_ATTR: meta})
-        nodes: dict[str, dict[str, Any]] = {}
-        for name in TOP_LEVEL_GROUPS:
-            root.create_group(name)
-            nodes[name] = _zarr.empty_group_json()
+        # The root zarr.json is written once, last: an object store (built in place) holds no root,
+        # so no store, until the skeleton is complete. zarr writes the parents' zarr.json of every
+        # node it creates, so the documents are made in memory and put here by hand.
+        nodes: dict[str, dict[str, Any]] = {name: _zarr.empty_group_json() for name in TOP_LEVEL_GROUPS}
         for group in (CHECKPOINTS, METRICS):
-            step = root[group].create_array(
-                STEP,
+            step = zarr.create_array(
+                zarr.storage.MemoryStore(),
+                name=STEP,
                 shape=(0,),
                 chunks=(STEP_CHUNK,),
                 dtype="int64",
@@ -802,6 +813,10 @@ def _write_skeleton(zstore: Any, meta: dict[str, Any]) -> None:
                 config={"write_empty_chunks": True},
             )
             nodes[f"{group}/{STEP}"] = _zarr.node_json(step)
+        for path, document in nodes.items():
+            # on disk as zarr writes a group: no (empty) consolidated metadata, which listings would trust
+            on_disk = {k: v for k, v in document.items() if k != "consolidated_metadata"}
+            _zarr.write_json(zstore, f"{path}/{_zarr.ROOT_KEY}", on_disk)
     _zarr.write_json(zstore, _zarr.ROOT_KEY, _zarr.root_document({ROOT_ATTR: meta}, nodes))
 
 

@@ -13,6 +13,7 @@ Operations, each on WORKDIR:
 - ``import``: ``import_checkpoints(src, run.zarr)`` of three safetensors files.
 - ``reimport``: the same with ``overwrite=True`` over an existing store of another run.
 - ``append``: the "append if it exists, else create" loop writing checkpoints 0..2.
+- ``url_import``: the import to an fsspec URL (``local://``: an object store's code path, no rename).
 - ``add_data``: on an existing store, add split ``train`` and replace split ``eval``.
 - ``analysis``: commit a result in two blocks (steps 0-1, then step 2 appended), as the engine does.
 - ``reanalysis``: replace a stored result with another (``ckpt analyze --force``).
@@ -116,7 +117,7 @@ def main() -> None:
     from ckpt.store.importers import import_checkpoints
 
     path = work / "run.zarr"
-    if operation in ("import", "reimport"):
+    if operation in ("import", "reimport", "url_import"):
         write_sources(work / "src")
     _kill_at = kill_at
     _patch()
@@ -130,6 +131,9 @@ def main() -> None:
             start = 0 if writer.last_step is None else writer.last_step + 1
             for step in range(start, 3):
                 writer.write(step, tensors(step), metrics={"loss": float(step)})
+    elif operation == "url_import":
+        options = {"auto_mkdir": True}  # object stores need no folders; the local file system does
+        import_checkpoints(work / "src", f"local://{path}", format="safetensors", storage_options=options)
     elif operation == "add_data":
         with ckptstore.open(path, mode="a") as writer:
             writer.add_data("train", **split(1))

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.errors import StoreExistsError, StoreLockedError
+from ckpt.errors import StoreError, StoreExistsError, StoreLockedError
 from tests.conftest import run_ckpt
 from tests.crash_process import provenance, result, split, tensors, write_sources
 
@@ -112,6 +112,22 @@ def _outcome(operation: str, work: Path, killed: subprocess.CompletedProcess[str
             return "old"
         assert _holds(path, [0, 1, 2], run=1), "an overwrite leaves the old store or the new one"
         return "new"
+    if operation == "url_import":
+        if not (path / "zarr.json").exists():
+            return "old"  # nothing, or objects without a root record: not a store
+        refusal = ""
+        try:
+            complete = _holds(path, [0, 1, 2], run=1)
+        except StoreError as exc:
+            complete, refusal = False, str(exc)
+        if complete:
+            return "new"
+        assert "holds an interrupted import from" in refusal, refusal  # readers refuse it, never a partial run
+        # a rerun, without --overwrite, replaces the interrupted import
+        finished = _child("url_import", work, 0)
+        assert finished.returncode == 0, finished.stderr[-2000:]
+        assert _holds(path, [0, 1, 2], run=1)
+        return "interrupted, replaced by a rerun"
     if operation == "add_data":
         store = ckptstore.open(path)
         assert store.steps.tolist() == [0, 1, 2]
@@ -143,7 +159,9 @@ def _outcome(operation: str, work: Path, killed: subprocess.CompletedProcess[str
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("operation", ["create", "import", "reimport", "append", "add_data", "analysis", "reanalysis"])
+@pytest.mark.parametrize(
+    "operation", ["create", "import", "reimport", "append", "url_import", "add_data", "analysis", "reanalysis"]
+)
 def test_killed_at_every_file_event(tmp_path: Path, operation: str) -> None:
     template = tmp_path / "template"
     template.mkdir()
@@ -174,6 +192,8 @@ def test_killed_at_every_file_event(tmp_path: Path, operation: str) -> None:
         assert set(outcomes) == {"old", "new"}, "both outcomes occur: the kill points span the whole operation"
     if operation == "add_data":
         assert set(outcomes) == {"old", "train added", "eval being replaced", "new"}
+    if operation == "url_import":
+        assert "interrupted, replaced by a rerun" in outcomes
     if operation == "analysis":  # its last event is the commit of the second block: killed before it, one block
         assert set(outcomes) == {"old", "first block"}
     if operation == "reanalysis":  # likewise the commit of the new result; before it, the old one was withdrawn
