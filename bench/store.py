@@ -22,6 +22,10 @@ What it measures, all in one run, each ratio against a baseline measured in the 
    LocalStore) and by the process's ``rchar`` in ``/proc/self/io`` around a read
    through the normal store (the zarrs Rust pipeline, which bypasses Python stores).
 3. Read throughput: ``Store.tensors(step)`` for every step vs ``torch.load`` of every file.
+4. Analysis results: a POLCA-sized result (40 steps x 5000 datapoints x K=8, float32) written
+   in blocks of 4 steps and read back whole, by ``write_analysis`` / ``Store.analysis`` (commits,
+   crc32c, the digest of every chunk written and checked) vs plain xarray ``to_zarr`` (append) /
+   ``open_zarr`` of the same dataset into a bare zarr v3 store, with the same chunks.
 
 Everything is written under one temporary directory, removed at the end.
 """
@@ -181,6 +185,45 @@ def bench_read(torch_dir: Path, store: Path, steps: int, repeat: int) -> tuple[f
     return statistics.median(times["torch"]), statistics.median(times["ckpt"])
 
 
+def bench_results(base: Path, repeat: int) -> dict[str, float]:
+    """Seconds to write (in blocks) and read back a POLCA-sized result: plain xarray vs ckpt."""
+    import numpy as np
+    import xarray as xr
+
+    import ckpt.store as ckptstore
+    from ckpt.store.results import write_analysis
+
+    steps, datapoints, k, block = 40, 5000, 8, 4
+    rng = np.random.default_rng(0)
+    full = xr.Dataset(
+        {"polca": (("step", "datapoint", "basis"), rng.standard_normal((steps, datapoints, k)).astype(np.float32))},
+        coords={"step": np.arange(steps)},
+    )
+    blocks = [full.isel(step=slice(i, i + block)) for i in range(0, steps, block)]
+    times: dict[str, list[float]] = {"xr_write": [], "xr_read": [], "ckpt_write": [], "ckpt_read": []}
+    for run in range(repeat):
+        plain, store = base / f"plain-{run}.zarr", base / f"results-{run}.zarr"
+        ckptstore.create(store).close()
+        began = time.perf_counter()
+        for i, part in enumerate(blocks):
+            append = {"mode": "a", "append_dim": "step"} if i else {"mode": "w"}
+            part.to_zarr(plain, zarr_format=3, consolidated=False, **append)
+        times["xr_write"].append(time.perf_counter() - began)
+        began = time.perf_counter()
+        for i, part in enumerate(blocks):
+            done = list(range(0, (i + 1) * block))
+            write_analysis(store, "polca", part, append_dim="step" if i else None, attrs={"ckpt": {"steps": done}})
+        times["ckpt_write"].append(time.perf_counter() - began)
+        began = time.perf_counter()
+        xr.open_zarr(plain, consolidated=False).load()
+        times["xr_read"].append(time.perf_counter() - began)
+        began = time.perf_counter()
+        loaded = ckptstore.open(store).analysis("polca").load()
+        times["ckpt_read"].append(time.perf_counter() - began)
+        assert np.array_equal(loaded["polca"].values, full["polca"].values)
+    return {key: statistics.median(values) for key, values in times.items()} | {"bytes": full["polca"].nbytes}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoints", type=int, default=20, help="checkpoints per run (T)")
@@ -204,6 +247,7 @@ def main() -> None:
         torch_dir, store = writes[0]["dirs"]
         reads = [bench_bytes(store, name) for name in ("blocks.0.mlp.fc.weight", "blocks.0.ln1.bias")]
         r_torch, r_ckpt = bench_read(torch_dir, store, n, args.repeat)
+        results = bench_results(base, args.repeat)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -226,6 +270,11 @@ def main() -> None:
     base_cell = f"torch.load {r_torch:.4f} ({mb / r_torch:.0f} MB/s)"
     ckpt_cell = f"{r_ckpt:.4f} ({mb / r_ckpt:.0f} MB/s)"
     rows.append(("read every step, fp32 s/ckpt", base_cell, ckpt_cell, f"{r_torch / r_ckpt:.2f}x"))
+    result_mb = results["bytes"] / 1e6
+    for what in ("write", "read"):
+        plain, ours = results[f"xr_{what}"], results[f"ckpt_{what}"]
+        cells = (f"xarray+zarr {plain:.3f}", f"{ours:.3f}", f"{plain / ours:.2f}x")
+        rows.append((f"result {what} s ({result_mb:.1f} MB, 10 blocks)", *cells))
     rows = [(*row, "", "")[:5] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     print()
@@ -238,7 +287,8 @@ write: median over {args.repeat} runs of (seconds of the {n} writes) / {n}; rati
 read_tensor: bytes for all {n} steps of one tensor. "zarr store": what a counting WrapperStore returned
   (zarr's Python pipeline); "/proc rchar": what the process read() during the call (the zarrs pipeline, the default).
   The overhead is the 4-byte crc32c of each chunk; metadata comes from the consolidated root, read at open.
-read every step: ratio = ckpt throughput / torch.load throughput; ckpt's time includes ckptstore.open().""")
+read every step: ratio = ckpt throughput / torch.load throughput; ckpt's time includes ckptstore.open().
+result: ratio = plain xarray seconds / ckpt seconds (commit, crc32c and chunk digests included on ckpt's side).""")
 
 
 if __name__ == "__main__":
