@@ -97,13 +97,16 @@ def verified(dataset: Any, nodes: dict[str, dict[str, Any]], prefix: str, descri
 
     variables = {}
     for name, variable in dataset.variables.items():
-        node = nodes.get(f"{prefix}/{name}", {})
-        digests = node.get("attributes", {}).get(CHUNK_DIGESTS)
+        # The digests come with the variable: xarray read its shape and attributes from one read of
+        # the commit record, while ``nodes`` may be an earlier one (a writer appending meanwhile).
         variable = variable.copy(deep=False)
-        variable.attrs.pop(CHUNK_DIGESTS, None)
+        digests = variable.attrs.pop(CHUNK_DIGESTS, None)
+        if digests is None and nodes.get(f"{prefix}/{name}", {}).get("attributes", {}).get(CHUNK_DIGESTS):
+            msg = f"{describe}: variable {name!r} lost its chunk digests between two reads of the commit record"
+            raise CorruptChunkError(msg)
         if digests is not None:
             what = (f"{describe}, variable {name!r}", remedy)
-            chunks = node_chunks(node)
+            chunks = tuple(variable.encoding.get("chunks") or node_chunks(nodes[f"{prefix}/{name}"]))
             if isinstance(variable, xr.IndexVariable):
                 values = np.asarray(variable.values)
                 for key, region in chunk_regions(values.shape, chunks):
