@@ -16,7 +16,7 @@ import numpy as np
 from ckpt.plugins import DTYPES, AnalysisError, Option
 
 HESSIAN_BASIS = "hessian-basis"
-PASSED_TO_BASIS = ("every", "at_steps", "k", "seed", "hessian_split", "samples", "tol", "vectors")
+PASSED_TO_BASIS = ("every", "at_steps", "k", "seed", "hessian_split", "samples", "tol", "order", "vectors")
 """Options of the analyzers that read a basis which only choose the basis."""
 RANDOM_BASIS = "random-basis"
 
@@ -95,6 +95,13 @@ class HessianOptions(ScheduleOptions):
     hessian_split = Option(str, None, "Split the Hessian is taken over (default: train when stored, else --split).")
     samples = Option(int, 1250, "Examples subsampled for the Hessian (the paper: 1,250).", minimum=1)
     tol = Option(float, 1e-6, "Relative accuracy of the Lanczos eigenvalues (ARPACK tol).", minimum=0)
+    order = Option(
+        str,
+        "chronological",
+        "Order the basis checkpoints extend the basis in: chronological (Algorithm 1) or shuffled "
+        "(a --seed permutation; the paper's shuffled-checkpoint ablation, App. E).",
+        choices=("chronological", "shuffled"),
+    )
 
 
 class ComputeOptions:
@@ -151,7 +158,7 @@ class BasisReader(HessianOptions, ComputeOptions):
             return {o["basis"]: None}
         schedule = {key: o[key] for key in ("every", "at_steps", "k", "seed")}
         if o["basis"] == HESSIAN_BASIS:
-            hessian = {key: o[key] for key in ("hessian_split", "samples", "tol", "dtype", "batch_size")}
+            hessian = {key: o[key] for key in ("hessian_split", "samples", "tol", "order", "dtype", "batch_size")}
             return {HESSIAN_BASIS: {**schedule, **hessian, "split": o["split"], "objective": o["objective"]}}
         if o["basis"] == RANDOM_BASIS:
             return {RANDOM_BASIS: {**schedule, "vectors": o["vectors"]}}

@@ -1,7 +1,8 @@
 """``hessian-basis``: a basis of the training subspace from Hessian eigenvectors (Hidden Breakthroughs, Algorithm 1).
 
 Start with an empty basis B. At each basis checkpoint t (``--every`` /
-``--at-steps``), take the Hessian H_t of the mean loss over a seeded subsample
+``--at-steps``, in step order; ``--order shuffled`` visits them in a seeded
+random order, the paper's shuffled-checkpoint ablation), take the Hessian H_t of the mean loss over a seeded subsample
 of a split (``--samples`` examples of ``--hessian-split``), restrict it to the
 orthogonal complement of B in the symmetric form P H_t P, P = I - B Bᵀ, and
 append its top ``-k`` eigenvectors to B.
@@ -124,6 +125,8 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
         store = ctx.store
         space = parameter_space(store)
         steps = basis_steps(store, self.every, self.at_steps)
+        if self.order == "shuffled":  # the same checkpoints, each deflated against those visited before it
+            steps = [int(s) for s in np.random.default_rng(self.seed).permutation(steps)]
         split = self.hessian_split(store)
         if split not in store.splits:
             from ckpt.plugins import AnalysisError

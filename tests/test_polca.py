@@ -288,6 +288,25 @@ def test_hessian_basis_matches_eigh_of_the_projected_explicit_hessian(store: Pat
         earlier = torch.cat([earlier, vectors[rows]])
 
 
+def test_a_shuffled_hessian_basis_follows_algorithm_1_in_the_seeded_order(store: Path) -> None:
+    """--order shuffled: the same checkpoints, each deflated against those visited before it (App. E)."""
+    steps = [int(s) for s in ckpt.open(store).steps]
+    result = ckpt.analyze("hessian-basis", store, order="shuffled", seed=3, dtype="float64").load()
+    visited = [int(s) for s in np.random.default_rng(3).permutation(steps)]
+    assert visited != sorted(visited), "the seed must give an order other than the chronological one"
+    assert result["found_at_step"].values.tolist() == visited
+    names = list(parameter_space(ckpt.open(store)).names)
+    vectors = basis_matrix(result, names)
+    earlier = torch.zeros(0, vectors.shape[1], dtype=torch.float64)
+    for row, step in enumerate(visited):
+        projector = torch.eye(vectors.shape[1], dtype=torch.float64) - earlier.T @ earlier
+        values, eigenvectors = torch.linalg.eigh(projector @ explicit_mean_hessian(store, step) @ projector)
+        np.testing.assert_allclose(result["eigenvalue"].values[row], values[-1].item(), rtol=1e-4)
+        assert abs(float(vectors[row] @ eigenvectors[:, -1])) > 0.999
+        earlier = torch.cat([earlier, vectors[row : row + 1]])
+    assert run_ckpt("analyze", "hessian-basis", str(store), "--order", "sideways").stderr.startswith("Error:")
+
+
 def test_random_basis_is_orthonormal_and_seeded(store: Path) -> None:
     """Same seed, same vectors; rows orthonormal; as many as the Hessian schedule gives."""
     first = ckpt.analyze("random-basis", store, every=2, k=3).load()
