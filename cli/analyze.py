@@ -118,9 +118,11 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
 
             import distributed  # noqa: F401 - importing it sets its loggers' levels from dask's config
 
-            # the client logs "Failed to reconnect to scheduler" on stderr before the engine's own Error: line
-            for logger in ("distributed.client", "distributed.utils"):
-                logging.getLogger(logger).setLevel(logging.CRITICAL)
+            # a lost scheduler makes the client log on stderr ("Failed to reconnect", "Batched Comm
+            # Closed" ...) before the engine's own Error: line, which says what happened
+            for logger in ["distributed", *logging.root.manager.loggerDict]:
+                if logger.startswith("distributed"):
+                    logging.getLogger(logger).setLevel(logging.CRITICAL)
         paths = expand_stores(stores)
         for store in paths:
             report = run(name, store, registry=registry(), **engine, **options)
