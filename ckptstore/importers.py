@@ -22,7 +22,16 @@ from ckpt.errors import CkptError, ImportFormatError, StoreExistsError, StoreNot
 from ckpt.store import _zarr
 from ckpt.store.format import ROOT_ATTR
 from ckpt.store.reader import INCOMPLETE
-from ckpt.store.writer import _exists, _replaceable, create, publish, remove_store, staging_path
+from ckpt.store.writer import (
+    _exists,
+    _replaceable,
+    create,
+    publish,
+    publish_url,
+    remove_store,
+    staging_path,
+    staging_url,
+)
 
 FORMATS = ("torch", "safetensors", "hf")
 """Source formats of :func:`import_checkpoints` (``"auto"`` picks one of them)."""
@@ -373,16 +382,21 @@ def import_checkpoints(
         raise ImportFormatError(f"the destination {where} is, or contains, the source folder {src}")
     attrs = {"imported_from": str(src), "import_format": fmt}
     # Locally the store is built beside dest and moved into place when complete: a killed import
-    # leaves dest as it was (absent, or the old store), never a store with part of the run.
-    exists = local is not None and _exists(where, local, None)
-    if exists and not overwrite:
+    # leaves dest as it was (absent, or the old store), never a store with part of the run. An object
+    # store has no rename: a new store is built in place, marked incomplete until its last commit (so
+    # readers refuse a killed import, and a rerun replaces it); a replacement is built at a sibling
+    # prefix and copied in, root record last, once complete (docs/store-format.md §4.3.1).
+    options = storage_options if local is None else None
+    exists = _exists(where, local, options)
+    interrupted = local is None and exists and _interrupted_import(where, options)
+    if exists and not overwrite and not interrupted:
         msg = f"{where} already exists; pass --overwrite to replace it, or choose another destination"
         raise StoreExistsError(msg)
-    old_lock = _replaceable(where, local, None) if exists else None
-    build = where if local is None else str(staging_path(local))
-    # An object store has no rename: the store is built in place, marked incomplete until its last
-    # commit, so that readers refuse a killed import and a rerun replaces it.
-    replace_interrupted = local is None and _interrupted_import(where, storage_options)
+    old_lock = _replaceable(where, local, options) if exists else None
+    if local is not None:
+        build = str(staging_path(local))
+    else:
+        build = staging_url(where) if exists and not interrupted else where
     try:
         writer = create(
             build,
@@ -391,8 +405,8 @@ def import_checkpoints(
             objective=objective,
             framework=framework,
             attrs=attrs,
-            overwrite=overwrite or replace_interrupted,
-            storage_options=storage_options if local is None else None,
+            overwrite=interrupted,
+            storage_options=options,
             _incomplete=f"import from {src}",
         )
         bytes_read, tensors, current = 0, 0, sources[0]
@@ -410,7 +424,7 @@ def import_checkpoints(
         except BaseException as exc:
             with contextlib.suppress(Exception):  # the store is deleted next; the original error is what matters
                 writer.close()
-            remove_store(build, storage_options if local is None else None)
+            remove_store(build, options)
             if not isinstance(exc, Exception):
                 raise  # an interrupt: nothing to explain
             # load errors name the file already; writer errors (schema, names, disk) name the step only
@@ -419,6 +433,8 @@ def import_checkpoints(
             raise ImportFormatError(f"{msg}; the destination {where} was {unchanged}") from exc
         if local is not None:
             publish(Path(build), local, replace=exists)
+        elif build != where:
+            publish_url(build, where, options)
     finally:
         if old_lock is not None:
             old_lock.release()

@@ -754,11 +754,19 @@ def create(
     }
     if _incomplete:  # an import marks what it builds until its last commit (Writer.mark_complete)
         meta[INCOMPLETE] = _incomplete
-    if local is None:  # object stores have no rename: written in place (docs/store-format.md, "Atomic create")
-        if exists:
+    if local is None:  # object stores have no rename (docs/store-format.md §4.3.1)
+        if exists:  # built aside, so the old store stays until the new one is complete
             _replaceable(where, None, storage_options).release()
-            remove_store(where, storage_options)
-        _write_skeleton(_zarr.open_zarr_store(where, read_only=False, storage_options=storage_options), meta)
+            staged_url = staging_url(where)
+            try:
+                _write_skeleton(
+                    _zarr.open_zarr_store(staged_url, read_only=False, storage_options=storage_options), meta
+                )
+                publish_url(staged_url, where, storage_options)
+            finally:
+                remove_store(staged_url, storage_options)
+        else:  # the root record is written last: no store until the skeleton is complete
+            _write_skeleton(_zarr.open_zarr_store(where, read_only=False, storage_options=storage_options), meta)
     else:
         old_lock = _replaceable(where, local, storage_options) if exists else None
         staged = staging_path(local)
@@ -870,6 +878,34 @@ def publish(staged: Path, final: Path, *, replace: bool) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def staging_url(final: str) -> str:
+    """A fresh hidden sibling prefix of the URL ``final`` to build a replacement store in."""
+    parent, _, name = final.rstrip("/").rpartition("/")
+    return f"{parent}/{STAGING_PREFIX}{name}{STAGING_SUFFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def publish_url(staged: str, final: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Replace the store at URL ``final`` with the complete store at ``staged`` (object stores cannot swap).
+
+    The old store is deleted, then the new one's objects are copied in (server-side where
+    the file system can) with its root ``zarr.json`` last, then ``staged`` is deleted.
+    Until that last put ``final`` holds no store, never a mix of the two; a crash before it
+    leaves the complete new store at ``staged`` (docs/store-format.md §4.3.1).
+    """
+    import fsspec
+
+    fs, source = fsspec.core.url_to_fs(staged, **(storage_options or {}))
+    _, target = fsspec.core.url_to_fs(final, **(storage_options or {}))
+    source, target = source.rstrip("/"), target.rstrip("/")
+    remove_store(final, storage_options)
+    root = f"{source}/{_zarr.ROOT_KEY}"
+    objects = [path for path in fs.find(source) if path != root]
+    if objects:
+        fs.copy(objects, [target + path[len(source) :] for path in objects])
+    fs.copy(root, f"{target}/{_zarr.ROOT_KEY}")
+    fs.rm(source, recursive=True)
+
+
 def _exchange(first: Path, second: Path) -> bool:
     """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system has no such call."""
     import ctypes
@@ -899,8 +935,11 @@ def remove_store(where: str, storage_options: dict[str, Any] | None = None) -> N
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(where, **(storage_options or {}))
+    root = f"{path.rstrip('/')}/{_zarr.ROOT_KEY}"
+    if fs.exists(root):  # first: the store is gone for readers at once, not half-deleted under its record
+        fs.rm(root)
     if fs.exists(path):
         fs.rm(path, recursive=True)
 
 
-__all__ = ["Writer", "create", "publish", "remove_store", "staging_path"]
+__all__ = ["Writer", "create", "publish", "publish_url", "remove_store", "staging_path", "staging_url"]

@@ -23,6 +23,7 @@ Operations, each on ``run.zarr`` in its folder (TEMPLATE holds the sources and o
 - ``reimport``: the same with ``overwrite=True`` over an existing store of another run.
 - ``append``: the "append if it exists, else create" loop writing checkpoints 0..2.
 - ``url_import``: the import to an fsspec URL (``local://``: an object store's code path, no rename).
+- ``url_reimport``: the same with ``overwrite=True`` over an existing store of another run.
 - ``add_data``: on an existing store, add split ``train`` and replace split ``eval``.
 - ``analysis``: commit a result in two blocks (steps 0-1, then step 2 appended), as the engine does.
 - ``reanalysis``: replace a stored result with another (``ckpt analyze --force``).
@@ -135,9 +136,11 @@ def run_operation(operation: str, work: Path) -> None:
             start = 0 if writer.last_step is None else writer.last_step + 1
             for step in range(start, 3):
                 writer.write(step, tensors(step), metrics={"loss": float(step)})
-    elif operation == "url_import":
+    elif operation in ("url_import", "url_reimport"):
         options = {"auto_mkdir": True}  # object stores need no folders; the local file system does
-        import_checkpoints(work / "src", f"local://{path}", format="safetensors", storage_options=options)
+        overwrite = operation == "url_reimport"
+        url = f"local://{path}"
+        import_checkpoints(work / "src", url, format="safetensors", overwrite=overwrite, storage_options=options)
     elif operation == "add_data":
         with ckptstore.open(path, mode="a") as writer:
             writer.add_data("train", **split(1))

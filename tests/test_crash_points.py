@@ -140,6 +140,15 @@ def _outcome(operation: str, work: Path) -> str:
             return "new"
         assert "holds an interrupted import from" in refusal, refusal  # readers refuse it, never a partial run
         return "interrupted"
+    if operation == "url_reimport":
+        if not (path / "zarr.json").exists():
+            staged = [p for p in work.iterdir() if p.name.startswith(".run.zarr.incomplete-")]
+            assert len(staged) == 1 and _holds(staged[0], [0, 1, 2], run=1), "the new store is complete aside"
+            return "old deleted, new complete aside"
+        if _holds(path, [0, 1], run=2):
+            return "old"
+        assert _holds(path, [0, 1, 2], run=1), "an overwrite at a URL leaves the old store or the new one"
+        return "new"
     if operation == "add_data":
         store = ckptstore.open(path)
         assert store.steps.tolist() == [0, 1, 2]
@@ -169,18 +178,19 @@ def _outcome(operation: str, work: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "operation", ["create", "import", "reimport", "append", "url_import", "add_data", "analysis", "reanalysis"]
+    "operation",
+    ["create", "import", "reimport", "append", "url_import", "url_reimport", "add_data", "analysis", "reanalysis"],
 )
 def test_killed_at_every_file_event(tmp_path: Path, operation: str) -> None:
     template = tmp_path / "template"
     template.mkdir()
-    if operation == "reimport":
+    if operation in ("reimport", "url_reimport"):
         _old_store(template)
     if operation in ("add_data", "analysis"):
         _old_split_store(template)
     if operation == "reanalysis":
         _old_result_store(template)
-    if operation in ("import", "reimport", "url_import"):
+    if operation in ("import", "reimport", "url_import", "url_reimport"):
         write_sources(template / "src")
     events = _count(operation, template, tmp_path)
     assert events > 10
@@ -204,6 +214,8 @@ def test_killed_at_every_file_event(tmp_path: Path, operation: str) -> None:
         assert set(outcomes) == {"old", "train added", "eval being replaced", "new"}
     if operation == "url_import":
         assert set(outcomes) == {"old", "interrupted"}  # the last event is the commit that completes it
+    if operation == "url_reimport":  # killed before its last event, the root put: never a mix
+        assert {"old", "old deleted, new complete aside"} <= set(outcomes)
     if operation == "append":
         assert {"old", "0 committed", "1 committed", "2 committed"} <= set(outcomes)
     if operation == "analysis":  # its last event is the commit of the second block: killed before it, one block

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import fsspec
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -402,6 +403,27 @@ def test_failed_import_to_fsspec_url_removes_it(tmp_path: Path) -> None:
         import_checkpoints(src, dest)
     fs, path = fsspec.core.url_to_fs(dest)
     assert not fs.exists(path)
+
+
+def test_overwriting_a_url_store_keeps_the_old_one_until_the_new_one_is_complete(tmp_path: Path) -> None:
+    old_src = write_files(tmp_path / "old", {f"step_{s}.pt": state_dict(s) for s in (0, 1)})
+    new_src = write_files(tmp_path / "new", {f"step_{s}.pt": state_dict(s + 10) for s in (0, 1, 2)})
+    bad_src = write_files(tmp_path / "bad", {"step_0.pt": state_dict(5), "step_1.pt": {"fc.weight": torch.zeros(1)}})
+    dest = f"memory://overwrite-{tmp_path.name}/run.zarr"
+    import_checkpoints(old_src, dest)
+    with pytest.raises(StoreExistsError, match="pass --overwrite"):
+        import_checkpoints(new_src, dest)
+    with pytest.raises(ImportFormatError, match=r"step_1\.pt"):
+        import_checkpoints(bad_src, dest, overwrite=True)
+    kept = ckptstore.open(dest)  # the failed replacement was built aside: the old store is untouched
+    assert kept.steps.tolist() == [0, 1]
+    np.testing.assert_array_equal(kept.tensors(1)["fc.weight"], state_dict(1)["fc.weight"].numpy())
+    import_checkpoints(new_src, dest, overwrite=True)
+    replaced = ckptstore.open(dest)
+    assert replaced.steps.tolist() == [0, 1, 2]
+    np.testing.assert_array_equal(replaced.tensors(2)["fc.weight"], state_dict(12)["fc.weight"].numpy())
+    fs, path = fsspec.core.url_to_fs(dest)
+    assert fs.ls(path.rsplit("/", 1)[0], detail=False) == [path], "no staging prefix is left behind"
 
 
 def test_progress_is_called_once_per_checkpoint_in_step_order(tmp_path: Path) -> None:
