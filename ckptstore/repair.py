@@ -140,12 +140,12 @@ def repair(path: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
     details = {k: v for k, v in _details(report).items() if v}
     writer = Writer(where, storage_options=storage_options, _history=_history_entry("repair", **details))
     writer.close()
-    report.removed = store_history_removed(where, storage_options)
+    report.removed = _history_removed(where, storage_options)
     report.checkpoints = len(writer.steps)
     return report
 
 
-def store_history_removed(where: str, storage_options: dict[str, Any] | None) -> list[str]:
+def _history_removed(where: str, storage_options: dict[str, Any] | None) -> list[str]:
     """The uncommitted nodes the last open for append removed (its history event)."""
     entry = Store(where, storage_options=storage_options).history[-1]
     return list(entry.get("repaired", {}).get("removed", []))
