@@ -148,7 +148,12 @@ def best_bases(clusters: Any, count: int = 3) -> list[int]:
 @click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda", help="Torch device.")
 @click.option("--steps", type=click.IntRange(min=1), help="Train this many steps instead of the preset's.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the training run.")
-def demo(directory: str, preset: str, device: str, steps: int | None, seed: int) -> None:
+@click.option(
+    "--seeds",
+    metavar="A-B",
+    help="Run the demo for each seed A..B (into DIR/seed-S) and print the spread of Table 3 over them.",
+)
+def demo(directory: str, preset: str, device: str, steps: int | None, seed: int, seeds: str | None) -> None:
     """The embedded default: train 3-digit addition and find its hidden breakthroughs.
 
     Trains the `addition` sandbox into DIR/addition.zarr (reused if it is already
@@ -159,13 +164,75 @@ def demo(directory: str, preset: str, device: str, steps: int | None, seed: int)
     place/carry make-up and breakthrough steps. Offline; about 4-5 minutes on a
     2-core CPU.
     """
-    import ckpt.store as ckptstore
     from ckpt.plugins import resolve_device
+
+    device = resolve_device(device)  # before DIR is created: a wrong --device leaves nothing behind
+    if seeds is not None:
+        chosen = _seed_range(seeds)
+        tables = {}
+        for each in chosen:
+            click.echo(f"== seed {each} ==")
+            tables[each] = _demo_run(Path(directory) / f"seed-{each}", preset, device, steps, each)
+            click.echo("")
+        for line in seed_spread(tables):
+            click.echo(line)
+        return
+    _demo_run(Path(directory), preset, device, steps, seed)
+
+
+def _seed_range(text: str) -> list[int]:
+    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"3"`` -> [3]."""
+    first, _, last = text.partition("-")
+    try:
+        low, high = int(first), int(last or first)
+    except ValueError:
+        raise click.BadParameter(f"expected A-B (e.g. 0-4), got {text!r}", param_hint="--seeds") from None
+    if low < 0 or high < low:
+        raise click.BadParameter(f"expected 0 <= A <= B, got {text!r}", param_hint="--seeds")
+    return list(range(low, high + 1))
+
+
+def seed_spread(tables: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """Best carry homogeneity of each method per seed, its spread, and on how many seeds the order holds."""
+    methods = list(next(iter(tables.values())))
+    lines = ["best carry homogeneity per seed, all clusters / 10s-100s restricted ('-': no cluster):"]
+    lines.append(f"  {'seed':>4}  " + "  ".join(f"{m:<22}" for m in methods))
+    best: dict[tuple[str, bool], list[float]] = {(m, r): [] for m in methods for r in (False, True)}
+    for seed, clustered in tables.items():
+        cells = []
+        for method in methods:
+            pair = []
+            for restricted in (False, True):
+                value = top_homogeneities(clustered[method], restricted)[0][0]
+                best[method, restricted].append(value)
+                pair.append(f"{value:.3f}" if np.isfinite(value) else "-")
+            cells.append(" / ".join(pair))
+        lines.append(f"  {seed:>4}  " + "  ".join(f"{c:<22}" for c in cells))
+    lines.append("")
+    for restricted in (False, True):
+        what = "10s/100s restricted" if restricted else "all clusters"
+        spread = []
+        for method in methods:
+            values = np.nan_to_num(np.asarray(best[method, restricted]), nan=0.0)  # no cluster counts as 0
+            spread.append(f"{method} {np.median(values):.3f} [{values.min():.3f}, {values.max():.3f}]")
+        lines.append(f"  {what}: median [min, max] over {len(tables)} seeds: " + "; ".join(spread))
+        loss, fisher, polca = (np.nan_to_num(np.asarray(best[m, restricted]), nan=0.0) for m in methods)
+        ordered = int(((polca > fisher) & (fisher > loss)).sum())
+        polca_best = int(((polca > fisher) & (polca > loss)).sum())
+        lines.append(
+            f"    POLCA > Fisher > exact loss on {ordered} of {len(tables)} seeds; POLCA best on {polca_best}"
+            f" (paper, its one run: {PAPER_TABLE_3['POLCA'].split()[0]} > {PAPER_TABLE_3['Fisher']}"
+            f" > {PAPER_TABLE_3['exact loss']})"
+        )
+    return lines
+
+
+def _demo_run(folder: Path, preset: str, device: str, steps: int | None, seed: int) -> dict[str, Any]:
+    """Train (or reuse) the run in ``folder``, analyze it, print the report; the clusters per method."""
+    import ckpt.store as ckptstore
     from ckpt.plugins._engine import run
     from ckpt.sandboxes.base import train
 
-    device = resolve_device(device)  # before DIR is created: a wrong --device leaves nothing behind
-    folder = Path(directory)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -218,6 +285,7 @@ def demo(directory: str, preset: str, device: str, steps: int | None, seed: int)
         f"trained in {trained - started:.0f} s, analyzed in {time.perf_counter() - trained:.0f} s. "
         f"Next: ckpt show {path} clusters; ckpt show {path} polca"
     )
+    return clustered
 
 
 def _report(store: Any, loss: Any, clustered: Mapping[str, Any], label: str) -> None:

@@ -90,6 +90,8 @@ ROWS: list[tuple[list[str], str, int]] = [
     (["train", "modular-addition", "{tmp}/nope.zarr", "--resume"], "the path does not exist", ERROR),
     (["demo", "{tmp}/demo", "--device", "tpu"], "--device must be auto, cpu", ERROR),
     (["demo", "{tmp}/notes.txt"], "cannot use", ERROR),
+    (["demo", "{tmp}/demo", "--seeds", "4-2"], "expected 0 <= A <= B", USAGE),
+    (["demo", "{tmp}/demo", "--seeds", "zero"], "expected A-B", USAGE),
     # importing
     (["import", "{tmp}/nowhere", "{tmp}/new.zarr"], "nowhere", ERROR),
     (["import", "{tmp}/folder", "{tmp}/new.zarr"], "no checkpoints found in", ERROR),

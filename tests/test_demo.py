@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,23 @@ def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
         assert _row(out, method), method
     assert "0.973 0.946 0.903" in out, "the paper's figures are printed next to ours"
     assert "final answer-token accuracy" in out
+
+    # --seeds: one demo per seed in DIR/seed-S, then the spread; the seed-0 run is reused from above
+    seeds = tmp_path / "seeds"
+    shutil.copytree(folder, seeds / "seed-0")
+    spread = run_ckpt("demo", str(seeds), "--seeds", "0-0", "--device", "cpu", timeout=600)
+    assert spread.returncode == 0, spread.stderr
+    assert "== seed 0 ==" in spread.stdout and "using the run already in" in spread.stdout
+    best = {method: _row(spread.stdout, method) for method in ("exact loss", "Fisher", "POLCA (first order)")}
+    table = spread.stdout[spread.stdout.index("best carry homogeneity per seed") :]
+    line = next(x for x in table.splitlines() if x.strip().startswith("0  "))
+    for method, cells in best.items():  # the per-seed line holds each method's best, all / restricted
+        restricted_best = cells[3] if len(cells) > 3 and cells[3] != "-" else "-"
+        assert f"{cells[0] if cells[0] != '-' else '-'} / " in line, (method, line)
+        assert restricted_best in line
+    values = [float(c[0]) if c[0] != "-" else 0.0 for c in best.values()]
+    holds = int(values[2] > values[1] > values[0])
+    assert f"POLCA > Fisher > exact loss on {holds} of 1 seeds" in spread.stdout
 
     # the run in DIR is reused only for the same preset and seed; another seed is refused, untouched
     before = tree_digest(folder)
