@@ -25,6 +25,7 @@ a 2-core CPU)::
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 import warnings
@@ -36,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import ckpt.plugins  # noqa: E402
+
+print = functools.partial(print, flush=True)  # noqa: A001 - rows reach a log as soon as they are known
 
 PAPER = {
     "exact loss": "0.514",
@@ -68,8 +71,11 @@ def first_vs_second_order(polca) -> str:
     )
 
 
-def top3(store: str, on: str, engine: dict) -> tuple[np.ndarray, np.ndarray, str]:
-    """Top-3 carry homogeneities, unrestricted and place-restricted, and where the best cluster sits."""
+def top3(store: str, on: str, engine: dict, label: str = "") -> tuple[np.ndarray, np.ndarray, str]:
+    """Top-3 carry homogeneities, unrestricted and place-restricted, and where the best cluster sits.
+
+    Printed as soon as they are known (flushed), so that a run stopped early keeps its rows.
+    """
     found = []
     for restrict in (False, True):
         result = ckpt.analyze(
@@ -77,6 +83,7 @@ def top3(store: str, on: str, engine: dict) -> tuple[np.ndarray, np.ndarray, str
         ).load()
         found.append(np.round(result["top_homogeneity"].values, 3))
     sizes = result["size"].values
+    print(f"{label or on}: top-3 carry homogeneity {found[0].tolist()} / restricted {found[1].tolist()}", flush=True)
     return (
         found[0],
         found[1],
@@ -101,9 +108,9 @@ def main() -> None:
     engine = {"scheduler": "processes", "workers": args.workers}
     basis = {"every": args.every}
     rows = []
-    rows.append(("exact loss", *top3(store, "loss", engine)))
+    rows.append(("exact loss", *top3(store, "loss", engine, "exact loss")))
     ckpt.analyze("fisher", store, **basis, **engine)
-    rows.append(("Fisher", *top3(store, "fisher", engine)))
+    rows.append(("Fisher", *top3(store, "fisher", engine, "Fisher")))
     order_note = ""
     for label, options in (
         ("POLCA", {"second_order": "paper"}),
@@ -113,16 +120,19 @@ def main() -> None:
         polca = ckpt.analyze("polca", store, force=True, **basis, **options, **engine).load()
         explained = float(polca["polca"].sum(["step", "basis"]).mean())
         change = float(polca["loss_change"].sum("step").mean())
-        print(f"{label}: mean loss change over the run {change:.3f}, explained by the basis {explained:.3f}")
+        print(
+            f"{label}: mean loss change over the run {change:.3f}, explained by the basis {explained:.3f}", flush=True
+        )
         if label == "POLCA":
             order_note = first_vs_second_order(polca)
-        rows.append((label, *top3(store, "polca", engine)))
+            print(f"App. F: {order_note}", flush=True)
+        rows.append((label, *top3(store, "polca", engine, label)))
     ckpt.analyze("lca", store, parameters=50, force=True, **engine)
-    rows.append(("LCA, 50 parameters", *top3(store, "lca", engine)))
+    rows.append(("LCA, 50 parameters", *top3(store, "lca", engine, "LCA, 50 parameters")))
     # last: it replaces the stored (chronological) hessian-basis
     ckpt.analyze("hessian-basis", store, order="shuffled", force=True, **basis, **engine)
     ckpt.analyze("polca", store, force=True, second_order="none", **engine)
-    rows.append(("shuffled basis, first order", *top3(store, "polca", engine)))
+    rows.append(("shuffled basis, first order", *top3(store, "polca", engine, "shuffled basis, first order")))
     print(f"\ntop-3 carry homogeneity ({store}, basis every {args.every} steps)")
     print(f"{'method':<28} {'unrestricted':<24} {'10s/100s restricted':<24} paper")
     for label, free, restricted, _ in rows:
