@@ -127,12 +127,13 @@ def main() -> None:
             order_note = first_vs_second_order(polca)
             print(f"App. F: {order_note}", flush=True)
         rows.append((label, *top3(store, "polca", engine, label)))
-    ckpt.analyze("lca", store, parameters=50, force=True, **engine)
-    rows.append(("LCA, 50 parameters", *top3(store, "lca", engine, "LCA, 50 parameters")))
-    # last: it replaces the stored (chronological) hessian-basis
+    # after every POLCA on the chronological basis: it replaces the stored hessian-basis
     ckpt.analyze("hessian-basis", store, order="shuffled", force=True, **basis, **engine)
     ckpt.analyze("polca", store, force=True, second_order="none", **engine)
     rows.append(("shuffled basis, first order", *top3(store, "polca", engine, "shuffled basis, first order")))
+    # last: the costliest row (50 directions x Simpson's three gradients per checkpoint pair)
+    ckpt.analyze("lca", store, parameters=50, force=True, **engine)
+    rows.append(("LCA, 50 parameters", *top3(store, "lca", engine, "LCA, 50 parameters")))
     print(f"\ntop-3 carry homogeneity ({store}, basis every {args.every} steps)")
     print(f"{'method':<28} {'unrestricted':<24} {'10s/100s restricted':<24} paper")
     for label, free, restricted, _ in rows:

@@ -1,7 +1,8 @@
-"""Training sandboxes (three from the seed papers, one for text), registered as ``ckpt_register_tasks`` plugins.
+"""Training sandboxes (the papers', their particle simulation, text), registered as ``ckpt_register_tasks`` plugins.
 
 - ``sparse-modular-addition`` (Clustering Head): a d=2 transformer on sparse modular addition.
 - ``modular-addition`` (Clustering and Alignment): 2-D embeddings, constant attention, an MLP.
+- ``particles`` (Clustering and Alignment): the embeddings alone, moved by pair-sum forces.
 - ``addition`` (Hidden Breakthroughs): a decoder-only transformer on 3-digit addition.
 - ``tiny-lm``: a word-level causal LM on a bundled public-domain English text (the text path).
 
@@ -29,6 +30,10 @@ TASKS = {
     "addition": (
         "ckpt.sandboxes.addition:Addition",
         "3-digit addition a+b= with a decoder-only transformer; loss on the 4 answer digits.",
+    ),
+    "particles": (
+        "ckpt.sandboxes.particles:Particles",
+        "Clustering and Alignment's particle simulation: N embeddings moved by pair-sum forces.",
     ),
     "tiny-lm": (
         "ckpt.sandboxes.tiny_lm:TinyLM",

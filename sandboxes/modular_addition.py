@@ -150,6 +150,9 @@ class ModularAddition(Task):
     hidden = Option(int, None, "Width of the ReLU layer.", minimum=1)
     lr = Option(float, None, "AdamW learning rate.", minimum=0)
     weight_decay = Option(float, None, "AdamW weight decay (the paper sweeps 0.0, 0.3, 0.6, 1.0).", minimum=0)
+    train_fraction = Option(
+        float, TRAIN_FRACTION, "Share of the pairs used for training (the paper: 0.8).", minimum=0, maximum=1
+    )
 
     def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Keyword arguments of :func:`build_model`."""
@@ -161,14 +164,17 @@ class ModularAddition(Task):
         Raises
         ------
         TaskError
-            If ``n`` is too small to leave both a training and a validation pair.
+            If ``n`` or ``train_fraction`` leaves no training or no validation pair.
         """
         n = int(config["n"])
         if n < 2:
             raise TaskError(f"task {self.name!r}: n must be at least 2, got {n}")
         pairs = all_pairs(n)
         sums = (pairs[:, 0] + pairs[:, 1]) % n
-        split = split_pairs(len(pairs), seed)
+        fraction = float(config.get("train_fraction", TRAIN_FRACTION))
+        split = split_pairs(len(pairs), seed, fraction)
+        if not 0 < int((split == 0).sum()) < len(pairs):
+            raise TaskError(f"task {self.name!r}: train_fraction {fraction} leaves no training or no validation pair")
         train, test = split == 0, split == 1
         return Dataset(
             train_inputs=pairs[train],
