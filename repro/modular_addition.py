@@ -60,9 +60,23 @@ def structure(model: torch.nn.Module) -> dict[str, float]:
 
 
 def run_vectorized(
-    weight_decay: float, seeds: int, steps: int, lr: float | None, preset: str, options: dict, first_seed: int = 0
+    weight_decay: float,
+    seeds: int,
+    steps: int,
+    lr: float | None,
+    preset: str,
+    options: dict,
+    first_seed: int = 0,
+    decay: str = "all",
+    embedding_scale: float = 1.0,
 ) -> list:
-    """All ``seeds`` of one weight decay at once (see the module docstring); same results as :func:`run_one`."""
+    """All ``seeds`` of one weight decay at once (see the module docstring); same results as :func:`run_one`.
+
+    Two deviations from the task, for the search of what generalization needs:
+    ``decay`` applies the weight decay to ``"all"`` parameters (the task),
+    the ``"embeddings"`` only or the ``"mlp"`` only; ``embedding_scale``
+    multiplies the initial embeddings (torch's N(0, 1)).
+    """
     from vectorized import stack_seeds
 
     task = ModularAddition()
@@ -72,6 +86,17 @@ def run_vectorized(
         raise NotImplementedError("--vectorize does not replay a learning-rate schedule")
     models, datas, params, buffers = stacked.models, stacked.datas, stacked.params, stacked.buffers
     forward, optimizer = stacked.forward, stacked.optimizer
+    with torch.no_grad():
+        params["embed.weight"].mul_(embedding_scale)
+    if decay != "all":
+        embeddings = [value for name, value in params.items() if name == "embed.weight"]
+        others = [value for name, value in params.items() if name != "embed.weight"]
+        decayed = {"embeddings": (embeddings, others), "mlp": (others, embeddings)}[decay]
+        optimizer = torch.optim.AdamW(
+            [{"params": decayed[0]}, {"params": decayed[1], "weight_decay": 0.0}],
+            lr=optimizer.defaults["lr"],
+            weight_decay=weight_decay,
+        )
     inputs = torch.stack([d.train_inputs for d in datas])  # every seed has as many training pairs
     targets = torch.stack([d.train_targets for d in datas])
     for _ in range(steps):
@@ -121,6 +146,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the preset's)")
     parser.add_argument("--hidden", type=int, default=None, help="width of the ReLU layer (default: the preset's)")
     parser.add_argument("--train-fraction", type=float, default=None, help="share of training pairs (default 0.8)")
+    parser.add_argument(
+        "--decay", default="all", choices=("all", "embeddings", "mlp"), help="parameters weight-decayed (--vectorize)"
+    )
+    parser.add_argument("--embedding-scale", type=float, default=1.0, help="initial embeddings x this (--vectorize)")
     parser.add_argument("--preset", default="default", choices=sorted(ModularAddition.presets))
     parser.add_argument("--weight-decays", type=float, nargs="+", default=[0.0, 0.3, 0.6, 1.0])
     parser.add_argument("--threshold", type=float, default=0.9, help="validation accuracy that counts as generalized")
@@ -128,6 +157,8 @@ def main() -> None:
     parser.add_argument("--vectorize", action="store_true", help="train each weight decay's seeds in one process")
     args = parser.parse_args()
 
+    if not args.vectorize and (args.decay != "all" or args.embedding_scale != 1.0):
+        parser.error("--decay and --embedding-scale need --vectorize")
     steps = args.steps if args.steps is not None else int(ModularAddition.presets[args.preset]["steps"])
     lr = args.lr if args.lr is not None else float(ModularAddition.presets[args.preset]["lr"])
     options = {"hidden": args.hidden, "train_fraction": args.train_fraction}
@@ -139,14 +170,18 @@ def main() -> None:
         results = [
             r
             for wd in args.weight_decays
-            for r in run_vectorized(wd, args.seeds, steps, lr, args.preset, options, args.first_seed)
+            for r in run_vectorized(
+                wd, args.seeds, steps, lr, args.preset, options, args.first_seed, args.decay, args.embedding_scale
+            )
         ]
     else:
         with Pool(args.workers) as pool:
             results = pool.map(run_one, jobs, chunksize=1)
     elapsed = time.perf_counter() - start
 
-    described = ", ".join(f"{key} {value}" for key, value in options.items())
+    variant = {"decay": args.decay, "embedding_scale": args.embedding_scale}
+    variant = {k: v for k, v in variant.items() if v != {"decay": "all", "embedding_scale": 1.0}[k]}
+    described = ", ".join(f"{key} {value}" for key, value in {**options, **variant}.items())
     print(
         f"modular-addition: preset {args.preset}, lr {lr}, {steps} full-batch steps"
         f"{', ' + described if described else ''}, seeds {seeds.start}..{seeds.stop - 1}"
