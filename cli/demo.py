@@ -153,7 +153,14 @@ def best_bases(clusters: Any, count: int = 3) -> list[int]:
     metavar="A-B",
     help="Run the demo for each seed A..B (into DIR/seed-S) and print the spread of Table 3 over them.",
 )
-def demo(directory: str, preset: str, device: str, steps: int | None, seed: int, seeds: str | None) -> None:
+@click.option(
+    "--fast-kernels",
+    is_flag=True,
+    help="Use this CPU's fastest kernels and torch's thread count (other CPUs then train other weights).",
+)
+def demo(
+    directory: str, preset: str, device: str, steps: int | None, seed: int, seeds: str | None, fast_kernels: bool
+) -> None:
     """The embedded default: train 3-digit addition and find its hidden breakthroughs.
 
     Trains the `addition` sandbox into DIR/addition.zarr (reused if it is already
@@ -163,7 +170,17 @@ def demo(directory: str, preset: str, device: str, steps: int | None, seed: int,
     "Hidden Breakthroughs in Language Model Training"), and the POLCA clusters'
     place/carry make-up and breakthrough steps. Offline; about 4-5 minutes on a
     2-core CPU.
+
+    On the CPU it pins torch's kernels and thread count (portable kernels, MKL's
+    reproducible mode, 2 threads), so that any x86-64 CPU trains the same
+    weights and prints the same figures; --fast-kernels lifts that.
     """
+    if not fast_kernels and device in ("auto", "cpu"):
+        from ckpt.sandboxes.reproducible import pin_cpu_kernels
+
+        late = pin_cpu_kernels()  # before anything starts torch
+        if late:
+            click.echo(f"note: CPU kernels not pinned: {late}")
     from ckpt.plugins import resolve_device
 
     device = resolve_device(device)  # before DIR is created: a wrong --device leaves nothing behind
@@ -238,11 +255,14 @@ def _demo_run(folder: Path, preset: str, device: str, steps: int | None, seed: i
     except OSError as exc:
         msg = f"cannot use {folder} as the demo's folder ({exc.strerror}); pass a directory path"
         raise click.ClickException(msg) from None
+    from ckpt.sandboxes.reproducible import kernel_description
+
     path = folder / "addition.zarr"
     started = time.perf_counter()
+    click.echo(kernel_description())
     if path.exists():
         stored = ckptstore.open(path).attrs
-        asked = {"preset": preset, "seed": seed}
+        asked = {"preset": preset, "seed": seed, "cpu_kernels": _cpu_kernels(device)}
         differs = {k: stored.get(k) for k in asked if stored.get(k) is not None and stored.get(k) != asked[k]}
         if differs:
             held = ", ".join(f"{k} {v}" for k, v in differs.items())
@@ -286,6 +306,13 @@ def _demo_run(folder: Path, preset: str, device: str, steps: int | None, seed: i
         f"Next: ckpt show {path} clusters; ckpt show {path} polca"
     )
     return clustered
+
+
+def _cpu_kernels(device: str) -> str | None:
+    """The ``cpu_kernels`` attribute a run trained now on ``device`` records (``train`` writes it)."""
+    from ckpt.sandboxes.base import cpu_kernels
+
+    return cpu_kernels(device)
 
 
 def _report(store: Any, loss: Any, clustered: Mapping[str, Any], label: str) -> None:

@@ -6,7 +6,8 @@ restriction, for ``ckpt demo`` to claim it. Training is fixed (the ``addition``
 default preset, 2,000 steps, a checkpoint every 40); the search varies what
 the analysis chooses: how many Hessian basis vectors (``--every``, ``--k``: the
 paper has 50 over its run, the demo 6), the Hessian's sample size, and
-HDBSCAN's ``min_cluster_size``. Each seed is trained once (or reused from
+HDBSCAN's ``min_cluster_size``. Training pins the CPU kernels as ``ckpt demo``
+does. Each seed is trained once (or reused from
 ``--dir``); the exact-loss clusters depend only on HDBSCAN's settings.
 
 For every configuration it prints the best carry homogeneity of each method per
@@ -49,6 +50,9 @@ def cluster(store: str, on: str, options: dict) -> object:
 
 
 def main() -> None:
+    from ckpt.sandboxes.reproducible import pin_cpu_kernels
+
+    pin_cpu_kernels()  # as ckpt demo does: the same weights on any x86-64 CPU
     from ckpt.cli.demo import _seed_range, seed_spread
     from ckpt.plugins._engine import run
     from ckpt.sandboxes.addition import Addition

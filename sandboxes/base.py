@@ -31,6 +31,17 @@ def checkpoint_steps(total: int, every: int, log_spaced: bool) -> list[int]:
     return sorted(s for s in steps if 0 <= s <= total)
 
 
+def cpu_kernels(device: str) -> str | None:
+    """``"<capability>/<threads> threads"`` of torch's CPU kernels for a CPU run, None on other devices.
+
+    Recorded in the store's attrs: the same seed trains other weights with other
+    kernels or thread counts (:mod:`ckpt.sandboxes.reproducible`).
+    """
+    if _device(device).type != "cpu":
+        return None
+    return f"{torch.backends.cpu.get_cpu_capability()}/{torch.get_num_threads()} threads"
+
+
 def _device(device: str) -> torch.device:
     return torch.device(resolve_device(device, TaskError))
 
@@ -147,6 +158,10 @@ def train(
     every = every or int(config.get("every") or per_epoch)
     schedule = checkpoint_steps(steps, every, log_spaced)
     attrs = {"task": task.name, "preset": preset, "seed": seed, "steps": steps, "config": config}
+    with _threads_for(model, target):  # the kernels and threads the loop below runs with
+        kernels = cpu_kernels(device)
+    if kernels is not None:
+        attrs["cpu_kernels"] = kernels
     if resume:
         _check_same_run(ckptstore.open(store), task, task.model_config(config), store)
         writer = ckptstore.open(store, mode="a")

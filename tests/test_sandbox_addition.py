@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +207,41 @@ def test_short_run_writes_a_store_the_cli_accepts(tmp_path: Path) -> None:
     np.testing.assert_allclose(
         loss["mean_loss"].values, ckptstore.open(path).metrics["test_loss"].values, rtol=1e-5, atol=1e-6
     )
+
+
+PINNED_RUN = """
+import hashlib, sys
+from ckpt.sandboxes.reproducible import pin_cpu_kernels
+if sys.argv[1] == "pin":
+    assert pin_cpu_kernels() is None
+from ckpt.sandboxes.addition import Addition
+from ckpt.sandboxes.base import train
+store = train(Addition(), sys.argv[2], steps=30, every=30, seed=0, device="cpu")
+print(store.attrs["cpu_kernels"])
+print(hashlib.sha256(b"".join(v.tobytes() for v in store.tensors(30).values())).hexdigest())
+"""
+
+
+def test_pinned_kernels_train_the_same_weights_whatever_the_instruction_set(tmp_path: Path) -> None:
+    def trained(mode: str, name: str, **environ: str) -> list[str]:
+        env = {key: value for key, value in os.environ.items() if key not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
+        done = subprocess.run(
+            [sys.executable, "-c", PINNED_RUN, mode, str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            env={**env, **environ},
+            check=True,
+            timeout=300,
+        )
+        return done.stdout.split()
+
+    pinned = trained("pin", "pinned.zarr")
+    assert pinned[0] == "DEFAULT/2" and pinned[1] == "threads"
+    # MKL at another instruction set (what another CPU would pick): the same weights
+    assert trained("pin", "pinned-avx2.zarr", MKL_ENABLE_INSTRUCTIONS="AVX2")[-1] == pinned[-1]
+    # the control: unpinned, torch's AVX2 and AVX-512 kernels train other weights
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip("the control needs an AVX-512 CPU")
+    fast = trained("fast", "avx512.zarr", ATEN_CPU_CAPABILITY="avx512")
+    assert fast[0].startswith("AVX512/")
+    assert trained("fast", "avx2.zarr", ATEN_CPU_CAPABILITY="avx2")[-1] != fast[-1]

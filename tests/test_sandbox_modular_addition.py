@@ -62,7 +62,6 @@ def test_split_is_80_20_disjoint_and_seeded(task: ModularAddition) -> None:
     assert {tuple(r) for r in other.test_inputs.tolist()} != test_pairs
 
 
-
 def test_train_fraction_sets_the_split_and_refuses_an_empty_side(task: ModularAddition) -> None:
     data = task.make_data(task.config("default", {"train_fraction": 0.5}), seed=0)
     assert (len(data.train_inputs), len(data.test_inputs)) == (76, 77)  # round(0.5 * 153) = 76 (to even)
@@ -71,6 +70,7 @@ def test_train_fraction_sets_the_split_and_refuses_an_empty_side(task: ModularAd
     for fraction in (0.0, 1.0):
         with pytest.raises(TaskError, match="no training or no validation pair"):
             task.make_data(task.config("default", {"train_fraction": fraction}), seed=0)
+
 
 def test_model_has_the_described_parameters(task: ModularAddition) -> None:
     model = task.build_model(task.config("default", {}))

@@ -1,0 +1,68 @@
+"""Pinning torch's CPU kernels, so that a run trains the same weights on any x86-64 CPU.
+
+torch picks its CPU kernels by the instruction set of the machine (AVX-512,
+AVX2 or the portable default) and MKL picks its own code path the same way;
+floating-point sums in another order give other roundings, and 2,000 steps of
+training turn them into other weights, other clusters and another finding.
+Measured on the 2-core AMD EPYC (AVX-512) machine, 100 steps of the
+``addition`` default preset, final weights' sha256:
+
+- torch's default, and MKL forced to AVX2 (``MKL_ENABLE_INSTRUCTIONS=AVX2``):
+  the same weights (``0a6f69dd6b0a``), so MKL was not what differed here;
+- torch forced to its AVX2 kernels (``ATEN_CPU_CAPABILITY=avx2``, what an
+  AVX2-only CPU runs): other weights (``3088009fc968``);
+- pinned (the settings below), with MKL at AVX-512 or at AVX2: the same
+  weights (``a1a13648e3a2``) either way;
+- pinned on one thread instead of two: other weights (``f2a206cef92c``),
+  since the thread count splits the sums; so the thread count is pinned too.
+
+What stays different: other CPU architectures (ARM has neither these kernels nor
+MKL), other torch or MKL versions, and GPUs. The settings are read when torch
+first runs an operation, so they must be set before that, in a fresh process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+PINNED = {
+    # torch's portable kernels instead of the AVX2/AVX-512 ones picked at run time
+    "ATEN_CPU_CAPABILITY": "default",
+    # MKL's conditional numerical reproducibility: one code path on every x86-64 CPU
+    "MKL_CBWR": "COMPATIBLE",
+    # oneDNN (used by some ops) limited to the instruction set every x86-64 CPU has
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+}
+"""Environment settings that make torch's CPU arithmetic the same on every x86-64 CPU."""
+
+PINNED_THREADS = 2
+"""Intra-op threads of a pinned run: a fixed count (not the core count), since it splits the sums."""
+
+
+def pin_cpu_kernels() -> str | None:
+    """Pin torch's CPU kernels and thread count for this process, if torch has not started yet.
+
+    Returns
+    -------
+    str or None
+        ``None`` when pinned; otherwise why not (torch was already imported, so
+        the settings would come too late to take effect everywhere).
+    """
+    if "torch" in sys.modules:
+        return "torch was imported before the kernels could be pinned; run in a fresh process"
+    os.environ.update(PINNED)
+    import torch
+
+    torch.set_num_threads(PINNED_THREADS)
+    return None
+
+
+def kernel_description() -> str:
+    """One line on the CPU kernels and threads torch uses in this process."""
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    pinned = all(os.environ.get(key) == value for key, value in PINNED.items()) and capability == "DEFAULT"
+    state = "pinned, the same arithmetic on any x86-64 CPU" if pinned else "this CPU's fastest, not pinned"
+    return f"CPU kernels: {capability} ({state}), {torch.get_num_threads()} torch threads"
