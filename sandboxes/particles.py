@@ -33,12 +33,15 @@ that "training" is plain gradient descent (overdamped particle motion,
   not a direction: on a circle the pair sums of one class lie on both sides of
   the centre).
 
-Measured on 6 seeds (N = 17, 1,500 steps) while choosing them: a Gaussian kernel
+Measured on 4 to 6 seeds (N = 17, 1,500 to 4,000 steps) while choosing them: a Gaussian kernel
 on positions (instead of the soft nearest-neighbour read-out) leaves grid
 imperfection at the level of random points (0.41-0.58 against 0.52), with or
 without a long-range spring between same-class sums; the soft read-out on axes
 (instead of the kernel) never found a circle (its potential stuck at 2.5-2.9
-where a circle has 0.84); the kernel on axes did.
+where a circle has 0.84); the kernel on axes came closer (circularity 0.87 and
+0.95 in 2 of 8 runs of a first version that rescaled the particles after each
+step instead of inside the potential). With the forces below, alignment alone
+forms no circle either (docs/sandboxes.md, ``repro/particles.py``).
 
 The model's forward returns every pair's potential, so the run's "loss" is the
 potential energy; it depends on all the pairs of the batch at once, so the

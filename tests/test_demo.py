@@ -57,6 +57,18 @@ def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
         assert _row(out, method), method
     assert "0.973 0.946 0.903" in out, "the paper's figures are printed next to ours"
     assert "final answer-token accuracy" in out
+    # trained on pinned kernels, recorded in the store
+    assert "CPU kernels: DEFAULT (pinned" in out and store.attrs["cpu_kernels"] == "DEFAULT/2 threads"
+    # the verdict says what this run shows, from its own numbers
+    rows = {m: _row(out, m) for m in ("exact loss", "Fisher", "POLCA (first order)")}
+    for column, what in ((3, "restricted to the 10s/100s"), (0, "over all clusters")):
+        best = [float(c[column]) if len(c) > column and c[column] != "-" else 0.0 for c in rows.values()]
+        holds = "holds" if best[2] > best[1] > best[0] else "does not hold"
+        assert f"this run, {what}: POLCA > Fisher > exact loss {holds} " in out, (what, best)
+    tokens = store.analysis("loss")
+    receives = np.isin(data["place"].values[tokens["example"].values, tokens["position"].values], (1, 2))
+    base_rate = data["carry"].values[tokens["example"].values, tokens["position"].values][receives].mean()
+    assert f"{base_rate:.3f} of the 10s/100s tokens receive a carry" in out
 
     # --seeds: one demo per seed in DIR/seed-S, then the spread; the seed-0 run is reused from above
     seeds = tmp_path / "seeds"
@@ -80,6 +92,10 @@ def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
     refused = run_ckpt("demo", str(folder), "--seed", "1")
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
     assert refused.stderr.startswith("Error: ") and "holds a run with seed 0" in refused.stderr
+    assert tree_digest(folder) == before
+    # nor with other kernels: a run on this CPU's own kernels trains other weights
+    refused = run_ckpt("demo", str(folder), "--fast-kernels")
+    assert refused.returncode == 1 and "holds a run with cpu_kernels DEFAULT/2 threads" in refused.stderr
     assert tree_digest(folder) == before
 
 
