@@ -34,11 +34,12 @@ print = functools.partial(print, flush=True)  # noqa: A001 - rows reach a log as
 
 CONFIGS = {
     "demo (every 400, 640 samples: 6 vectors)": {"basis": {"every": 400, "samples": 640}},
+    # the next two reuse the stored basis, POLCA and Fisher of the first (same options): clustering only
+    "demo, min_cluster_size 100": {"basis": {"every": 400, "samples": 640}, "clusters": {"min_cluster_size": 100}},
+    "demo, min_cluster_size 250": {"basis": {"every": 400, "samples": 640}, "clusters": {"min_cluster_size": 250}},
     "every 200 (11 vectors)": {"basis": {"every": 200, "samples": 640}},
     "every 400, k 3 (18 vectors)": {"basis": {"every": 400, "samples": 640, "k": 3}},
     "every 100 (21 vectors)": {"basis": {"every": 100, "samples": 640}},
-    "demo, min_cluster_size 100": {"basis": {"every": 400, "samples": 640}, "clusters": {"min_cluster_size": 100}},
-    "demo, min_cluster_size 250": {"basis": {"every": 400, "samples": 640}, "clusters": {"min_cluster_size": 250}},
 }
 
 
