@@ -16,8 +16,9 @@ distance per token and kept basis vector).
 
 Every analysis is the real ``ckpt`` analyzer through the engine; results that
 would overwrite each other (one ``polca`` and one ``clusters`` per store) are
-read right after they are computed. Run by hand (not in CI; about 20 minutes on
-a 2-core CPU)::
+read right after they are computed. Run by hand (not in CI; about 110 minutes on
+a 2-core CPU shared with other work, most of it LCA's 50 directions x 3 gradients
+per checkpoint pair)::
 
     python repro/hidden_breakthroughs.py [--store PATH] [--every 400] [--workers 2]
 """
