@@ -130,8 +130,8 @@ def verdict(clustered: Mapping[str, Any], base_rate: float) -> list[str]:
             f"  this run, {what}: POLCA > Fisher > exact loss {'holds' if holds else 'does not hold'} (best: {shown})"
         )
     lines.append(
-        f"  {base_rate:.3f} of the 10s/100s tokens receive a carry: a restricted cluster near that share "
-        "does not single out the carry skill."
+        f"  {base_rate:.3f} of the 10s/100s tokens receive a carry: a restricted cluster at or below that "
+        "share does not single out the carry skill."
     )
     lines.append("  How often this holds over seeds: ckpt demo --seeds 0-4, and docs/sandboxes.md.")
     return lines
