@@ -44,12 +44,15 @@ DEMO_ANALYSES: dict[str, dict[str, Any]] = {
 }
 
 
-def place_table(store: Any, result: Any) -> list[str]:
-    """Mean loss of the answer digits by place and by carry, at eight checkpoints."""
+def token_labels(store: Any, result: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The ``place`` and ``carry`` labels of the answer tokens of a ``loss`` result, in its datapoint order."""
     data = store.data("eval")
     example, position = result["example"].values, result["position"].values
-    place = data["place"].values[example, position]
-    carry = data["carry"].values[example, position]
+    return data["place"].values[example, position], data["carry"].values[example, position]
+
+
+def place_table(result: Any, place: np.ndarray, carry: np.ndarray) -> list[str]:
+    """Mean loss of the answer digits by place and by carry, at eight checkpoints."""
     losses = result["loss"].values
     steps = result["step"].values
     picks = sorted(set(np.linspace(0, len(steps) - 1, 8).round().astype(int).tolist()))
@@ -103,12 +106,8 @@ def table_3(rows: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def carry_base_rate(store: Any, result: Any) -> float:
+def carry_base_rate(place: np.ndarray, carry: np.ndarray) -> float:
     """Share of the 10s and 100s answer tokens that receive a carry (what a random cluster scores)."""
-    data = store.data("eval")
-    example, position = result["example"].values, result["position"].values
-    place = data["place"].values[example, position]
-    carry = data["carry"].values[example, position]
     return float(carry[(place == 1) | (place == 2)].mean())
 
 
@@ -282,21 +281,20 @@ def _demo_run(folder: Path, preset: str, device: str, steps: int | None, seed: i
     """Train (or reuse) the run in ``folder``, analyze it, print the report; the clusters per method."""
     import ckpt.store as ckptstore
     from ckpt.plugins._engine import run
-    from ckpt.sandboxes.base import train
+    from ckpt.sandboxes.base import cpu_kernels, train
+    from ckpt.sandboxes.reproducible import kernel_description
 
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         msg = f"cannot use {folder} as the demo's folder ({exc.strerror}); pass a directory path"
         raise click.ClickException(msg) from None
-    from ckpt.sandboxes.reproducible import kernel_description
-
     path = folder / "addition.zarr"
     started = time.perf_counter()
     click.echo(kernel_description())
     if path.exists():
         stored = ckptstore.open(path).attrs
-        asked = {"preset": preset, "seed": seed, "cpu_kernels": _cpu_kernels(device)}
+        asked = {"preset": preset, "seed": seed, "cpu_kernels": cpu_kernels(device)}
         differs = {k: stored.get(k) for k in asked if stored.get(k) is not None and stored.get(k) != asked[k]}
         if differs:
             held = ", ".join(f"{k} {v}" for k, v in differs.items())
@@ -342,13 +340,6 @@ def _demo_run(folder: Path, preset: str, device: str, steps: int | None, seed: i
     return clustered
 
 
-def _cpu_kernels(device: str) -> str | None:
-    """The ``cpu_kernels`` attribute a run trained now on ``device`` records (``train`` writes it)."""
-    from ckpt.sandboxes.base import cpu_kernels
-
-    return cpu_kernels(device)
-
-
 def _report(store: Any, loss: Any, clustered: Mapping[str, Any], label: str) -> None:
     echo = click.echo
     final = store.metrics.isel(step=-1)
@@ -359,14 +350,15 @@ def _report(store: Any, loss: Any, clustered: Mapping[str, Any], label: str) -> 
         f"test {float(final['test_accuracy']):.1%}"
     )
     echo("mean loss of the answer digits by place, and (1000s-10s) by whether a carry comes into that place:")
-    for line in place_table(store, loss):
+    place, carry = token_labels(store, loss)  # one read of the split (its sha256 is checked on load)
+    for line in place_table(loss, place, carry):
         echo(line)
     echo("")
     echo("carry homogeneity of the best clusters (Table 3 of Hidden Breakthroughs; 10s/100s: clusters whose")
     echo("carry tokens are >= 85% in the 10s or 100s place, the paper's restriction; '-': no such cluster):")
     for line in table_3(clustered):
         echo(line)
-    for line in verdict(clustered, carry_base_rate(store, loss)):
+    for line in verdict(clustered, carry_base_rate(place, carry)):
         echo(line)
     polca = clustered[label]
     bases = best_bases(polca)

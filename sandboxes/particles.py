@@ -243,8 +243,8 @@ class Particles(Task):
             pairs = data.train_inputs
             sums = positions[pairs[:, 0]] + positions[pairs[:, 1]]
             classes = data.train_targets
-            return {
-                "clustering_potential": float(clustering_potential(sums, classes, model.temperature).mean()),
-                "alignment_potential": float(alignment_potential(sums, classes, model.width).mean()),
-                "potential": float(model(pairs).mean()),
-            }
+            clustering = float(clustering_potential(sums, classes, model.temperature).mean())
+            alignment = float(alignment_potential(sums, classes, model.width).mean())
+            # the model's potential is the strength-weighted sum of the two; not computed a second time
+            potential = model.clustering * clustering + model.alignment * alignment
+            return {"clustering_potential": clustering, "alignment_potential": alignment, "potential": potential}
