@@ -46,6 +46,7 @@ from ckpt.plugins import PER_RUN, AnalysisContext, AnalysisError, Analyzer, Opti
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
 SOURCES = ("loss", "loss-change", "polca", "fisher", "lca")
 """What ``--on`` can cluster."""
@@ -489,6 +490,12 @@ class Clusters(Analyzer):
         result["breakthrough_step"].attrs["delta_checkpoints"] = k
         if np.isfinite(shift):
             result["breakthrough_step"].attrs["delta_steps"] = float(shift)
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``overview`` and one ``basis-B`` figure per basis vector with clusters (the paper's Fig. 4)."""
+        from ckpt.analyzers.figures.clusters import figures
+
+        return figures(result, store)
 
     def summarize(self, result: xr.Dataset) -> str:
         """Per basis vector, each cluster's size, label make-up and breakthrough; then the top homogeneities."""

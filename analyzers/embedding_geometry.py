@@ -105,6 +105,7 @@ from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worke
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
 SEQUENCE_TASK = "sparse-modular-addition"
 """Stores trained by this sandbox task get the sequence metrics with ``--sequence auto``."""
@@ -589,6 +590,13 @@ class EmbeddingGeometry(Analyzer):
             result[variable].attrs.update(description=meanings[variable], tensor=name, modulus=modulus)
         result.attrs.update(tensor=name, modulus=modulus)
         return result
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``embeddings`` at chosen steps with pair sums, and ``geometry`` over steps."""
+        from ckpt.analyzers.figures.geometry import figures
+
+        tensor, modulus = self._table(store)
+        return figures(result, store, tensor, modulus)
 
     def summarize(self, result: xr.Dataset) -> str:
         """The metrics at the first, a few middle, and the last steps."""

@@ -8,7 +8,7 @@ It shares POLCA's per-checkpoint JVP pass (first order only).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from ckpt.plugins import AnalysisContext, Analyzer, Option, check_basis, datapoi
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
 
 class Fisher(BasisReader, Analyzer):
@@ -64,6 +65,12 @@ class Fisher(BasisReader, Analyzer):
             "found_at_step": basis["found_at_step"].variable,  # lazy (a dask-backed coordinate)
         }
         return xr.Dataset({"fisher": fisher, "mean_fisher": mean}, coords=coords)
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``trajectories``: projected Fisher information per basis vector, median and quartiles."""
+        from ckpt.analyzers.figures.basis import projected_figures
+
+        return projected_figures(result, store, "fisher", "projected Fisher information per basis vector")
 
     def summarize(self, result: xr.Dataset) -> str:
         """Mean projected Fisher information per basis vector at the first and last step."""

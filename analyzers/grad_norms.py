@@ -94,6 +94,7 @@ from ckpt.plugins import trainable as trainable_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
 MAD_SCALE = 1.4826
 """MAD times this estimates the standard deviation of Gaussian noise."""
@@ -446,6 +447,12 @@ class GradNorms(Analyzer):
             if name in result:
                 result[name].attrs["split"] = split  # variable attrs are stored; the Dataset's are the engine's
 
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``norms``: loss and gradient norm over steps, overall and per layer."""
+        from ckpt.analyzers.figures.spikes import grad_norm_figures
+
+        return grad_norm_figures(result, store)
+
     def summarize(self, result: xr.Dataset) -> str:
         """Loss, total gradient and update norms at a few steps; per-layer gradient norms at the last."""
         steps = result["step"].values
@@ -559,6 +566,12 @@ class LossSpikes(Analyzer):
         for key, text in texts.items():
             result[key].attrs["description"] = text
         return result
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``spikes``: loss and gradient norm with their detected spikes (Clustering Head Fig. 15-16)."""
+        from ckpt.analyzers.figures.spikes import spike_figures
+
+        return spike_figures(result, store)
 
     def summarize(self, result: xr.Dataset) -> str:
         """Spike steps of both series, and their co-occurrence against chance."""

@@ -45,6 +45,7 @@ from ckpt.plugins import (
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
 
 def eigenvectors_at(
@@ -173,6 +174,12 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
         result["residual"].attrs["description"] = "||P H P v - eigenvalue v||"
         result.attrs["hessian_split"] = split
         return result
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``eigenvalues``: eigenvalue and residual of each vector against the step it was found at."""
+        from ckpt.analyzers.figures.basis import basis_figures
+
+        return basis_figures(result, store)
 
     def summarize(self, result: xr.Dataset) -> str:
         """One line per basis vector: where it was found, its eigenvalue and residual."""

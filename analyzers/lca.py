@@ -17,7 +17,7 @@ the result is recomputed whole when checkpoints are added (``per = "run"``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from ckpt.plugins import (
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
 
 def allocate(
@@ -148,6 +149,12 @@ class Lca(ComputeOptions, Analyzer):
         result["lca"].attrs["description"] = "path integral (Simpson) of dloss/dtheta_i times the step of theta_i"
         result["first_order"].attrs["description"] = "dloss/dtheta_i at theta_t times the step of theta_i"
         return result
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``trajectories``: cumulative LCA per parameter, median and quartiles over datapoints."""
+        from ckpt.analyzers.figures.basis import projected_figures
+
+        return projected_figures(result, store, "lca", "cumulative LCA per parameter", per_pair="sum")
 
     def summarize(self, result: xr.Dataset) -> str:
         """Total LCA over the run (mean over datapoints) of the parameters that helped and hurt most."""

@@ -9,7 +9,7 @@ loss per datapoint (one example, or one selected token). One Dask task per
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from ckpt.plugins import AnalysisContext, Analyzer, Option, Worker, datapoint_in
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
 
 def datapoint_losses(
@@ -66,6 +67,12 @@ class Loss(Analyzer):
         rows = [f"  {'step':>10}  mean loss"] + [f"  {steps[i]:>10}  {mean[i]:.5f}" for i in picks]
         datapoints = result.sizes["datapoint"]
         return f"  {datapoints} datapoints, {len(steps)} checkpoints\n" + "\n".join(rows)
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``curves``: median and quartiles of the loss over steps, overall and per label group."""
+        from ckpt.analyzers.figures.loss import figures
+
+        return figures(result, store)
 
 
 @hookimpl

@@ -31,7 +31,7 @@ it; ⟨b, Δ⟩ comes from the two checkpoints' weights in float64.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -56,6 +56,7 @@ from ckpt.plugins import (
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
 SECOND_ORDER = ("paper", "exact", "none")
 
@@ -263,6 +264,12 @@ class Polca(BasisReader, Analyzer):
         }
         for name, text in descriptions.items():
             result[name].attrs["description"] = text
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``trajectories`` (projected loss per basis vector) and ``explained`` (loss change left unexplained)."""
+        from ckpt.analyzers.figures.basis import polca_figures
+
+        return polca_figures(result, store)
 
     def summarize(self, result: xr.Dataset) -> str:
         """Per basis vector: where it was found and its total POLCA; how much of the loss change the basis explains."""

@@ -8,7 +8,7 @@ decomposition, so that POLCA over it is the paper's random-basis baseline.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from ckpt.plugins import (
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
 
 def orthonormal_rows(worker: Worker, count: int, size: int, seed: int) -> dict[str, np.ndarray]:
@@ -72,6 +73,12 @@ class RandomBasis(ScheduleOptions, Analyzer):
             for name, shape, start, length in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True)
         }
         return xr.Dataset(variables, coords={"basis": np.arange(count), "found_at_step": ("basis", found_at)})
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``vectors``: how many vectors each checkpoint added."""
+        from ckpt.analyzers.figures.basis import basis_figures
+
+        return basis_figures(result, store)
 
     def summarize(self, result: xr.Dataset) -> str:
         """The number of vectors and the parameters they span."""

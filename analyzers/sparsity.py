@@ -43,6 +43,7 @@ from ckpt.plugins import (
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
 CAPTURE = ("output", "input")
 
@@ -166,6 +167,12 @@ class Sparsity(Analyzer):
         result["values"].attrs.update(description=f"number of {measured} values counted (all calls, all elements)")
         result["epsilon"].attrs.update(long_name="epsilon", description="threshold on |a|")
         return result
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``epsilon``: sparsity against ε per module, a curve per checkpoint (Clustering Head Fig. 17)."""
+        from ckpt.analyzers.figures.sparsity import figures
+
+        return figures(result, store)
 
     def summarize(self, result: xr.Dataset) -> str:
         """Per module, at the first and last checkpoints: non-positive inputs and sparsity at a few ε."""

@@ -44,6 +44,7 @@ from ckpt.errors import AnalysisError, PluginError
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+    from matplotlib.figure import Figure
 
     from ckpt.plugins._context import AnalysisContext
 
@@ -206,6 +207,30 @@ class Analyzer:
             dims = ", ".join(f"{d}={n}" for d, n in zip(variable.dims, variable.shape, strict=True))
             lines.append(f"  {name:<16} ({dims})  {stats}")
         return "\n".join(lines)
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """Figures of a stored result of this analyzer, by short name (default: none).
+
+        ``ckpt plot``, ``ckpt report`` and notebooks call it with the result as stored
+        (``store.analysis(name)``) and the opened store, to read what the figures need beside
+        the result (data labels, checkpoints, other stored results). Return
+        :class:`matplotlib.figure.Figure` objects built without ``pyplot`` and import matplotlib
+        inside this method, so that commands that do not plot never load it. The name of each
+        figure becomes part of its file name (``NAME-KEY.png``): short, lowercase, dashes.
+
+        Parameters
+        ----------
+        result
+            The stored result (lazy; load what is drawn).
+        store
+            The opened :class:`ckpt.store.Store` the result belongs to.
+
+        Returns
+        -------
+        dict
+            ``{name: Figure}``; empty when the analyzer draws nothing.
+        """
+        return {}
 
     def provenance(self) -> dict[str, Any]:
         """What identifies a result of this analyzer: name, version and options (JSON)."""

@@ -1,0 +1,151 @@
+"""Frames of 2-D dynamics across checkpoints: ``ckpt animate`` and the report's step slider.
+
+A frame shows one checkpoint: the token embeddings, their pair sums by class, the sequence
+embeddings ξ when an ``embedding-geometry`` result holds them (sparse modular addition), and the
+run's loss curve with a marker at the frame's step. Every frame uses the same axis limits, so
+that motion on screen is motion of the embeddings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ckpt.analyzers.figures import COLORS, positive_log, step_axis
+from ckpt.analyzers.figures.geometry import CYCLIC, EmbeddingView, default_view
+from ckpt.errors import AnalysisError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+LOSS_METRICS = ("train_loss", "loss", "test_loss", "val_loss")
+"""Metrics drawn as the loss curve, the first one the store records."""
+
+
+class Frames:
+    """Draws the frames of one store.
+
+    Parameters
+    ----------
+    store
+        The opened store.
+    view
+        The embedding table to show (default: the store's token embedding).
+
+    Raises
+    ------
+    AnalysisError
+        When the store has no 2-D-viewable embedding table.
+    """
+
+    def __init__(self, store: Any, view: EmbeddingView | None = None) -> None:
+        view = view or default_view(store)
+        if view is None:
+            msg = f"{store.path} has no token embedding (*embed.weight or an nn.Embedding) to animate"
+            raise AnalysisError(msg)
+        self.store, self.view = store, view
+        self.loss = self._loss_curve(store)
+        self.sequences = None
+        if "embedding-geometry" in store.analyses:
+            geometry = store.analysis("embedding-geometry")
+            if "sequence_embedding" in geometry:
+                self.sequences = geometry[["sequence_embedding", "target"]].load()
+
+    @staticmethod
+    def _loss_curve(store: Any) -> tuple[str, np.ndarray, np.ndarray] | None:
+        metrics = store.metrics
+        for name in LOSS_METRICS:
+            if name in metrics:
+                series = metrics[name].dropna("step")
+                return name.replace("_", " "), series["step"].values, series.values
+        if "loss" in store.analyses:
+            mean = store.analysis("loss")["mean_loss"].load()
+            return "mean loss (loss analyzer)", mean["step"].values, mean.values
+        return None
+
+    def steps(self, limit: int | None = None) -> list[int]:
+        """The checkpoints to draw: all, or ``limit`` evenly spread (first and last included)."""
+        steps = [int(s) for s in self.store.steps]
+        if limit is None or len(steps) <= limit:
+            return steps
+        picks = np.linspace(0, len(steps) - 1, limit).round().astype(int)
+        return [steps[i] for i in sorted(set(picks.tolist()))]
+
+    def figure(self) -> Figure:
+        """An empty figure sized for one frame."""
+        from matplotlib.figure import Figure
+
+        panels = 2 + (self.sequences is not None) + (self.loss is not None)
+        return Figure(figsize=(3.6 * panels, 3.6), layout="constrained")
+
+    def frames(self, figure: Figure, steps: Sequence[int]) -> Iterator[int]:
+        """Draw each of ``steps`` into ``figure`` in turn (cleared first), yielding the step drawn."""
+        points = self.view.points(steps)
+        limits = self.view.limits(points)
+        for index, step in enumerate(steps):
+            figure.clear()
+            self._draw(figure, step, points[index], limits)
+            yield int(step)
+
+    def _draw(self, figure: Figure, step: int, points: np.ndarray, limits: Any) -> None:
+        panels = 2 + (self.sequences is not None) + (self.loss is not None)
+        axes = [figure.add_subplot(1, panels, i + 1) for i in range(panels)]
+        self.view.draw(axes[0], axes[1], points, limits)
+        figure.suptitle(f"{Path(self.store.path).name}: step {step}")
+        used = 2
+        if self.sequences is not None:
+            ax = axes[used]
+            used += 1
+            steps = self.sequences["step"].values
+            if step in steps:
+                xi = self.sequences["sequence_embedding"].sel(step=step).values
+                ax.scatter(xi[:, 0], xi[:, 1], c=self.sequences["target"].values, cmap=CYCLIC, s=6)
+            ax.set_title("sequence embeddings ξ by target", fontsize="medium")
+            every = self.sequences["sequence_embedding"].values
+            ax.set_xlim(np.nanmin(every[..., 0]), np.nanmax(every[..., 0]))
+            ax.set_ylim(np.nanmin(every[..., 1]), np.nanmax(every[..., 1]))
+        if self.loss is not None:
+            ax = axes[used]
+            name, steps, values = self.loss
+            ax.plot(steps, values, color=COLORS[0])
+            ax.axvline(step, color=COLORS[1])
+            at = np.interp(step, steps, values)
+            ax.plot([step], [at], "o", color=COLORS[1])
+            positive_log(ax, values)
+            step_axis(ax, steps)
+            ax.set_ylabel(name)
+            ax.set_title(f"{name}: {at:.4g}", fontsize="medium")
+
+
+def animate(store: Any, out: str, *, fps: int = 20, limit: int | None = 200, dpi: int = 80) -> int:
+    """Write the frames of ``store`` to ``out`` (``.gif`` with Pillow, ``.mp4`` with ffmpeg); return the count.
+
+    Raises
+    ------
+    AnalysisError
+        For another extension, an MP4 without ffmpeg on the PATH, or a store without embeddings.
+    """
+    from matplotlib import animation
+
+    suffix = Path(out).suffix.lower()
+    if suffix == ".gif":
+        writer: Any = animation.PillowWriter(fps=fps)
+    elif suffix == ".mp4":
+        if not animation.FFMpegWriter.isAvailable():
+            msg = f"writing {out} needs ffmpeg on the PATH (e.g. apt-get install ffmpeg); or write a .gif"
+            raise AnalysisError(msg)
+        writer = animation.FFMpegWriter(fps=fps)
+    else:
+        msg = f"cannot write an animation to {out!r}: use a .gif or .mp4 file name"
+        raise AnalysisError(msg)
+    frames = Frames(store)
+    figure = frames.figure()
+    count = 0
+    with writer.saving(figure, out, dpi):
+        for _ in frames.frames(figure, frames.steps(limit)):
+            writer.grab_frame()
+            count += 1
+    return count

@@ -1,0 +1,209 @@
+"""Figures of ``embedding-geometry``, and the 2-D embedding view of ``ckpt animate`` and the report's slider.
+
+Clustering and Alignment plots the token embeddings E_a and their pair sums E_a + E_b coloured by
+the class (a + b) mod N; Clustering Head plots the sequence embeddings ξ coloured by the target.
+Tables wider than 2 columns are shown on their two leading principal components at the last
+checkpoint (one projection for all steps, so that frames are comparable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ckpt.analyzers.figures import COLORS, new_figure, step_axis
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+SNAPSHOTS = 4
+"""Checkpoints shown in the ``embeddings`` figure: first, last and evenly between."""
+CYCLIC = "twilight"
+"""Colormap of residues and classes mod N: cyclic, so that N-1 and 0 look alike as they are."""
+
+
+class EmbeddingView:
+    """The rows 0..N-1 of an embedding table across checkpoints, as 2-D points.
+
+    Parameters
+    ----------
+    store
+        The opened store.
+    tensor
+        The table's name (``[tokens, dim]``).
+    modulus
+        N: the rows shown, and the classes of the pair sums.
+    """
+
+    def __init__(self, store: Any, tensor: str, modulus: int) -> None:
+        self.store, self.tensor, self.modulus = store, tensor, modulus
+        last = store.read_tensor(tensor, [int(store.steps[-1])])[0][:modulus].astype(np.float64)
+        self.projection: np.ndarray | None = None
+        if last.shape[1] > 2:  # the last checkpoint's top-2 principal directions
+            _, _, right = np.linalg.svd(last - last.mean(axis=0), full_matrices=False)
+            self.projection = right[:2].T
+        self.axis_names = ("PC 1", "PC 2") if self.projection is not None else ("dim 0", "dim 1")
+
+    def points(self, steps: Sequence[int]) -> np.ndarray:
+        """``[step, residue, 2]``: the rows at ``steps``, projected when the table is wider than 2."""
+        table = self.store.read_tensor(self.tensor, [int(s) for s in steps])[:, : self.modulus].astype(np.float64)
+        return table @ self.projection if self.projection is not None else table[..., :2]
+
+    def draw(self, embed_axes: Axes, sums_axes: Axes, points: np.ndarray, limits: tuple[Any, Any] | None) -> None:
+        """Draw one checkpoint: residues (numbered) on ``embed_axes``, pair sums by class on ``sums_axes``."""
+        n = self.modulus
+        residues = np.arange(n)
+        embed_axes.scatter(
+            points[:, 0],
+            points[:, 1],
+            c=residues,
+            cmap=CYCLIC,
+            vmin=0,
+            vmax=n,
+            s=30,
+            edgecolors="black",
+            linewidths=0.3,
+        )
+        if n <= 64:
+            for a in residues:
+                embed_axes.annotate(str(a), points[a], textcoords="offset points", xytext=(3, 3), fontsize=6)
+        first, second = np.triu_indices(n)
+        sums = points[first] + points[second]
+        sums_axes.scatter(sums[:, 0], sums[:, 1], c=(first + second) % n, cmap=CYCLIC, vmin=0, vmax=n, s=8)
+        embed_axes.set_title(f"E_a, a = 0..{n - 1}", fontsize="medium")
+        sums_axes.set_title("E_a + E_b, colour (a + b) mod N", fontsize="medium")
+        for index, axes in enumerate((embed_axes, sums_axes)):
+            axes.set_xlabel(self.axis_names[0])
+            axes.set_ylabel(self.axis_names[1])
+            if limits is None:
+                axes.set_aspect("equal", adjustable="datalim")
+            else:  # fixed limits for every frame: the box, not the limits, keeps the aspect
+                axes.set_xlim(limits[index][0])
+                axes.set_ylim(limits[index][1])
+                axes.set_aspect("equal", adjustable="box")
+
+    @staticmethod
+    def limits(points: np.ndarray) -> tuple[Any, Any]:
+        """Axis limits that hold every frame of ``points`` (``[step, residue, 2]``) and of its pair sums."""
+
+        def bounds(values: np.ndarray) -> tuple[tuple[float, float], tuple[float, float]]:
+            low, high = values.reshape(-1, 2).min(axis=0), values.reshape(-1, 2).max(axis=0)
+            pad = 0.08 * np.maximum(high - low, 1e-9)
+            return (low[0] - pad[0], high[0] + pad[0]), (low[1] - pad[1], high[1] + pad[1])
+
+        first, second = np.triu_indices(points.shape[1])
+        return bounds(points), bounds(points[:, first] + points[:, second])
+
+
+def default_view(store: Any) -> EmbeddingView | None:
+    """The view of the store's token embedding (``embedding-geometry``'s default table), or None.
+
+    N is the run's ``p`` when its config records one (modular addition), else every row.
+    """
+    from ckpt.analyzers.embedding_geometry import default_embedding
+
+    name = default_embedding(store)
+    if name is None:
+        return None
+    config = store.attrs.get("config") if isinstance(store.attrs.get("config"), dict) else {}
+    rows = int(store.schema[name].shape[0])
+    modulus = int(config.get("p", rows)) if 2 <= int(config.get("p", rows)) <= rows else rows
+    return EmbeddingView(store, name, modulus)
+
+
+def snapshot_steps(steps: Sequence[int], count: int) -> list[int]:
+    """``count`` checkpoints evenly spread over ``steps``, first and last included."""
+    picks = np.linspace(0, len(steps) - 1, min(count, len(steps))).round().astype(int)
+    return [int(steps[i]) for i in sorted(set(picks.tolist()))]
+
+
+def figures(result: xr.Dataset, store: Any, tensor: str, modulus: int) -> dict[str, Figure]:
+    """``embeddings`` (the table and its pair sums at a few checkpoints, and ξ when stored) and ``geometry``."""
+    result = result.load()
+    steps = [int(s) for s in result["step"].values]
+    view = EmbeddingView(store, tensor, modulus)
+    chosen = snapshot_steps(steps, SNAPSHOTS)
+    points = view.points(chosen)
+    limits = view.limits(points)
+    sequences = "sequence_embedding" in result
+    rows = 3 if sequences else 2
+    embeddings = new_figure(rows * len(chosen), columns=len(chosen), width=3.3, height=3.1)
+    for column, step in enumerate(chosen):
+        top, middle = embeddings.axes[column], embeddings.axes[len(chosen) + column]
+        view.draw(top, middle, points[column], limits)
+        top.set_title(f"step {step}: " + top.get_title(), fontsize="small")
+        if sequences:
+            _sequence_panel(embeddings.axes[2 * len(chosen) + column], result.sel(step=step))
+    embeddings.suptitle(f"{tensor}: residues 0..{modulus - 1} and their pair sums")
+    geometry = new_figure(3, width=4.2)
+    imperfection, circle, agreement = geometry.axes
+    imperfection.plot(steps, result["grid_imperfection"].values, color=COLORS[0])
+    imperfection.set_ylabel("grid imperfection (0 = ideal grid)")
+    circle.plot(steps, result["circularity"].values, color=COLORS[1])
+    circle.set_ylabel("circularity (1 = a circle)")
+    circle.set_ylim(0, 1.02)
+    agreement.plot(steps, result["pair_sum_neighbor_agreement"].values, color=COLORS[2])
+    agreement.set_ylabel("pair sums: nearest neighbour of the same class")
+    agreement.set_ylim(0, 1.02)
+    for axes in geometry.axes:
+        step_axis(axes, steps)
+    geometry.suptitle("embedding geometry over training")
+    return {"embeddings": embeddings, "geometry": geometry}
+
+
+def _sequence_panel(axes: Axes, at_step: xr.Dataset) -> None:
+    """ξ of every probe at one step (its first two components), coloured by the target."""
+    xi = np.asarray(at_step["sequence_embedding"].values)
+    target = np.asarray(at_step["target"].values)
+    axes.scatter(xi[:, 0], xi[:, 1], c=target, cmap=CYCLIC, s=6)
+    clusters, ideal = int(at_step["sequence_clusters"].values), int(at_step["ideal_clusters"].values)
+    axes.set_title(f"sequence embeddings ξ: {clusters} clusters (ideal {ideal})", fontsize="small")
+    axes.set_xlabel("ξ 0")
+    axes.set_ylabel("ξ 1")
+
+
+def runs_figure(stores: Sequence[str]) -> Figure:
+    """Grid imperfection against final accuracy, one point per run (Clustering and Alignment's comparison).
+
+    Each store needs a stored ``embedding-geometry`` result and an accuracy metric
+    (``test_accuracy``, ``val_accuracy`` or ``accuracy``); runs coloured by weight decay when recorded.
+    """
+    import ckpt.store as ckptstore
+    from ckpt.errors import AnalysisError
+
+    points = []
+    for where in stores:
+        store = ckptstore.open(str(where))
+        if "embedding-geometry" not in store.analyses:
+            msg = f"{where} has no embedding-geometry result: run `ckpt analyze embedding-geometry {where}` first"
+            raise AnalysisError(msg)
+        metrics = store.metrics
+        name = next((m for m in ("test_accuracy", "val_accuracy", "accuracy") if m in metrics), None)
+        if name is None:
+            msg = f"{where} records no accuracy metric (test_accuracy, val_accuracy or accuracy)"
+            raise AnalysisError(msg)
+        geometry = store.analysis("embedding-geometry")
+        config = store.attrs.get("config") if isinstance(store.attrs.get("config"), dict) else {}
+        points.append(
+            (
+                float(metrics[name].dropna("step").values[-1]),
+                float(geometry["grid_imperfection"].values[-1]),
+                config.get("weight_decay"),
+            )
+        )
+    figure = new_figure(1, width=5.5, height=4.0)
+    axes = figure.axes[0]
+    decays = sorted({p[2] for p in points if p[2] is not None})
+    for index, decay in enumerate(decays or [None]):
+        chosen = [p for p in points if p[2] == decay]
+        label = f"weight decay {decay:g}" if decay is not None else "runs"
+        axes.scatter([p[0] for p in chosen], [p[1] for p in chosen], color=COLORS[index % len(COLORS)], label=label)
+    axes.set_xlabel("final accuracy")
+    axes.set_ylabel("final grid imperfection")
+    axes.set_title(f"{len(points)} runs")
+    axes.legend(fontsize="small")
+    return figure

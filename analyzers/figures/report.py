@@ -1,0 +1,211 @@
+"""``ckpt report``: one self-contained HTML file of a store's metadata, analyses, figures and provenance.
+
+Self-contained means the figures are PNGs inlined as data URIs and the only script is a few lines
+of plain JavaScript: the file opens offline, from an e-mail or a cluster's scratch disk, with no
+server. The interactive layer is that script, not a plotting library: the step slider swaps
+pre-rendered frames drawn by the same matplotlib code as ``ckpt animate``, so what a user scrubs
+through is exactly what the static figures show. (plotly would add hover values but also ~3.5 MB
+of JavaScript to every report, and a second rendering of each figure to keep in step.)
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ckpt.analyzers.figures import COLORS, new_figure, png_bytes, positive_log, step_axis
+
+SLIDER_FRAMES = 40
+"""Checkpoints in the report's step slider (evenly spread; ``ckpt animate`` draws them all)."""
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1300px; color: #222; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; }
+table { border-collapse: collapse; margin: 0.5em 0; } td, th { padding: 2px 10px; text-align: left; }
+tr:nth-child(even) { background: #f5f5f5; } pre { background: #f7f7f7; padding: 0.6em; overflow-x: auto; }
+img { max-width: 100%; display: block; margin: 0.5em 0; } .stale { color: #b00; font-weight: bold; }
+.error { color: #b00; } #slider { width: 60%; } figure { margin: 0; }
+"""
+SLIDER_SCRIPT = """
+const frames = JSON.parse(document.getElementById('frames').textContent);
+const slider = document.getElementById('slider');
+function show(i) {
+  document.getElementById('frame').src = 'data:image/png;base64,' + frames[i].png;
+  document.getElementById('frame-step').textContent = 'step ' + frames[i].step;
+}
+slider.addEventListener('input', () => show(Number(slider.value)));
+show(Number(slider.value));
+"""
+
+
+def _image(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _table(rows: list[tuple[str, Any]]) -> str:
+    cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    return f"<table>{cells}</table>"
+
+
+def _metadata(store: Any) -> list[tuple[str, Any]]:
+    steps = [int(s) for s in store.steps]
+    attrs = store.attrs
+    rows: list[tuple[str, Any]] = [
+        ("store", store.path),
+        ("checkpoints", f"{len(steps)} ({steps[0]} .. {steps[-1]})" if steps else "none"),
+        ("tensors", len(store.tensor_names)),
+        ("parameters", sum(int(np.prod(info.shape)) for info in store.schema.values())),
+        ("framework", store.framework or "-"),
+        ("objective", store.objective or "-"),
+        ("created", store.created),
+        ("data splits", ", ".join(store.splits) or "none"),
+    ]
+    rows += [(k, v) for k, v in attrs.items() if isinstance(v, str | int | float | bool)]
+    config = attrs.get("config")
+    if isinstance(config, dict):
+        rows += [(f"config.{k}", json.dumps(v)) for k, v in config.items()]
+    return rows
+
+
+def _metrics_figure(store: Any) -> bytes | None:
+    metrics = store.metrics
+    names = list(metrics.data_vars)
+    if not names:
+        return None
+    losses = [n for n in names if "loss" in n]
+    others = [n for n in names if n not in losses]
+    groups = [g for g in (losses, others) if g]
+    figure = new_figure(len(groups), columns=2, width=5.5)
+    for axes, group in zip(figure.axes, groups, strict=True):
+        for index, name in enumerate(group):
+            series = metrics[name].dropna("step")
+            axes.plot(series["step"].values, series.values, color=COLORS[index % len(COLORS)], label=name)
+        if group is losses:
+            positive_log(axes, np.concatenate([metrics[n].values for n in group]))
+        step_axis(axes, metrics["step"].values)
+        axes.legend(fontsize="small")
+    figure.suptitle("metrics recorded during training")
+    return png_bytes(figure)
+
+
+def _slider(store: Any) -> str:
+    from ckpt.analyzers.figures.animation import Frames
+    from ckpt.errors import CkptError
+
+    try:
+        frames = Frames(store)
+    except CkptError:
+        return ""
+    figure = frames.figure()
+    steps = frames.steps(SLIDER_FRAMES)
+    rendered = [
+        {"step": step, "png": base64.b64encode(png_bytes(figure, dpi=72)).decode()}
+        for step in frames.frames(figure, steps)
+    ]
+    payload = json.dumps(rendered).replace("</", "<\\/")
+    return (
+        "<h2>Embeddings over training</h2>"
+        f"<p>{html.escape(frames.view.tensor)}: drag the slider through {len(steps)} checkpoints "
+        "(<code>ckpt animate</code> writes every checkpoint as a GIF or MP4).</p>"
+        f'<input type="range" id="slider" min="0" max="{len(steps) - 1}" value="{len(steps) - 1}" step="1"> '
+        '<span id="frame-step"></span>'
+        '<figure><img id="frame" alt="embeddings at the chosen step"></figure>'
+        f'<script type="application/json" id="frames">{payload}</script>'
+        f"<script>{SLIDER_SCRIPT}</script>"
+    )
+
+
+def _analysis_section(store: Any, name: str, registry: Any, current_data: str) -> tuple[str, list[str]]:
+    """The section of one stored result, and the problems met drawing it (also shown in the page)."""
+    from ckpt.errors import CkptError
+    from ckpt.plugins import Analyzer
+
+    problems: list[str] = []
+    result = store.analysis(name)
+    record = result.ckpt
+    analyzer_name = record.analyzer or name
+    steps = record.steps
+    stale = record.provenance.get("data_sha256") not in (None, current_data)
+    rows = [
+        ("analyzer", f"{analyzer_name} v{record.version or '?'}"),
+        ("options", json.dumps(record.options)),
+        ("steps", f"{len(steps)} ({steps[0]} .. {steps[-1]})" if steps else "-"),
+        ("computed", f"{record.created or '?'} by {record.computed_by or 'ckpt ?'}"),
+        ("data sha256", str(record.provenance.get("data_sha256", "-"))[:16]),
+    ]
+    if record.requires:
+        rows.append(("requires", ", ".join(record.requires)))
+    heading = f'<h2 id="{html.escape(name)}">{html.escape(name)}</h2>'
+    if stale:
+        heading += (
+            '<p class="stale">stale: the store\'s data changed after this result was computed; rerun '
+            f"<code>ckpt analyze {html.escape(analyzer_name)}</code></p>"
+        )
+    cls = registry.analyzers.get(analyzer_name)
+    analyzer = Analyzer()
+    if cls is not None:
+        try:
+            analyzer = cls(**record.options)
+        except CkptError as exc:
+            problems.append(f"{name}: its options do not fit the installed {analyzer_name} ({exc})")
+    body = [heading, _table(rows)]
+    loaded = result.load()
+    try:
+        body.append(f"<pre>{html.escape(analyzer.summarize(loaded))}</pre>")
+    except Exception as exc:  # a plugin's summary must not cost the whole report: shown, not hidden
+        problems.append(f"{name}: its summary failed ({type(exc).__name__}: {exc})")
+    try:
+        figures = analyzer.plot(loaded, store)
+    except Exception as exc:  # likewise: the failure is written in the report and printed
+        problems.append(f"{name}: its figures failed ({type(exc).__name__}: {exc})")
+        figures = {}
+    for key, figure in figures.items():
+        body.append(_image(png_bytes(figure), f"{name} {key}"))
+    if cls is None:
+        problems.append(f"{name}: analyzer {analyzer_name!r} is not installed: no summary or figures of its own")
+    body += [f'<p class="error">{html.escape(p)}</p>' for p in problems]
+    return "\n".join(body), problems
+
+
+def write_report(where: str, out: str, registry: Any) -> list[str]:
+    """Write the HTML report of the store at ``where`` to ``out``; return the problems met (also in the page).
+
+    Parameters
+    ----------
+    where
+        Path of the store.
+    out
+        Path of the HTML file (its folder must exist).
+    registry
+        The plugin registry whose analyzers draw the figures.
+    """
+    import ckpt.store as ckptstore
+    from ckpt.plugins._engine import data_hash
+
+    store = ckptstore.open(where)
+    current = data_hash(store)
+    sections, problems = [], []
+    for name in store.analyses:
+        section, found = _analysis_section(store, name, registry, current)
+        sections.append(section)
+        problems += found
+    metrics = _metrics_figure(store)
+    contents = "".join(f'<li><a href="#{html.escape(n)}">{html.escape(n)}</a></li>' for n in store.analyses)
+    page = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>ckpt report: {html.escape(Path(where).name)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>ckpt report: {html.escape(Path(where).name)}</h1>",
+        _table(_metadata(store)),
+        _image(metrics, "metrics") if metrics else "<p>No metrics were recorded during training.</p>",
+        _slider(store),
+        f"<h2>Analyses</h2><ul>{contents}</ul>" if store.analyses else "<h2>Analyses</h2><p>None stored yet.</p>",
+        *sections,
+        f"<hr><p>Written by ckpt {html.escape(ckptstore.__version__)}.</p></body></html>",
+    ]
+    Path(out).write_text("\n".join(page), encoding="utf-8")
+    return problems

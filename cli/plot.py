@@ -1,0 +1,128 @@
+"""``ckpt plot``, ``ckpt report`` and ``ckpt animate``: figures of stored results.
+
+matplotlib is imported inside the commands, never at registration, so that ``ckpt --help`` and
+commands that do not plot do not load it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ckpt.cli.analyze import expand_stores, registry
+
+
+def _check_writable(out: str) -> None:
+    folder = Path(out).resolve().parent
+    if not folder.is_dir():
+        msg = f"cannot write {out}: folder {folder} does not exist; create it or choose another --out"
+        raise click.UsageError(msg)
+
+
+def _figure_formats() -> set[str]:
+    from matplotlib.figure import Figure
+
+    return set(Figure().canvas.get_supported_filetypes())
+
+
+@click.command("plot")
+@click.argument("stores", metavar="STORE...", nargs=-1, required=True)
+@click.argument("name", metavar="NAME")
+@click.option(
+    "--out",
+    metavar="FILE",
+    help="Figure file; the format follows its extension (png, svg, pdf ...). Several figures are "
+    "written as FILE's name plus -KEY. Default: NAME.png in the current folder.",
+)
+@click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True, help="Raster resolution.")
+def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int) -> None:
+    """Write the figures of the stored result NAME of STORE.
+
+    NAME is a stored result (``ckpt info STORE`` lists them), drawn by the analyzer that
+    computed it. With several stores, NAME must be embedding-geometry: one figure of the final
+    grid imperfection against final accuracy, a point per run.
+    """
+    import ckpt.store as ckptstore
+    from ckpt.analyzers.figures import save
+    from ckpt.errors import CkptError
+
+    out = out or f"{name}.png"
+    suffix = Path(out).suffix.lower().lstrip(".")
+    formats = _figure_formats()
+    if suffix not in formats:
+        msg = f"cannot write a figure to {out!r}: use one of the extensions {', '.join(sorted(formats))}"
+        raise click.UsageError(msg)
+    _check_writable(out)
+    paths = expand_stores(stores)
+    if len(paths) > 1:
+        if name != "embedding-geometry":
+            msg = f"several stores are compared for embedding-geometry only, not {name!r}: plot one store at a time"
+            raise click.UsageError(msg)
+        from ckpt.analyzers.figures.geometry import runs_figure
+
+        save(runs_figure(paths), out, dpi)
+        click.echo(f"wrote {out} ({len(paths)} runs)")
+        return
+    store = ckptstore.open(paths[0])
+    result = store.analysis(name)
+    record = result.ckpt
+    analyzer_name = record.analyzer or name
+    cls = registry().analyzers.get(analyzer_name)
+    if cls is None:
+        msg = f"{name} was computed by analyzer {analyzer_name!r}, which is not installed here: install its plugin"
+        raise CkptError(msg)
+    figures = cls(**record.options).plot(result, store)
+    if not figures:
+        click.echo(f"analyzer {analyzer_name!r} draws no figures")
+        return
+    target = Path(out)
+    for key, figure in figures.items():
+        path = target if len(figures) == 1 else target.with_name(f"{target.stem}-{key}{target.suffix}")
+        save(figure, str(path), dpi)
+        click.echo(f"wrote {path}")
+
+
+@click.command("report")
+@click.argument("store", metavar="STORE")
+@click.option("--out", metavar="FILE", help="HTML file to write. Default: report.html beside STORE.")
+def report_command(store: str, out: str | None) -> None:
+    """Write one self-contained HTML report of STORE: metadata, metrics, every stored result's figures and
+    provenance, and a step slider over the 2-D embeddings. It opens offline, with no server.
+    """
+    from ckpt.analyzers.figures.report import write_report
+
+    out = out or str(Path(store).resolve().parent / "report.html")
+    _check_writable(out)
+    problems = write_report(store, out, registry())
+    for problem in problems:
+        click.echo(f"Warning: {problem}", err=True)
+    click.echo(f"wrote {out}")
+
+
+@click.command("animate")
+@click.argument("store", metavar="STORE")
+@click.option("--out", metavar="FILE", help="A .gif (Pillow) or .mp4 (needs ffmpeg). Default: STORE's name + .gif.")
+@click.option("--fps", type=click.IntRange(min=1, max=60), default=20, show_default=True, help="Frames per second.")
+@click.option(
+    "--frames",
+    "limit",
+    type=click.IntRange(min=2),
+    default=200,
+    show_default=True,
+    help="At most this many checkpoints, evenly spread (first and last included).",
+)
+@click.option("--dpi", type=click.IntRange(min=10, max=600), default=80, show_default=True, help="Resolution.")
+def animate_command(store: str, out: str | None, fps: int, limit: int, dpi: int) -> None:
+    """Animate the 2-D token embeddings of STORE (and their pair sums) across checkpoints.
+
+    Beside them: the sequence embeddings when an embedding-geometry result holds them (sparse
+    modular addition), and the loss curve with a marker at each frame's step.
+    """
+    import ckpt.store as ckptstore
+    from ckpt.analyzers.figures.animation import animate
+
+    out = out or str(Path(store).with_suffix(".gif").name)
+    _check_writable(out)
+    count = animate(ckptstore.open(store), out, fps=fps, limit=limit, dpi=dpi)
+    click.echo(f"wrote {out} ({count} frames at {fps} fps)")
