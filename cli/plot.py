@@ -87,8 +87,10 @@ def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int) 
 @click.argument("store", metavar="STORE")
 @click.option("--out", metavar="FILE", help="HTML file to write. Default: report.html beside STORE.")
 def report_command(store: str, out: str | None) -> None:
-    """Write one self-contained HTML report of STORE: metadata, metrics, every stored result's figures and
-    provenance, and a step slider over the 2-D embeddings. It opens offline, with no server.
+    """Write one self-contained HTML report of STORE (it opens offline, with no server).
+
+    The report holds the run's metadata and metrics, every stored result's summary, figures and
+    provenance (stale results are marked), and a step slider over the 2-D embeddings.
     """
     from ckpt.analyzers.figures.report import write_report
 
