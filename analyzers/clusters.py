@@ -497,6 +497,12 @@ class Clusters(Analyzer):
 
         return figures(result, store)
 
+    def plot_together(self, results: dict[str, xr.Dataset], store: Any) -> dict[str, Figure]:
+        """``homogeneity``: the best clusters' label homogeneities of each result side by side (Table 3)."""
+        from ckpt.analyzers.figures.clusters import compare
+
+        return compare(results)
+
     def summarize(self, result: xr.Dataset) -> str:
         """Per basis vector, each cluster's size, label make-up and breakthrough; then the top homogeneities."""
         options = result.ckpt.options

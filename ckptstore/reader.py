@@ -630,8 +630,14 @@ class Store:
             ],
             "splits": {s: self._split_summary(s) for s in self.splits},
             "analyses": self.analyses,
+            "analyzers": {name: self._analyzer_of(name) for name in self.analyses},
             "history": self.history,
         }
+
+    def _analyzer_of(self, name: str) -> str:
+        """The analyzer that computed result ``name`` (its provenance; the name itself when unrecorded)."""
+        attrs = self._nodes.get(f"{ANALYSES}/{name}", {}).get("attributes", {}).get(ROOT_ATTR, {})
+        return str(attrs.get("analyzer") or name) if isinstance(attrs, dict) else name
 
     def _split_summary(self, split: str) -> dict[str, Any]:
         attrs = self._nodes[f"{DATA}/{split}"].get("attributes", {}).get(ROOT_ATTR, {})

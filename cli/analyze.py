@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-ENGINE_OPTIONS = ("scheduler", "address", "workers", "device", "force", "progress", "block_steps")
+ENGINE_OPTIONS = ("scheduler", "address", "workers", "device", "force", "progress", "block_steps", "save_as")
 
 _warned = False
 
@@ -78,6 +78,12 @@ def _engine_options() -> list[click.Option]:
         ),
         click.Option(["--progress/--no-progress"], default=True, show_default=True, help="Show a progress bar."),
         click.Option(
+            ["--as", "save_as"],
+            metavar="NAME",
+            help="Keep the result as analyses/NAME instead of analyses/ANALYZER, beside other results of the "
+            "same analyzer (e.g. clusters on loss, fisher and polca).",
+        ),
+        click.Option(
             ["--trust-factory"],
             multiple=True,
             metavar="PATTERN",
@@ -130,7 +136,7 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
             for dependency in report.dependencies:
                 click.echo(prefix + _report_line(dependency))
             click.echo(prefix + _report_line(report))
-            click.echo(f"{prefix}result: analyses/{name} in {store} (ckpt show {store} {name})")
+            click.echo(f"{prefix}result: analyses/{report.name} in {store} (ckpt show {store} {report.name})")
         if len(paths) > 1:
             click.echo(
                 f"{len(paths)} runs; in Python: ckpt.analyze_runs({name!r}, [...]) gives one Dataset with a run dim"
@@ -173,8 +179,8 @@ class AnalyzeGroup(click.Group):
 def analyze() -> None:
     """Run an analyzer over a store: ckpt analyze NAME STORE... [OPTIONS].
 
-    Results are saved in STORE under analyses/NAME; a rerun reuses them and
-    computes only new checkpoints. Several stores (or a quoted glob such as
+    Results are saved in STORE under analyses/NAME (or the name given with
+    --as); a rerun reuses them and computes only new checkpoints. Several stores (or a quoted glob such as
     'runs/*.zarr') are analyzed one after the other, each keeping its result.
     """
 
@@ -213,7 +219,7 @@ def show(store: str, name: str) -> None:
     span = f"{len(steps)} ({steps[0]} .. {steps[-1]})" if steps else "-"
     click.echo(f"  steps        {span}")
     click.echo(f"  computed     {record.created or '?'} by {record.computed_by or 'ckpt ?'}")
-    cls = registry().analyzers.get(name)
+    cls = registry().analyzers.get(record.analyzer or name)
     summarizer = Analyzer()  # generic: shape and range of every variable
     if cls is not None:
         # the analyzer as it was run, so that its summary may read its options

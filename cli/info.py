@@ -55,7 +55,9 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
             row("data" if i == 0 else "", text)
     else:
         row("data", "-")
-    row("analyses", ", ".join(info["analyses"]) or "-")
+    named = info.get("analyzers", {})
+    listed = [n if named.get(n, n) == n else f"{n} ({named[n]})" for n in info["analyses"]]
+    row("analyses", ", ".join(listed) or "-")
     return "\n".join(lines)
 
 

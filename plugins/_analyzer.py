@@ -65,6 +65,7 @@ ENGINE_SETTINGS = (
     "block_steps",
     "storage_options",
     "registry",
+    "save_as",
 )
 """Keyword arguments that :func:`ckpt.analyze` gives the engine; no analyzer option may take these names."""
 
@@ -229,6 +230,16 @@ class Analyzer:
         -------
         dict
             ``{name: Figure}``; empty when the analyzer draws nothing.
+        """
+        return {}
+
+    def plot_together(self, results: dict[str, xr.Dataset], store: Any) -> dict[str, Figure]:
+        """Figures comparing several stored results of this analyzer (kept apart with ``--as``); default: none.
+
+        ``ckpt report`` calls it when a store holds more than one result of the analyzer, with
+        ``{result name: result}``; e.g. ``clusters`` on the exact loss, on Fisher and on POLCA
+        side by side, the comparison of Hidden Breakthroughs' Table 3. Same conventions as
+        :meth:`plot`.
         """
         return {}
 

@@ -220,6 +220,7 @@ def run(
     block_steps: int | None = None,
     registry: Any = None,
     storage_options: dict[str, Any] | None = None,
+    save_as: str | None = None,
     _active: tuple[str, ...] = (),
     **options: Any,
 ) -> RunReport:
@@ -247,9 +248,11 @@ def run(
         "registry": registry,
         "storage_options": storage_options,
     }
+    target = save_as or name
     # user mistakes first: an error after the dependencies ran would leave the store changed
+    _check_target(name, target, ckptstore.open(str(store), storage_options=storage_options), registry)
     analyzer.preflight(ckptstore.open(str(store), storage_options=storage_options))
-    report = RunReport(name)
+    report = RunReport(target)
     results: dict[str, xr.Dataset] = {}
     requirements: dict[str, Any] = {}
     dependency_options = analyzer.dependency_options()
@@ -275,11 +278,11 @@ def run(
         requirements[dependency] = identity
 
     where = str(store)
-    with result_lock(where, name):  # one process computes a result at a time; a second one is refused
+    with result_lock(where, target):  # one process computes a result at a time; a second one is refused
         opened = ckptstore.open(where, storage_options=storage_options)
         provenance = {**analyzer.provenance(), "data_sha256": data_hash(opened), "requires": requirements}
         wanted = _wanted_steps(analyzer, opened)
-        stored = stored_provenance(opened, name)
+        stored = stored_provenance(opened, target)
         covered: list[int] = []
         if stored is not None and not force and _identity(stored) == _identity(provenance):
             covered = [int(s) for s in stored.get("steps", [])]
@@ -290,14 +293,44 @@ def run(
             covered, missing = [], wanted  # a hole in the middle: never expected, but never wrong to redo
         report.reused_steps = [s for s in wanted if s in set(covered)]
         if missing or (not covered and analyzer.per == PER_RUN):
-            _compute(analyzer, where, opened, missing, covered, provenance, results, engine)
+            _compute(analyzer, target, where, opened, missing, covered, provenance, results, engine)
             report.computed_steps = missing
-    report.dataset = ckptstore.open(where, storage_options=storage_options).analysis(name)
+    report.dataset = ckptstore.open(where, storage_options=storage_options).analysis(target)
     return report
+
+
+def _check_target(name: str, target: str, store: ckptstore.Store, registry: Any) -> None:
+    """Refuse a ``save_as`` that would replace what another analyzer, or a dependent, reads.
+
+    Results are found by name: ``analyses/loss`` is what every analyzer requiring ``loss``
+    reads, so no other analyzer's result may be saved there; and a name holding a result of
+    another analyzer is not silently replaced.
+    """
+    if target == name:
+        return
+    from ckpt.store.format import check_name
+
+    problem = check_name(target, "analysis")
+    if problem:
+        raise AnalysisError(f"--as: {problem}")
+    if target in registry.analyzers:
+        msg = (
+            f"--as {target!r} is the name of the analyzer {target!r}, whose result other analyzers read "
+            f"there: choose another name, such as {name}-{target}"
+        )
+        raise AnalysisError(msg)
+    stored = stored_provenance(store, target)
+    if stored is not None and stored.get("analyzer") not in (None, name):
+        msg = (
+            f"analyses/{target} holds a result of analyzer {stored.get('analyzer')!r}, not {name!r}: choose "
+            f"another --as name, or remove it first (ckpt rm {store.path} {target})"
+        )
+        raise AnalysisError(msg)
 
 
 def _compute(
     analyzer: Analyzer,
+    target: str,
     where: str,
     store: ckptstore.Store,
     missing: Sequence[int],
@@ -325,7 +358,7 @@ def _compute(
                 computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
             attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
             attrs["ckpt"]["created"] = _now()
-            write_analysis(where, analyzer.name, computed, attrs=attrs, storage_options=engine["storage_options"])
+            write_analysis(where, target, computed, attrs=attrs, storage_options=engine["storage_options"])
             return
         # Blocks of steps, each committed when done, so that a killed run resumes
         # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
@@ -333,7 +366,7 @@ def _compute(
         # tripled the engine's time against a plain loop (bench/engine.py).
         size = engine["block_steps"] or max(count, 4)
         done = list(covered)
-        carry = _stored_totals(analyzer, where, engine["storage_options"]) if covered else None
+        carry = _stored_totals(analyzer, target, where, engine["storage_options"]) if covered else None
         start = 0
         with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None) as bar:
             while start < len(missing):
@@ -348,7 +381,7 @@ def _compute(
                 attrs["ckpt"]["created"] = _now()
                 write_analysis(
                     where,
-                    analyzer.name,
+                    target,
                     part,
                     append_dim="step" if len(done) > len(steps) else None,
                     attrs=attrs,
@@ -399,11 +432,11 @@ def _add_running_sums(analyzer: Analyzer, part: xr.Dataset, carry: Mapping[str, 
     return part
 
 
-def _stored_totals(analyzer: Analyzer, where: str, storage_options: Any) -> dict[str, Any] | None:
-    """The running sums at the last stored step (where an incremental run continues them)."""
+def _stored_totals(analyzer: Analyzer, target: str, where: str, storage_options: Any) -> dict[str, Any] | None:
+    """The running sums at the last stored step of ``analyses/<target>`` (where an incremental run continues them)."""
     if not analyzer.running_sums:
         return None
-    stored = ckptstore.open(where, storage_options=storage_options).analysis(analyzer.name)
+    stored = ckptstore.open(where, storage_options=storage_options).analysis(target)
     return {total: stored[total].isel(step=-1, drop=True).load() for total in analyzer.running_sums}
 
 
@@ -421,7 +454,9 @@ def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Datas
         ``scheduler`` (``"threads"``, ``"processes"``, ``"sync"``), ``address``
         (a ``distributed`` scheduler), ``workers`` (a ``LocalCluster`` of that
         many processes), ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``),
-        ``force`` (recompute), ``progress`` (show a bar).
+        ``force`` (recompute), ``progress`` (show a bar), ``save_as`` (keep the result
+        under ``analyses/<save_as>`` instead of ``analyses/<name>``, e.g. several
+        ``clusters`` results side by side; reused by provenance like any other).
 
     Returns
     -------

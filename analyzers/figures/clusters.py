@@ -92,7 +92,7 @@ def _basis_figure(result: xr.Dataset, basis: int, exact: xr.DataArray | None, on
     figure = new_figure(3, width=4.4, height=3.2)
     curves, losses, makeup = figure.axes
     steps = result["step"].values
-    found = int(result["found_at_step"].values[basis])
+    found = int(result["found_at_step"].values[basis]) if "found_at_step" in result.coords else None
     for rank, cluster in enumerate(shown):
         color = COLORS[rank]
         selection = {"basis": basis, "cluster": cluster}
@@ -112,12 +112,13 @@ def _basis_figure(result: xr.Dataset, basis: int, exact: xr.DataArray | None, on
         if exact is not None:
             members = result["cluster_label"].values[basis] == cluster
             losses.plot(exact["step"].values, np.median(exact.values[:, members], axis=1), color=color)
-    curves.axvline(found, color="black", linestyle="--", linewidth=1, label=f"vector found ({found})")
+    if found is not None:  # trajectories projected on a basis (not the exact loss)
+        curves.axvline(found, color="black", linestyle="--", linewidth=1, label=f"vector found ({found})")
+        losses.axvline(found, color="black", linestyle="--", linewidth=1)
     curves.set_ylabel(TRAJECTORY.get(on, on))
     curves.set_title("median and quartiles per cluster (dot: breakthrough)", fontsize="medium")
     curves.legend(fontsize="x-small")
     losses.set_ylabel("exact loss (median per cluster)")
-    losses.axvline(found, color="black", linestyle="--", linewidth=1)
     losses.set_title("exact loss of the same clusters", fontsize="medium")
     if exact is None:
         losses.text(0.5, 0.5, "no stored loss over these datapoints", transform=losses.transAxes, ha="center")
@@ -128,7 +129,8 @@ def _basis_figure(result: xr.Dataset, basis: int, exact: xr.DataArray | None, on
     else:
         _composition(makeup, result, basis, shown)
     more = f"; the {len(shown)} largest of {count} shown" if count > len(shown) else ""
-    figure.suptitle(f"basis vector {basis}: {count} clusters of {on} trajectories{more}")
+    what = f"basis vector {basis}: " if found is not None else ""
+    figure.suptitle(f"{what}{count} clusters of {on} trajectories{more}")
     return figure
 
 
@@ -171,7 +173,7 @@ def _composition(axes: Axes, result: xr.Dataset, basis: int, shown: list[int]) -
     axes.set_ylabel("share of the cluster")
     axes.set_title("make-up of each cluster", fontsize="medium")
     if axes.get_legend_handles_labels()[0]:
-        axes.legend(fontsize="x-small", loc="lower right")
+        axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     else:
         axes.text(0.5, 0.5, "no labels: pass --label", transform=axes.transAxes, ha="center")
 
@@ -195,3 +197,33 @@ def _contexts(axes: Axes, result: xr.Dataset, basis: int, shown: list[int]) -> N
             va="center",
         )
         axes.annotate(target, xy=(1, 0.5), xycoords=head, va="center", color="red", weight="bold", fontsize="small")
+
+
+def compare(results: dict[str, xr.Dataset]) -> dict[str, Figure]:
+    """``homogeneity``: the three highest label homogeneities of each result, grouped bars (Table 3's layout).
+
+    Only results scored against a label (``--label``) take part; with fewer than two there is
+    nothing to compare and no figure.
+    """
+    scored = {name: r for name, r in results.items() if "top_homogeneity" in r}
+    if len(scored) < 2:
+        return {}
+    figure = new_figure(1, width=max(5.0, 1.6 * len(scored)), height=3.4)
+    axes = figure.axes[0]
+    width = 0.8 / 3
+    for rank in range(3):
+        values = [float(np.nan_to_num(r["top_homogeneity"].values[rank])) for r in scored.values()]
+        positions = np.arange(len(scored)) + (rank - 1) * width
+        axes.bar(positions, values, width=width, color=COLORS[rank], label=f"rank {rank + 1}")
+        for x, value in zip(positions, values, strict=True):
+            axes.annotate(
+                f"{value:.2f}", (x, value), textcoords="offset points", xytext=(0, 2), ha="center", fontsize="x-small"
+            )
+    names = [f"{name}\n(on {r.ckpt.option('on', '?')})" for name, r in scored.items()]
+    axes.set_xticks(np.arange(len(scored)), names, fontsize="small")
+    labels = {str(r.ckpt.option("label")) for r in scored.values()}
+    axes.set_ylabel(f"homogeneity ({', '.join(sorted(labels))})")
+    axes.set_ylim(0, 1.1)
+    axes.set_title("best clusters of each result (0: no cluster)")
+    axes.legend(fontsize="small")
+    return {"homogeneity": figure}

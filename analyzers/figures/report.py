@@ -172,6 +172,31 @@ def _analysis_section(store: Any, name: str, registry: Any, current_data: str) -
     return "\n".join(body), problems
 
 
+def _side_by_side(store: Any, registry: Any) -> str:
+    """A section per analyzer with several stored results: what differs in their options, and its comparison."""
+    by_analyzer: dict[str, list[str]] = {}
+    for name in store.analyses:
+        by_analyzer.setdefault(store.analysis(name).ckpt.analyzer or name, []).append(name)
+    parts = []
+    for analyzer_name, names in by_analyzer.items():
+        cls = registry.analyzers.get(analyzer_name)
+        if len(names) < 2 or cls is None:
+            continue
+        results = {name: store.analysis(name).load() for name in names}
+        options = {name: r.ckpt.options for name, r in results.items()}
+        keys = sorted({k for o in options.values() for k in o})
+        differing = [k for k in keys if len({json.dumps(o.get(k)) for o in options.values()}) > 1]
+        rows = [(name, ", ".join(f"{k}={json.dumps(options[name].get(k))}" for k in differing)) for name in names]
+        parts.append(f"<h3>{html.escape(analyzer_name)}: {len(names)} results</h3>{_table(rows)}")
+        try:
+            figures = cls().plot_together(results, store)
+        except Exception as exc:  # shown in the page, as a failing figure of one result is
+            parts.append(f'<p class="error">{html.escape(analyzer_name)}: comparison failed ({exc})</p>')
+            continue
+        parts += [_image(png_bytes(f), f"{analyzer_name} {key}") for key, f in figures.items()]
+    return "<h2>Side by side</h2>" + "".join(parts) if parts else ""
+
+
 def write_report(where: str, out: str, registry: Any) -> list[str]:
     """Write the HTML report of the store at ``where`` to ``out``; return the problems met (also in the page).
 
@@ -194,6 +219,7 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
         section, found = _analysis_section(store, name, registry, current)
         sections.append(section)
         problems += found
+    together = _side_by_side(store, registry)
     metrics = _metrics_figure(store)
     contents = "".join(f'<li><a href="#{html.escape(n)}">{html.escape(n)}</a></li>' for n in store.analyses)
     page = [
@@ -204,6 +230,7 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
         _image(metrics, "metrics") if metrics else "<p>No metrics were recorded during training.</p>",
         _slider(store),
         f"<h2>Analyses</h2><ul>{contents}</ul>" if store.analyses else "<h2>Analyses</h2><p>None stored yet.</p>",
+        together,
         *sections,
         f"<hr><p>Written by ckpt {html.escape(ckptstore.__version__)}.</p></body></html>",
     ]
