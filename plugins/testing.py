@@ -49,6 +49,49 @@ class _CountComputes(Callback):
         self.count += 1
 
 
+def check_figure(figure: Any, *, panels: int | None = None) -> np.ndarray:
+    """Assert that ``figure`` is a drawable, labelled matplotlib Figure; return it rendered (RGBA pixels).
+
+    Checked: it renders to PNG; the image is not blank (over 0.5% of its pixels differ from the
+    background, in more than two colours); every panel with something drawn in it has a y label
+    and an x label or title (a twin axes shares its x axis); and, with ``panels``, the number of
+    panels (axes with their axis shown, twins counted once).
+    """
+    import io
+
+    from matplotlib.figure import Figure
+    from matplotlib.image import imread
+
+    assert isinstance(figure, Figure), f"expected a matplotlib Figure, got {type(figure).__name__}"
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=50)
+    buffer.seek(0)
+    pixels = imread(buffer, format="png")
+    flat = pixels.reshape(-1, pixels.shape[-1])
+    background = flat[0]
+    drawn = np.any(np.abs(flat - background) > 0.02, axis=1)
+    assert drawn.mean() > 0.005, f"the figure is blank ({drawn.mean():.2%} of its pixels drawn)"
+    assert len(np.unique(flat[drawn][:, :3].round(2), axis=0)) > 2, "the figure has two colours or fewer"
+    shown = [axes for axes in figure.axes if axes.axison]
+    # a twin (twinx) sits exactly over an earlier panel and shares its x axis
+    twins = {
+        id(later)
+        for index, later in enumerate(shown)
+        for earlier in shown[:index]
+        if later.get_position().bounds == earlier.get_position().bounds
+    }
+    for axes in shown:
+        if not (axes.lines or axes.collections or axes.patches or axes.images):
+            continue
+        where = axes.get_title() or f"panel {shown.index(axes)}"
+        assert axes.get_ylabel(), f"{where}: no y label"
+        assert axes.get_xlabel() or axes.get_title() or id(axes) in twins, f"{where}: no x label or title"
+    if panels is not None:
+        count = len([axes for axes in shown if id(axes) not in twins])
+        assert count == panels, f"expected {panels} panels, found {count}"
+    return pixels
+
+
 class AnalyzerTests:
     """Base class of an analyzer's conformance tests (collected only through a ``Test*`` subclass).
 
@@ -173,6 +216,19 @@ class AnalyzerTests:
         second = run(name, store, registry=registry, **self.options)
         assert first.computed_steps, "the first run computed nothing"
         assert second.computed_steps == [], f"the second run recomputed steps {second.computed_steps}"
+
+    def test_figures(self, store: Path, registry: Registry) -> None:
+        """``plot`` draws the stored result: named matplotlib Figures, not blank, with labelled panels."""
+        cls = self.analyzer_class
+        result = run(cls.name, store, registry=registry, **self.options).dataset
+        figures = cls(**self.options).plot(result, ckptstore.open(store))
+        assert isinstance(figures, dict), f"plot returned {type(figures).__name__}, not a dict of figures"
+        if not figures:
+            pytest.skip(f"analyzer {cls.name!r} draws no figures")
+        for key, figure in figures.items():
+            usable = isinstance(key, str) and bool(key) and not set(key) & set("/\\ \t\n")
+            assert usable, f"figure name {key!r} is not usable in a file name (NAME-KEY.png)"
+            check_figure(figure)
 
     def test_result_has_a_step_dim(self, store: Path, registry: Registry) -> None:
         """Results grow along ``step``: the store's steps, or the first steps of its pairs."""

@@ -102,7 +102,8 @@ class Frames:
             steps = self.sequences["step"].values
             if step in steps:
                 xi = self.sequences["sequence_embedding"].sel(step=step).values
-                ax.scatter(xi[:, 0], xi[:, 1], c=self.sequences["target"].values, cmap=CYCLIC, s=6)
+                target = self.sequences["target"].values
+                ax.scatter(xi[:, 0], xi[:, 1], c=target, cmap=CYCLIC, vmin=0, vmax=int(target.max()) + 1, s=6)
             ax.set_title("sequence embeddings ξ by target", fontsize="medium")
             every = self.sequences["sequence_embedding"].values
             ax.set_xlim(np.nanmin(every[..., 0]), np.nanmax(every[..., 0]))

@@ -81,10 +81,10 @@ def projected_figures(
             axes.axvline(found[index], color=COLORS[1], linestyle="--", linewidth=1, label="found at")
             heading += f" (found at {int(found[index])})"
         axes.set_title(heading, fontsize="medium")
+        axes.set_ylabel(variable.replace("_", " "))
         step_axis(axes, steps)
     hide_unused(figure, len(shown))
     figure.axes[0].legend(fontsize="small")
-    figure.axes[0].set_ylabel(variable.replace("_", " "))
     figure.suptitle(title + note)
     return {"trajectories": figure}
 

@@ -66,6 +66,7 @@ def _overview(result: xr.Dataset, counts: np.ndarray, kept: np.ndarray, on: str)
     right.plot([], [], color=COLORS[0], label="cluster breakthroughs")
     right.plot([], [], color=COLORS[1], label="hidden (> τ from the mean's)")
     right.set_title("aggregate curve and the clusters' breakthroughs")
+    right.set_ylabel(f"mean {TRAJECTORY.get(on, on)}")
     step_axis(right, steps)
     right.legend(fontsize="small")
     if counts.sum() == 0:
@@ -111,7 +112,8 @@ def _basis_figure(result: xr.Dataset, basis: int, exact: xr.DataArray | None, on
             curves.plot([at], [np.interp(at, steps, median)], "o", color=color, markeredgecolor="black")
         if exact is not None:
             members = result["cluster_label"].values[basis] == cluster
-            losses.plot(exact["step"].values, np.median(exact.values[:, members], axis=1), color=color)
+            median_loss = np.median(exact.values[:, members], axis=1)
+            losses.plot(exact["step"].values, median_loss, color=color, label=f"cluster {cluster}")
     if found is not None:  # trajectories projected on a basis (not the exact loss)
         curves.axvline(found, color="black", linestyle="--", linewidth=1, label=f"vector found ({found})")
         losses.axvline(found, color="black", linestyle="--", linewidth=1)

@@ -81,10 +81,9 @@ class EmbeddingView:
             axes.set_ylabel(self.axis_names[1])
             if limits is None:
                 axes.set_aspect("equal", adjustable="datalim")
-            else:  # fixed limits for every frame: the box, not the limits, keeps the aspect
+            else:  # the same limits in every frame, so that motion on screen is motion of the points
                 axes.set_xlim(limits[index][0])
                 axes.set_ylim(limits[index][1])
-                axes.set_aspect("equal", adjustable="box")
 
     @staticmethod
     def limits(points: np.ndarray) -> tuple[Any, Any]:
@@ -159,7 +158,7 @@ def _sequence_panel(axes: Axes, at_step: xr.Dataset) -> None:
     """ξ of every probe at one step (its first two components), coloured by the target."""
     xi = np.asarray(at_step["sequence_embedding"].values)
     target = np.asarray(at_step["target"].values)
-    axes.scatter(xi[:, 0], xi[:, 1], c=target, cmap=CYCLIC, s=6)
+    axes.scatter(xi[:, 0], xi[:, 1], c=target, cmap=CYCLIC, vmin=0, vmax=int(target.max()) + 1, s=6)
     clusters, ideal = int(at_step["sequence_clusters"].values), int(at_step["ideal_clusters"].values)
     axes.set_title(f"sequence embeddings ξ: {clusters} clusters (ideal {ideal})", fontsize="small")
     axes.set_xlabel("ξ 0")

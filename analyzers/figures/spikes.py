@@ -87,9 +87,11 @@ def spike_figures(result: xr.Dataset, store: Any) -> dict[str, Figure]:
         axes.legend(fontsize="x-small", loc="upper right")
         step_axis(axes, steps)
     cooccurrence, chance = float(result["cooccurrence"].values), float(result["chance"].values)
-    figure.suptitle(
-        f"spikes: {cooccurrence:.2f} of the loss spikes co-occur with a gradient-norm spike (chance {chance:.2f})"
-        if has_grad
-        else "loss spikes (no model: no gradient norms)"
-    )
+    if not has_grad:
+        title = "loss spikes (no model: no gradient norms)"
+    elif not np.isfinite(cooccurrence):
+        title = "no loss spikes, so no co-occurrence to measure"
+    else:
+        title = f"{cooccurrence:.2f} of the loss spikes co-occur with a gradient-norm spike (chance {chance:.2f})"
+    figure.suptitle(title)
     return {"spikes": figure}
