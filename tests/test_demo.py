@@ -29,6 +29,9 @@ def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
     store = ckptstore.open(folder / "addition.zarr")
     assert [int(s) for s in store.steps] == list(range(0, 401, 40))
     assert {"loss", "hessian-basis", "polca", "fisher", "clusters"} <= set(store.analyses)
+    # the three clusterings of Table 3 are kept side by side
+    for name, on in (("clusters-loss", "loss"), ("clusters-fisher", "fisher"), ("clusters", "polca")):
+        assert store.analysis(name).ckpt.option("on") == on, name
     polca = store.analysis("polca")
     assert polca.attrs["ckpt"]["options"]["second_order"] == "none"
     assert polca.sizes["basis"] == 2
@@ -69,6 +72,21 @@ def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
     receives = np.isin(data["place"].values[tokens["example"].values, tokens["position"].values], (1, 2))
     base_rate = data["carry"].values[tokens["example"].values, tokens["position"].values][receives].mean()
     assert f"{base_rate:.3f} of the 10s/100s tokens receive a carry" in out
+
+    # the demo ends with its report: every figure loads in a real browser, and the slider moves
+    from tests.browser import open_report
+
+    page_path = folder / "report.html"
+    assert f"report with every figure: {page_path}" in out
+    page = open_report(page_path, tmp_path / "demo-report.png")
+    assert page.console_errors == []
+    assert [image["alt"] for image in page.images if not image["loaded"]] == []
+    alts = {image["alt"] for image in page.images}
+    for name in store.analyses:
+        assert any(alt.startswith(f"{name} ") for alt in alts), name
+    assert "clusters homogeneity" in alts, "the three clusterings compared side by side"
+    assert page.slider_steps == ["step 0", "step 400"]
+    assert page.slider_frames[0] != page.slider_frames[1]
 
     # --seeds: one demo per seed in DIR/seed-S, then the spread; the seed-0 run is reused from above
     seeds = tmp_path / "seeds"

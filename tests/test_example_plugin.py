@@ -75,3 +75,21 @@ def test_analyze_stores_the_norms(plugin_env: dict[str, str], mlp_store: Path) -
     shown = run_ckpt("show", str(mlp_store), "weight-norm", extra_env=plugin_env)
     assert shown.returncode == 0, shown.stderr
     assert "weight-norm v1" in shown.stdout
+    # its figure, drawn by ckpt plot through the installed plugin, and in the report
+    out = mlp_store.parent / "norms.png"
+    plotted = run_ckpt("plot", str(mlp_store), "weight-norm", "--out", str(out), extra_env=plugin_env)
+    assert plotted.returncode == 0, plotted.stderr
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    page = mlp_store.parent / "report.html"
+    reported = run_ckpt("report", str(mlp_store), "--out", str(page), extra_env=plugin_env)
+    assert reported.returncode == 0, reported.stderr
+    assert 'alt="weight-norm norms"' in page.read_text()
+
+
+def test_its_own_suite_passes_the_conformance_kit(plugin_env: dict[str, str], tmp_path: Path) -> None:
+    """The plugin's tests (the kit's, figures included, and its own) pass against the installed plugin."""
+    env = {**os.environ, **plugin_env}
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", str(EXAMPLE / "tests")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert re.search(r"test_figures PASSED", result.stdout), result.stdout[-3000:]

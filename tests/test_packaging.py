@@ -82,7 +82,8 @@ def test_wheel_holds_one_tree(tmp_path: Path) -> None:
     top = {name.split("/")[0] for name in names}
     assert top == {"ckpt", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     packages = {name.rsplit("/", 1)[0] for name in names if name.endswith("__init__.py")}
-    assert packages == {"ckpt", *(f"ckpt/{p}" for p in ("store", "plugins", "analyzers", "sandboxes", "cli"))}
+    layers = ("store", "plugins", "analyzers", "analyzers/figures", "sandboxes", "cli")
+    assert packages == {"ckpt", *(f"ckpt/{p}" for p in layers)}
     assert "ckpt/sandboxes/data/grimm.txt" in names  # package data travels with the renamed package
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "ckpt = ckpt.cli.main:main" in entry_points

@@ -159,6 +159,16 @@ def test_clusters_of_a_tiny_lm_run_get_spacy_pos_labels_through_the_cli(
     word = str(data["text"].values[e])[int(data["char_start"].values[e, p]) : int(data["char_end"].values[e, p])]
     assert str(result["medoid_context"].values[0, 0, 0]).endswith(f"[{word}]")
 
+    # the figure shows each cluster's medoid context, its target token drawn apart (in red)
+    from ckpt.plugins.testing import check_figure
+
+    figure = Clusters(**result.ckpt.options).plot(result, ckptstore.open(path))["basis-0"]
+    check_figure(figure, panels=2)  # the curves and the exact loss; the contexts panel has no axes
+    texts = [t.get_text() for t in figure.axes[2].texts]
+    assert texts[0].startswith("0: ") and f"[{word}]" in texts, texts
+    highlighted = [t for t in figure.axes[2].texts if t.get_text() == f"[{word}]"]
+    assert highlighted[0].get_color() == "red"
+
 
 def test_a_missing_spacy_model_is_one_error_line_and_the_store_is_unchanged(trained: Path, tmp_path: Path) -> None:
     assert Clusters.option_spec()["spacy_model"].default == "en_core_web_sm"

@@ -6,6 +6,7 @@ It reads only the checkpoints' tensors (no model, no data), so it runs on any st
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -39,6 +40,21 @@ class WeightNorm(Analyzer):
         )
         result["norm"].attrs.update(long_name="L2 norm", description="sqrt of the sum of squares, in float64")
         return result
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Any]:
+        """``norms``: each tensor's norm over steps (the ten largest at the last step)."""
+        from matplotlib.figure import Figure  # here, not at the top: commands that do not plot never load it
+
+        figure = Figure(figsize=(6, 3.5), layout="constrained")
+        axes = figure.add_subplot()
+        last = result["norm"].isel(step=-1).values
+        for index in np.argsort(-last)[:10]:
+            axes.plot(result["step"].values, result["norm"].values[:, index], label=str(result["tensor"].values[index]))
+        axes.set_xlabel("training step")
+        axes.set_ylabel("L2 norm")
+        axes.set_title("weight norms")
+        axes.legend(fontsize="x-small")
+        return {"norms": figure}
 
 
 @hookimpl
