@@ -149,7 +149,14 @@ class ClusteringHeadTransformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[batch, p]`` of integer tokens ``[batch, L]``."""
-        pooled = self.attn(self.embeddings(tokens))
+        return self.output_logits(self.attn(self.embeddings(tokens)))
+
+    def output_logits(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Logits ``[batch, p]`` of sequence embeddings ``[batch, d]`` (the attention output ξ).
+
+        ``ckpt animate`` and the report evaluate it on a grid of the ξ plane to draw the output
+        regions, the classes the MLP assigns to each point (Clustering Head's figures).
+        """
         hidden = self.mlp(pooled)
         # tied decoding: a class's logit is the alignment of the output with its token embedding
         return torch.matmul(hidden, self.embed.weight.T)

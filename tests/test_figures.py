@@ -300,3 +300,28 @@ def test_report_opens_in_a_real_browser_with_every_figure(addition: Path, tmp_pa
     assert page.screenshot is not None and page.screenshot.std() > 10, "the page shows something"
     assert out.read_text().count("<script") == 2, "self-contained: the frames' data and the slider's few lines"
     assert "http://" not in out.read_text() and "https://" not in out.read_text(), "nothing is fetched"
+
+
+def test_output_regions_are_the_class_the_mlp_gives_each_point_of_the_plane(sparse: Path) -> None:
+    import torch
+
+    from ckpt.analyzers.figures.animation import REGION_GRID, Frames
+
+    store = ckptstore.open(sparse)
+    frames = Frames(store)
+    assert frames.model is not None, "the sparse modular addition model decodes sequence embeddings"
+    step, xlim, ylim = 16, (-1.5, 1.5), (-1.0, 2.0)
+    regions = frames.regions(step, xlim, ylim)
+    # by hand, from the stored tensors: h = y + W2 gelu(W1 rms(y) + b1) + b2, logits = h E^T
+    t = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in store.tensors(step).items()}
+    xs, ys = np.linspace(*xlim, REGION_GRID), np.linspace(*ylim, REGION_GRID)
+    y = torch.as_tensor(np.stack(np.meshgrid(xs, ys), axis=-1).reshape(-1, 2))
+    normed = y / torch.sqrt((y * y).mean(-1, keepdim=True) + 1e-12)
+    hidden = torch.nn.functional.gelu(normed @ t["mlp.fc1.weight"].T + t["mlp.fc1.bias"])
+    h = y + hidden @ t["mlp.fc2.weight"].T + t["mlp.fc2.bias"]
+    logits = h @ t["embed.weight"].T
+    expected = logits.argmax(-1).numpy().reshape(REGION_GRID, REGION_GRID)
+    margin = (logits.max(-1).values - logits.min(-1).values).numpy().reshape(REGION_GRID, REGION_GRID)
+    clear = margin > 1e-4  # float32 against float64 may differ only where two classes tie
+    assert clear.mean() > 0.99
+    np.testing.assert_array_equal(regions[clear], expected[clear])

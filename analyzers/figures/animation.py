@@ -21,6 +21,8 @@ from ckpt.errors import AnalysisError
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
+REGION_GRID = 120
+"""Points per side of the grid the output regions are evaluated on."""
 LOSS_METRICS = ("train_loss", "loss", "test_loss", "val_loss")
 """Metrics drawn as the loss curve, the first one the store records."""
 
@@ -53,6 +55,30 @@ class Frames:
             geometry = store.analysis("embedding-geometry")
             if "sequence_embedding" in geometry:
                 self.sequences = geometry[["sequence_embedding", "target"]].load()
+        self.model = self._decoder(store) if self.sequences is not None else None
+
+    @staticmethod
+    def _decoder(store: Any) -> Any:
+        """The store's model when it maps a sequence embedding to logits (``output_logits``), else None."""
+        if store.model is None:
+            return None
+        try:
+            model = store.model.build()
+        except Exception:  # an untrusted or broken factory: the frames simply show no regions
+            return None
+        return model if callable(getattr(model, "output_logits", None)) else None
+
+    def regions(self, step: int, xlim: tuple[float, float], ylim: tuple[float, float]) -> np.ndarray:
+        """The class the model outputs at each point of a ``REGION_GRID``² grid of the ξ plane at ``step``."""
+        import torch
+
+        self.model.load_state_dict(self.store.tensors(step, framework="torch"))
+        xs, ys = np.linspace(*xlim, REGION_GRID), np.linspace(*ylim, REGION_GRID)
+        grid = np.stack(np.meshgrid(xs, ys), axis=-1).reshape(-1, 2)
+        dtype = next(self.model.parameters()).dtype
+        with torch.no_grad():
+            logits = self.model.output_logits(torch.as_tensor(grid, dtype=dtype))
+        return logits.argmax(-1).numpy().reshape(REGION_GRID, REGION_GRID)
 
     @staticmethod
     def _loss_curve(store: Any) -> tuple[str, np.ndarray, np.ndarray] | None:
@@ -100,14 +126,43 @@ class Frames:
             ax = axes[used]
             used += 1
             steps = self.sequences["step"].values
+            target = self.sequences["target"].values
+            classes = int(target.max()) + 1
+            every = self.sequences["sequence_embedding"].values
+            xlim = (float(np.nanmin(every[..., 0])), float(np.nanmax(every[..., 0])))
+            ylim = (float(np.nanmin(every[..., 1])), float(np.nanmax(every[..., 1])))
+            title = "sequence embeddings ξ by target"
+            if self.model is not None:
+                ax.imshow(
+                    self.regions(step, xlim, ylim),
+                    origin="lower",
+                    extent=(*xlim, *ylim),
+                    aspect="auto",
+                    cmap=CYCLIC,
+                    vmin=0,
+                    vmax=classes,
+                    alpha=0.35,
+                    interpolation="nearest",
+                )
+                title += "; shading: the class output there"
             if step in steps:
                 xi = self.sequences["sequence_embedding"].sel(step=step).values
-                target = self.sequences["target"].values
-                ax.scatter(xi[:, 0], xi[:, 1], c=target, cmap=CYCLIC, vmin=0, vmax=int(target.max()) + 1, s=6)
-            ax.set_title("sequence embeddings ξ by target", fontsize="medium")
-            every = self.sequences["sequence_embedding"].values
-            ax.set_xlim(np.nanmin(every[..., 0]), np.nanmax(every[..., 0]))
-            ax.set_ylim(np.nanmin(every[..., 1]), np.nanmax(every[..., 1]))
+                ax.scatter(
+                    xi[:, 0],
+                    xi[:, 1],
+                    c=target,
+                    cmap=CYCLIC,
+                    vmin=0,
+                    vmax=classes,
+                    s=6,
+                    edgecolors="black",
+                    linewidths=0.2,
+                )
+            ax.set_title(title, fontsize="small")
+            ax.set_xlabel("ξ 0")
+            ax.set_ylabel("ξ 1")
+            ax.set_xlim(xlim)
+            ax.set_ylim(ylim)
         if self.loss is not None:
             ax = axes[used]
             name, steps, values = self.loss
