@@ -63,6 +63,7 @@ def test_loss_curves_draw_the_median_of_each_place_and_carry_group(addition: Pat
     assert list(figures) == ["curves"]
     figure = figures["curves"]
     check_figure(figure, panels=5)  # all datapoints, then places 0..3
+    assert figure.axes[0].get_xscale() == "linear", "checkpoints every 10 steps"
     store = ckptstore.open(addition)
     loss = store.analysis("loss").load()
     overall = figure.axes[0]
@@ -325,3 +326,61 @@ def test_output_regions_are_the_class_the_mlp_gives_each_point_of_the_plane(spar
     clear = margin > 1e-4  # float32 against float64 may differ only where two classes tie
     assert clear.mean() > 0.99
     np.testing.assert_array_equal(regions[clear], expected[clear])
+
+
+def test_runs_compared_grid_imperfection_against_accuracy_and_sparsity_overlaid(tmp_path: Path) -> None:
+    from ckpt.plugins import analyze_runs
+    from ckpt.sandboxes.modular_addition import ModularAddition
+
+    runs = []
+    for decay in (0.0, 1.0):
+        path = tmp_path / f"wd{decay}.zarr"
+        train(ModularAddition(), path, steps=20, every=10, seed=0, weight_decay=decay)
+        run("embedding-geometry", path)
+        runs.append(path)
+    out = tmp_path / "grids.png"
+    result = run_ckpt("plot", *map(str, runs), "embedding-geometry", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    from ckpt.analyzers.figures.geometry import runs_figure
+
+    figure = runs_figure([str(r) for r in runs])
+    check_figure(figure, panels=1)
+    points = np.concatenate([c.get_offsets() for c in figure.axes[0].collections])
+    for path in runs:
+        store = ckptstore.open(path)
+        expected = [
+            float(store.metrics["test_accuracy"].values[-1]),
+            float(store.analysis("embedding-geometry")["grid_imperfection"].values[-1]),
+        ]
+        assert any(np.allclose(point, expected) for point in points), (path, points)
+    refused = run_ckpt("plot", *map(str, runs), "loss", "--out", str(out))
+    assert refused.returncode == 2
+    assert "compared for embedding-geometry only" in refused.stderr
+
+    sparse_runs = []
+    for seed in (0, 1):
+        path = tmp_path / f"sparse{seed}.zarr"
+        train(SparseModularAddition(), path, steps=8, every=4, seed=seed)
+        sparse_runs.append(path)
+    combined = analyze_runs("sparsity", sparse_runs, modules="mlp.fc2", capture="input", eps_count=8)
+    analyzer = shared_registry().analyzers["sparsity"](modules="mlp.fc2", capture="input", eps_count=8)
+    epsilon = analyzer.plot(combined.load(), ckptstore.open(sparse_runs[0]))["epsilon"]
+    check_figure(epsilon, panels=1)
+    lines = epsilon.axes[0].lines
+    assert [line.get_label() for line in lines] == ["seed 0 (step 8)", "seed 1 (step 8)"]
+    for line, path in zip(lines, sparse_runs, strict=True):
+        stored = ckptstore.open(path).analysis("sparsity")["sparsity"].isel(step=-1, module=0).values
+        np.testing.assert_allclose(line.get_ydata(), stored)
+
+
+def test_log_spaced_runs_get_a_log_step_axis(tmp_path: Path) -> None:
+    from ckpt.analyzers.figures import log_spaced
+
+    assert log_spaced([0, 1, 2, 4, 8, 16, 32, 64])
+    assert not log_spaced(list(range(0, 200, 10)))
+    path = tmp_path / "log.zarr"
+    store = train(Addition(), path, steps=64, every=None, log_spaced=True, batch_size=32, **TINY)
+    assert log_spaced([int(s) for s in store.steps]), store.steps
+    run("loss", path)
+    figure = figures_of(path, "loss")["curves"]
+    assert all(axes.get_xscale() == "symlog" for axes in figure.axes)
