@@ -163,7 +163,7 @@ def _composition(axes: Axes, result: xr.Dataset, basis: int, shown: list[int]) -
             s=400,
             color="black",
             zorder=3,
-            label=f"share with the cluster's {label}",
+            label=f"share with the {label} value written above",
         )
         for x, y, v in zip(positions, homogeneity, value, strict=True):
             axes.annotate(
