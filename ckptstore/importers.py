@@ -36,12 +36,22 @@ from ckpt.store.writer import (
 FORMATS = ("torch", "safetensors", "hf")
 """Source formats of :func:`import_checkpoints` (``"auto"`` picks one of them)."""
 
-_SUFFIXES = {"torch": (".pt", ".pth", ".bin"), "safetensors": (".safetensors",)}
+_SUFFIXES = {"torch": (".pt", ".pth", ".bin", ".ckpt"), "safetensors": (".safetensors",)}  # .ckpt: Lightning
 # entries of a training loop's checkpoint dict that commonly hold the model's state_dict
 _STATE_DICT_KEYS = ("model", "state_dict", "model_state_dict", "module")
 _HF_DIR = re.compile(r"checkpoint-\d+")
 # what an HF Trainer checkpoint folder holds, by preference; an index names the shards of a sharded one
 _HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json", "pytorch_model.bin")
+# a name's step when it says so: step=000100 (Lightning), global_step_5, step-20, step100
+_STEP_WORD = re.compile(r"(?<![a-z])(?:global_)?step[=_-]?(\d+)", re.IGNORECASE)
+HF_STATE = "trainer_state.json"
+"""What an HF Trainer checkpoint folder records of its run: global_step and the log."""
+HF_FACTORY = "ckpt.plugins.huggingface:build_model"
+"""The model factory an imported HF run records (rebuilds the model from its config.json with transformers)."""
+HF_NOT_MODEL_CONFIG = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
+"""Entries of ``config.json`` that describe the saved file, not the architecture."""
+HF_CAUSAL_LM = ("ForCausalLM", "LMHeadModel")
+"""Endings of the architecture names whose runs get the ``causal-lm`` objective."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,8 @@ class ImportReport:
     steps: list[int]
     tensors: int
     bytes_read: int
+    skipped: tuple[str, ...] = ()
+    """Files of the source folder that are not checkpoints of its format (named, never silently dropped)."""
 
 
 def _source_dir(src: str | os.PathLike[str]) -> Path:
@@ -127,12 +139,7 @@ def _compile(step_pattern: str) -> tuple[re.Pattern[str], int | str]:
     raise ImportFormatError(msg)
 
 
-def _step_of(path: Path, compiled: tuple[re.Pattern[str], int | str] | None) -> int:
-    if compiled is None:  # the last integer: checkpoint-500, step_1000.pt, ckpt-3-of-run7_epoch12.pt -> 12
-        numbers = re.findall(r"\d+", path.name if path.is_dir() else path.stem)
-        if not numbers:
-            raise ImportFormatError(f"cannot tell the step of {path}: its name holds no integer; pass --step-pattern")
-        return int(numbers[-1])
+def _pattern_step(path: Path, compiled: tuple[re.Pattern[str], int | str]) -> int:
     pattern, group = compiled
     match = pattern.search(path.name)
     value = match.group(group) if match else None
@@ -141,6 +148,81 @@ def _step_of(path: Path, compiled: tuple[re.Pattern[str], int | str] | None) -> 
         msg = f"cannot tell the step of {path}: its name {found} the step pattern '{pattern.pattern}'"
         raise ImportFormatError(f"{msg}; fix the pattern or move the file out of the folder")
     return int(value)
+
+
+def _name_step(path: Path) -> int | None:
+    """The step a name states: after the word ``step`` (``step=000100``), else its only integer.
+
+    Returns None for a name without integers. A name with several integers and no ``step`` word
+    (``ckpt-3-of-run7_epoch12.pt``) is ambiguous: an error, never a guess.
+    """
+    stem = path.name if path.is_dir() else path.stem
+    stated = {int(v) for v in _STEP_WORD.findall(stem)}
+    if len(stated) == 1:
+        return stated.pop()
+    numbers = [int(v) for v in re.findall(r"\d+", stem)]
+    if not numbers:
+        return None
+    if len(set(numbers)) == 1:
+        return numbers[0]
+    listed = ", ".join(str(n) for n in dict.fromkeys(numbers))
+    msg = f"cannot tell the step of {path} from its name: it holds the integers {listed}"
+    raise ImportFormatError(f"{msg}; pass --step-pattern with a group capturing the step")
+
+
+def _recorded_step(path: Path, files: tuple[Path, ...], fmt: str) -> tuple[int, str] | None:
+    """The step a checkpoint records itself, and where it says so (None when it records none).
+
+    An HF folder's ``trainer_state.json`` ``global_step``; a torch checkpoint dict's
+    ``global_step`` (Lightning's ``.ckpt`` files, many training loops).
+    """
+    if fmt == "hf":
+        state = path / HF_STATE
+        if not state.is_file():
+            return None
+        try:
+            value = json.loads(state.read_text())["global_step"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ImportFormatError(f"cannot read the global_step of {state}: {exc!r}") from None
+        return (int(value), f"its {HF_STATE} says global_step {value}") if isinstance(value, int) else None
+    if fmt != "torch":
+        return None
+    import torch
+
+    try:  # mmap: only the pickled header is read, not the tensors
+        obj = torch.load(files[0], map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(files[0]))
+    except Exception:  # unreadable: the import names the file and why when it loads it
+        return None
+    value = obj.get("global_step") if isinstance(obj, Mapping) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, f"the file records global_step {value}"
+    return None
+
+
+def _step_of(path: Path, files: tuple[Path, ...], fmt: str, compiled: tuple[re.Pattern[str], int | str] | None) -> int:
+    """The step of one checkpoint: the step pattern's, else the one it records, else its name's.
+
+    A recorded step and a name that states another one disagree: an error naming both, since
+    one of them is wrong (a renamed or copied file).
+    """
+    if compiled is not None:
+        return _pattern_step(path, compiled)
+    recorded = _recorded_step(path, files, fmt)
+    try:
+        named = _name_step(path)
+    except ImportFormatError:
+        if recorded is None:
+            raise
+        named = None  # an ambiguous name, but the checkpoint says which step it is
+    if recorded is not None:
+        step, where = recorded
+        if named is not None and named != step:
+            msg = f"{path}: its name says step {named} but {where}; one of them is wrong (a renamed or copied file?)"
+            raise ImportFormatError(f"{msg}: fix the name, or pass --step-pattern to trust names")
+        return step
+    if named is None:
+        raise ImportFormatError(f"cannot tell the step of {path}: its name holds no integer; pass --step-pattern")
+    return named
 
 
 def _hf_files(folder: Path) -> tuple[Path, ...] | None:
@@ -178,7 +260,12 @@ def discover(
     step_pattern
         Regular expression searched in each file (or hf folder) name, whose one
         capturing group, or group named ``step``, is the step. By default the
-        step is the last integer of the name without its suffix.
+        step is the one the checkpoint records (an HF folder's
+        ``trainer_state.json``, a torch checkpoint dict's ``global_step``, as
+        Lightning's ``.ckpt`` files have), else the one its name states (after
+        the word ``step``, or its only integer); a name with several integers
+        and no ``step`` word is ambiguous and an error, and so is a name that
+        states another step than the checkpoint records.
 
     Returns
     -------
@@ -215,12 +302,63 @@ def discover(
         raise ImportFormatError(f"no checkpoints found in {src}: expected {expected} ({fmt} format)")
     by_step: dict[int, CheckpointSource] = {}
     for path, files in found:
-        step = _step_of(path, compiled)
+        step = _step_of(path, files, fmt, compiled)
         if step in by_step:
-            msg = f"{by_step[step].path} and {path} both have step {step}; pass --step-pattern to tell them apart"
+            msg = f"{by_step[step].path} and {path} both have step {step}; remove one, or pass --step-pattern"
             raise ImportFormatError(msg)
         by_step[step] = CheckpointSource(step, path, files)
     return [by_step[s] for s in sorted(by_step)]
+
+
+def skipped_files(src: str | os.PathLike[str], format: str = "auto") -> list[str]:  # noqa: A002
+    """Names of the files of ``src`` that an import of ``format`` skips: not checkpoints of that format.
+
+    ``ckpt import`` names them in a warning, so that a checkpoint saved under another suffix
+    (or in another format) is never dropped without a word.
+    """
+    folder = _source_dir(src)
+    fmt = detect_format(folder) if format == "auto" else format
+    if fmt not in _SUFFIXES:
+        return []
+    return [p.name for p in _visible(folder) if p.is_file() and p.suffix.lower() not in _SUFFIXES[fmt]]
+
+
+def hf_model_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of an HF ``config.json`` that describe the architecture (what the model spec records)."""
+    return {k: v for k, v in config.items() if k not in HF_NOT_MODEL_CONFIG}
+
+
+def _hf_run_metadata(sources: list[CheckpointSource]) -> tuple[dict[str, Any] | None, dict[int, dict[str, float]]]:
+    """The last checkpoint's ``config.json`` (None without one) and the Trainer's log at each checkpoint's step.
+
+    The log is the last checkpoint's ``trainer_state.json`` ``log_history`` (it holds every earlier
+    entry); only entries logged at exactly a checkpoint's step are kept, numbers only.
+    """
+    last = sources[-1].path
+    config = None
+    if (last / "config.json").is_file():
+        try:
+            config = json.loads((last / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ImportFormatError(f"cannot read {last / 'config.json'}: {exc!r}") from None
+    metrics: dict[int, dict[str, float]] = {}
+    state = last / HF_STATE
+    if state.is_file():
+        try:
+            history = json.loads(state.read_text()).get("log_history", [])
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ImportFormatError(f"cannot read the log of {state}: {exc!r}") from None
+        steps = {s.step for s in sources}
+        for entry in history if isinstance(history, list) else []:
+            step = entry.get("step") if isinstance(entry, dict) else None
+            if step in steps:
+                numbers = {
+                    k: float(v)
+                    for k, v in entry.items()
+                    if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
+                }
+                metrics.setdefault(step, {}).update(numbers)
+    return config, metrics
 
 
 def _is_state_dict(obj: Any) -> bool:
@@ -380,7 +518,16 @@ def import_checkpoints(
     if local is not None and local.resolve() in (Path(src).resolve(), *Path(src).resolve().parents):
         # create(overwrite=True) would delete the very files about to be read
         raise ImportFormatError(f"the destination {where} is, or contains, the source folder {src}")
-    attrs = {"imported_from": str(src), "import_format": fmt}
+    attrs: dict[str, Any] = {"imported_from": str(src), "import_format": fmt}
+    logged: dict[int, dict[str, float]] = {}
+    if fmt == "hf":  # the run describes itself: its model (config.json), objective and log
+        hf_config, logged = _hf_run_metadata(sources)
+        if hf_config is not None and model is None:
+            model, config = HF_FACTORY, hf_model_config(hf_config)
+            architecture = (hf_config.get("architectures") or [""])[0]
+            if objective is None and architecture.endswith(HF_CAUSAL_LM):
+                objective = "causal-lm"
+    skipped = skipped_files(src, fmt)
     # Locally the store is built beside dest and moved into place when complete: a killed import
     # leaves dest as it was (absent, or the old store), never a store with part of the run. An object
     # store has no rename: a new store is built in place, marked incomplete until its last commit (so
@@ -415,7 +562,7 @@ def import_checkpoints(
                 loaded = load_checkpoint(current, fmt, key)
                 tensors = len(loaded)
                 bytes_read += sum(f.stat().st_size for f in current.files)
-                writer.write(current.step, loaded)
+                writer.write(current.step, loaded, metrics=logged.get(current.step))
                 del loaded  # before the next load: memory holds one checkpoint
                 if progress is not None:
                     progress(done, len(sources), current.step)
@@ -438,4 +585,4 @@ def import_checkpoints(
     finally:
         if old_lock is not None:
             old_lock.release()
-    return ImportReport(where, fmt, [s.step for s in sources], tensors, bytes_read)
+    return ImportReport(where, fmt, [s.step for s in sources], tensors, bytes_read, tuple(skipped))

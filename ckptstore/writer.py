@@ -644,6 +644,50 @@ class Writer:
         self._nodes.update(nodes)
         self._commit()
 
+    def set_model(
+        self,
+        model: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        objective: str | None = None,
+    ) -> None:
+        """Set or change the model spec and/or the objective of the store, and commit.
+
+        Parameters
+        ----------
+        model
+            Model factory ``"package.module:function"`` (unchanged when None).
+        config
+            Keyword arguments of ``model`` (JSON-serialisable; ``{}`` when None with a model).
+        objective
+            Per-datapoint loss name (unchanged when None).
+
+        Stored analysis results are kept: their provenance records the model spec and
+        objective they were computed with, so the engine recomputes them, never reuses them.
+        The change is recorded in the store's history.
+
+        Raises
+        ------
+        InvalidNameError, DataError
+            Before anything is written.
+        """
+        self._check_open()
+        meta = self._attrs[ROOT_ATTR]
+        changes: dict[str, Any] = {}
+        if model is not None:
+            if not isinstance(model, str) or ":" not in model:
+                msg = f"model must be an importable factory 'package.module:function', got {model!r}"
+                raise InvalidNameError(msg)
+            try:
+                config_json = json.loads(json.dumps(dict(config or {}), allow_nan=False))
+            except (TypeError, ValueError) as exc:
+                raise DataError(f"config must be JSON-serialisable: {exc}") from None
+            meta["model"] = changes["model"] = {"factory": model, "config": config_json}
+        if objective is not None:
+            meta["objective"] = changes["objective"] = objective
+        if changes:
+            meta["history"].append(_history_entry("set-model", **changes))
+            self._commit()
+
     # -- closing ---------------------------------------------------------------------------
     def _mark_complete(self) -> None:
         """Clear the mark an import set at create; the next commit (``close``) makes the store complete."""

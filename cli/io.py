@@ -37,7 +37,8 @@ def _parse_config(text: str | None) -> dict | None:
 @click.option(
     "--step-pattern",
     metavar="REGEX",
-    help="Regex with one group capturing the step in each file/folder name (default: the last integer).",
+    help="Regex with one group capturing the step in each file/folder name (default: the step each checkpoint "
+    "records, else the one its name states; an ambiguous name is an error).",
 )
 @click.option("--key", metavar="KEY", help="Entry of each saved dict that holds the state_dict (e.g. 'model').")
 @click.option("--overwrite", is_flag=True, help="Replace DEST if it exists.")
@@ -73,6 +74,11 @@ def import_command(
     with tqdm(total=total, unit="ckpt", desc="importing", leave=False, disable=None) as bar:
         report = import_checkpoints(src, dest, format=fmt, progress=lambda done, total, step: bar.update(1), **options)
     steps = report.steps
+    if report.skipped:
+        names = ", ".join(report.skipped)
+        click.echo(
+            f"Warning: skipped {len(report.skipped)} files that are not {report.format} checkpoints: {names}", err=True
+        )
     click.echo(
         f"imported {len(steps)} {report.format} checkpoints (steps {steps[0]} .. {steps[-1]}), "
         f"{report.tensors} tensors each, into {report.dest}"

@@ -46,7 +46,7 @@ from ckpt.plugins._derivatives import (
 )
 from ckpt.plugins._importers import Importer
 from ckpt.plugins._manager import PluginWarning, Provider, Registry, load_registry, registry, reset_registry
-from ckpt.plugins._objectives import CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective
+from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
 from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
 from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
 from ckpt.plugins.hookspecs import hookimpl, hookspec
@@ -107,6 +107,7 @@ def stored_provenance(store: Any, name: str) -> dict[str, Any] | None:
 
 
 __all__ = [
+    "CAUSAL_LM",
     "CROSS_ENTROPY",
     "DTYPES",
     "ENGINE_SETTINGS",
@@ -147,6 +148,7 @@ __all__ = [
     "iter_activations",
     "load_basis",
     "load_registry",
+    "logits_of",
     "loss_function",
     "objective_for",
     "parameter_space",

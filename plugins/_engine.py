@@ -70,9 +70,33 @@ def data_hash(store: ckptstore.Store) -> str:
     return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
 
 
+def model_hash(store: ckptstore.Store) -> str:
+    """One hash over the store's model spec (factory and config) and objective."""
+    spec = store.model
+    record = {
+        "model": None if spec is None else {"factory": spec.factory, "config": spec.config},
+        "objective": store.objective,
+    }
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
 def _identity(provenance: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a provenance record that decides whether a stored result can be reused."""
-    return {k: provenance.get(k) for k in ("analyzer", "version", "options", "data_sha256", "requires")}
+    keys = ("analyzer", "version", "options", "data_sha256", "model_sha256", "requires")
+    return {k: provenance.get(k) for k in keys}
+
+
+def _stored_identity(stored: Mapping[str, Any], store: ckptstore.Store, current_model: str) -> dict[str, Any]:
+    """``_identity`` of a stored result, as computed with the current model when it cannot tell.
+
+    A result from before ckpt recorded the model's hash counts as computed with the current
+    model while the store's model was never changed (``ckpt set-model``).
+    """
+    identity = _identity(stored)
+    changed = any(entry.get("event") == "set-model" for entry in store.history)
+    if identity["model_sha256"] is None and not changed:
+        identity["model_sha256"] = current_model
+    return identity
 
 
 def stored_provenance(store: ckptstore.Store, name: str) -> dict[str, Any] | None:
@@ -280,11 +304,17 @@ def run(
     where = str(store)
     with result_lock(where, target):  # one process computes a result at a time; a second one is refused
         opened = ckptstore.open(where, storage_options=storage_options)
-        provenance = {**analyzer.provenance(), "data_sha256": data_hash(opened), "requires": requirements}
+        model = model_hash(opened)
+        provenance = {
+            **analyzer.provenance(),
+            "data_sha256": data_hash(opened),
+            "model_sha256": model,
+            "requires": requirements,
+        }
         wanted = _wanted_steps(analyzer, opened)
         stored = stored_provenance(opened, target)
         covered: list[int] = []
-        if stored is not None and not force and _identity(stored) == _identity(provenance):
+        if stored is not None and not force and _stored_identity(stored, opened, model) == _identity(provenance):
             covered = [int(s) for s in stored.get("steps", [])]
             if analyzer.per == PER_RUN and covered != wanted:
                 covered = []

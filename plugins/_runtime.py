@@ -95,6 +95,15 @@ def datapoint_index(store: Store, split: str, objective: str | None = None) -> t
     return objective_for(store, objective).datapoints(targets, mask)
 
 
+def _widened(tensor: Any) -> Any:
+    """``tensor`` in float32 when it is a floating-point type narrower than float32, else as it is."""
+    import torch
+
+    if tensor.is_floating_point() and torch.finfo(tensor.dtype).bits < 32:
+        return tensor.float()
+    return tensor
+
+
 def worker_for(spec: TaskSpec) -> Worker:
     """The cached :class:`Worker` of this process for ``spec``."""
     worker = _workers.get(spec)
@@ -148,11 +157,17 @@ class Worker:
         return self._store.tensors(step, names)
 
     def params(self, step: int) -> dict[str, Any]:
-        """The checkpoint's tensors as torch tensors on the worker's device (last 2 steps cached)."""
+        """The checkpoint's tensors as torch tensors on the worker's device (last 2 steps cached).
+
+        Half-precision tensors (bfloat16, float16, float8: mixed-precision checkpoints) come in
+        float32, the precision analyzers compute in unless their ``--dtype`` says otherwise: a
+        bfloat16 weight against the float32 model and inputs would not even multiply.
+        """
 
         def load() -> dict[str, Any]:
             self._ensure_step(step)
-            return self._store.tensors(step, device=self.device)
+            tensors = self._store.tensors(step, device=self.device)
+            return {name: _widened(tensor) for name, tensor in tensors.items()}
 
         return self._least_recently_used(self._params, step, load, keep=2)
 

@@ -242,22 +242,30 @@ def test_load_checkpoint_returns_tensors(tmp_path: Path) -> None:
 
 
 # -- steps --------------------------------------------------------------------------------------------
-def test_default_step_is_the_last_integer_of_the_name(tmp_path: Path) -> None:
+def test_default_step_is_the_one_the_name_states_and_an_ambiguous_name_is_an_error(tmp_path: Path) -> None:
     src = write_files(
         tmp_path / "src",
-        {"ckpt-3-of-run7_epoch12.pt": state_dict(0), "ckpt-3-of-run7_epoch2.pt": state_dict(1), "9.pt": state_dict(2)},
+        {"run7_step=12.pt": state_dict(0), "global_step_2.pt": state_dict(1), "9.pt": state_dict(2)},
     )
     assert [(s.step, s.path.name) for s in discover(src)] == [
-        (2, "ckpt-3-of-run7_epoch2.pt"),
+        (2, "global_step_2.pt"),
         (9, "9.pt"),
-        (12, "ckpt-3-of-run7_epoch12.pt"),
+        (12, "run7_step=12.pt"),
     ]
+    ambiguous = write_files(tmp_path / "ambiguous", {"ckpt-3-of-run7_epoch12.pt": state_dict(0)})
+    with pytest.raises(ImportFormatError, match=r"holds the integers 3, 7, 12; pass --step-pattern"):
+        discover(ambiguous)
+    assert [s.step for s in discover(ambiguous, step_pattern=r"epoch(\d+)")] == [12]
 
 
 def test_step_pattern(tmp_path: Path) -> None:
     names = {"run5_step100_loss0.5.pt": state_dict(0), "run5_step20_loss0.9.pt": state_dict(1)}
     src = write_files(tmp_path / "src", names)
-    assert [s.step for s in discover(src)] == [5, 9]  # the default rule reads the loss: why patterns exist
+    # the name states its step after the word "step": the default reads it, not the loss's digits
+    assert [s.step for s in discover(src)] == [20, 100]
+    losses = write_files(tmp_path / "losses", {"run5_loss0.5.pt": state_dict(0), "run5_loss0.9.pt": state_dict(1)})
+    with pytest.raises(ImportFormatError, match="holds the integers 5, 0;"):
+        discover(losses)  # no step word and several integers: refused, not guessed
     assert [s.step for s in discover(src, step_pattern=r"step(\d+)")] == [20, 100]
     assert [s.step for s in discover(src, step_pattern=r"run(\d+)_step(?P<step>\d+)")] == [20, 100]
     report = import_checkpoints(src, tmp_path / "run.zarr", step_pattern=r"_step(\d+)_")

@@ -120,7 +120,7 @@ def _slider(store: Any) -> str:
     )
 
 
-def _analysis_section(store: Any, name: str, registry: Any, current_data: str) -> tuple[str, list[str]]:
+def _analysis_section(store: Any, name: str, registry: Any, current_data: tuple[str, str]) -> tuple[str, list[str]]:
     """The section of one stored result, and the problems met drawing it (also shown in the page)."""
     from ckpt.errors import CkptError
     from ckpt.plugins import Analyzer
@@ -130,7 +130,8 @@ def _analysis_section(store: Any, name: str, registry: Any, current_data: str) -
     record = result.ckpt
     analyzer_name = record.analyzer or name
     steps = record.steps
-    stale = record.provenance.get("data_sha256") not in (None, current_data)
+    stale = record.provenance.get("data_sha256") not in (None, current_data[0])
+    stale = stale or record.provenance.get("model_sha256") not in (None, current_data[1])
     rows = [
         ("analyzer", f"{analyzer_name} v{record.version or '?'}"),
         ("options", json.dumps(record.options)),
@@ -143,7 +144,7 @@ def _analysis_section(store: Any, name: str, registry: Any, current_data: str) -
     heading = f'<h2 id="{html.escape(name)}">{html.escape(name)}</h2>'
     if stale:
         heading += (
-            '<p class="stale">stale: the store\'s data changed after this result was computed; rerun '
+            '<p class="stale">stale: the store\'s data or model changed after this result was computed; rerun '
             f"<code>ckpt analyze {html.escape(analyzer_name)}</code></p>"
         )
     cls = registry.analyzers.get(analyzer_name)
@@ -210,10 +211,10 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
         The plugin registry whose analyzers draw the figures.
     """
     import ckpt.store as ckptstore
-    from ckpt.plugins._engine import data_hash
+    from ckpt.plugins._engine import data_hash, model_hash
 
     store = ckptstore.open(where)
-    current = data_hash(store)
+    current = (data_hash(store), model_hash(store))
     sections, problems = [], []
     for name in store.analyses:
         section, found = _analysis_section(store, name, registry, current)

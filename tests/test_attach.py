@@ -1,0 +1,150 @@
+"""Attaching a model, an objective and evaluation data to a store after the fact; mixed-precision runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import ckpt.store as ckptstore
+from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+
+
+def weights_only_store(tmp_path: Path, dtype: torch.dtype = torch.float32) -> tuple[Path, list[dict]]:
+    """A folder of plain torch checkpoints of the tests' MLP, imported without model, objective or data."""
+    from tests.models import mlp
+
+    torch.manual_seed(0)
+    model = mlp()
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    states = []
+    for step in (0, 10, 20):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.1 * torch.randn_like(parameter))
+        state = {k: v.detach().clone().to(dtype) for k, v in model.state_dict().items()}
+        torch.save(state, folder / f"step_{step}.pt")
+        states.append(state)
+    path = tmp_path / "run.zarr"
+    result = run_ckpt("import", str(folder), str(path))
+    assert result.returncode == 0, result.stderr
+    return path, states
+
+
+def test_model_objective_and_data_added_after_import_make_loss_work(tmp_path: Path) -> None:
+    path, states = weights_only_store(tmp_path)
+    rng = np.random.default_rng(0)
+    inputs, targets = rng.standard_normal((20, 3)).astype(np.float32), rng.integers(0, 4, 20)
+    np.save(tmp_path / "x.npy", inputs)
+    np.save(tmp_path / "y.npy", targets)
+    np.save(tmp_path / "odd.npy", targets % 2)
+    refused = run_ckpt("analyze", "loss", str(path), "--no-progress")
+    assert refused.returncode == 1 and refused.stderr.startswith("Error: "), refused.stderr
+
+    added = run_ckpt(
+        "data", "add", str(path), "eval", "--inputs", str(tmp_path / "x.npy"), "--targets", str(tmp_path / "y.npy"),
+        "--labels", f"odd={tmp_path / 'odd.npy'}",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert "20 examples, 20 datapoints" in added.stdout
+    model = run_ckpt("set-model", str(path), "--model", "tests.models:mlp", "--objective", "cross-entropy")
+    assert model.returncode == 0, model.stderr
+    store = ckptstore.open(path)
+    assert store.model.factory == "tests.models:mlp" and store.objective == "cross-entropy"
+    assert store.history[-1]["event"] == "set-model"
+    assert store.data("eval")["odd"].values.tolist() == (targets % 2).tolist()
+
+    analyzed = run_ckpt("analyze", "loss", str(path), "--no-progress", "--trust-factory", "tests.models")
+    assert analyzed.returncode == 0, analyzed.stderr
+    loss = ckptstore.open(path).analysis("loss")["loss"].values
+    from tests.models import mlp
+
+    reference = mlp()
+    for row, state in enumerate(states):
+        reference.load_state_dict(state)
+        with torch.no_grad():
+            expected = torch.nn.functional.cross_entropy(
+                reference(torch.as_tensor(inputs)), torch.as_tensor(targets), reduction="none"
+            )
+        np.testing.assert_allclose(loss[row], expected.double().numpy(), rtol=1e-6)
+
+
+def test_a_changed_model_or_data_makes_stored_results_stale_not_wrong(tmp_path: Path) -> None:
+    path = write_mlp_run(tmp_path / "mlp.zarr")
+    trust = ("--trust-factory", "tests.models")
+    first = run_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
+    assert "computed 6 step(s)" in first.stdout, first.stdout
+    again = run_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
+    assert "computed 0 step(s), reused 6 stored" in again.stdout
+
+    changed = run_ckpt("set-model", str(path), "--model", "tests.models:mlp", "--config", '{"hidden": 8}')
+    assert changed.returncode == 0, changed.stderr
+    page = tmp_path / "report.html"
+    reported = run_ckpt("report", str(path), "--out", str(page))
+    assert reported.returncode == 0, reported.stderr
+    assert "stale: the store's data or model changed" in page.read_text()
+    rerun = run_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
+    assert "computed 6 step(s), reused 0 stored" in rerun.stdout, rerun.stdout
+
+    np.save(tmp_path / "x.npy", np.zeros((5, 3), np.float32))
+    np.save(tmp_path / "y.npy", np.zeros(5, np.int64))
+    arrays = ("--inputs", str(tmp_path / "x.npy"), "--targets", str(tmp_path / "y.npy"))
+    before = tree_digest(path)
+    exists = run_ckpt("data", "add", str(path), "eval", *arrays)
+    assert exists.returncode == 1 and "already exists" in exists.stderr and "overwrite" in exists.stderr
+    assert tree_digest(path) == before
+    replaced = run_ckpt("data", "add", str(path), "eval", *arrays, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    after = run_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
+    assert "computed 6 step(s), reused 0 stored" in after.stdout, after.stdout
+    assert ckptstore.open(path).analysis("loss").sizes["datapoint"] == 5
+
+
+def test_attach_commands_refuse_bad_input_with_one_line_and_an_unchanged_store(tmp_path: Path) -> None:
+    path = write_mlp_run(tmp_path / "mlp.zarr")
+    (tmp_path / "bad.npy").write_text("not an array")
+    (tmp_path / "config.json").write_text("{not json")
+    before = tree_digest(path)
+    for args in (
+        ("set-model", str(path)),
+        ("set-model", str(path), "--objective", "no-such-loss"),
+        ("set-model", str(path), "--model", "no_colon"),
+        ("set-model", str(path), "--hf-config", str(tmp_path / "config.json")),
+        ("data", "add", str(path), "extra"),
+        ("data", "add", str(path), "extra", "--inputs", str(tmp_path / "missing.npy")),
+        ("data", "add", str(path), "extra", "--inputs", str(tmp_path / "bad.npy")),
+        ("data", "add", str(path), "extra", "--inputs", str(tmp_path / "bad.npy"), "--labels", "oops"),
+    ):
+        result = run_ckpt(*args)
+        assert result.returncode != 0, args
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), (args, result.stderr)
+    assert tree_digest(path) == before
+
+
+def test_bfloat16_checkpoints_are_analyzed_in_float32(tmp_path: Path) -> None:
+    path, states = weights_only_store(tmp_path, dtype=torch.bfloat16)
+    rng = np.random.default_rng(1)
+    inputs, targets = rng.standard_normal((10, 3)).astype(np.float32), rng.integers(0, 4, 10)
+    with ckptstore.open(path, mode="a") as writer:
+        writer.add_data("eval", inputs=inputs, targets=targets)
+        writer.set_model("tests.models:mlp", objective="cross-entropy")
+    assert {info.dtype for info in ckptstore.open(path).schema.values()} == {"bfloat16"}
+    result = run_ckpt("analyze", "loss", str(path), "--no-progress", "--trust-factory", "tests.models")
+    assert result.returncode == 0, result.stderr
+    grads = run_ckpt("analyze", "grad-norms", str(path), "--no-progress", "--trust-factory", "tests.models")
+    assert grads.returncode == 0, grads.stderr
+    loss = ckptstore.open(path).analysis("loss")["loss"].values
+    from tests.models import mlp
+
+    reference = mlp()
+    for row, state in enumerate(states):  # the bfloat16 weights, computed in float32
+        reference.load_state_dict({k: v.float() for k, v in state.items()})
+        with torch.no_grad():
+            expected = torch.nn.functional.cross_entropy(
+                reference(torch.as_tensor(inputs)), torch.as_tensor(targets), reduction="none"
+            )
+        np.testing.assert_allclose(loss[row], expected.double().numpy(), rtol=1e-6)
+    assert np.isfinite(ckptstore.open(path).analysis("grad-norms")["total_grad_norm"].values).all()
