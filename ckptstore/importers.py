@@ -74,6 +74,10 @@ class ImportReport:
     bytes_read: int
     skipped: tuple[str, ...] = ()
     """Files of the source folder that are not checkpoints of its format (named, never silently dropped)."""
+    appended: bool = False
+    """The store existed: ``steps`` are the checkpoints appended to it (none when it was up to date)."""
+    kept: int = 0
+    """With ``appended``: the checkpoints the store already held."""
 
 
 def _source_dir(src: str | os.PathLike[str]) -> Path:
@@ -452,6 +456,76 @@ def load_checkpoint(
     return tensors
 
 
+def _append(
+    src: str | os.PathLike[str],
+    where: str,
+    fmt: str,
+    sources: list[CheckpointSource],
+    key: str | None,
+    logged: Mapping[int, Mapping[str, float]],
+    skipped: list[str],
+    progress: Callable[[int, int, int], None] | None,
+    storage_options: dict[str, Any] | None,
+) -> ImportReport:
+    """Append the checkpoints of ``src`` newer than the store's last one, after checking it is the same run.
+
+    The same run: the store was imported from ``src`` in the same format, and the newest
+    checkpoint both hold is bit-identical in both (when the source still has one: a ``Trainer``
+    with ``save_total_limit`` deletes old checkpoints). A checkpoint older than the store's last
+    that the store lacks cannot be inserted: an error. Each appended checkpoint is its own commit.
+    """
+    import numpy as np
+
+    from ckpt.store import open as open_store
+
+    store = open_store(where, storage_options=storage_options)
+    attrs = store.attrs
+    origin, stored_format = attrs.get("imported_from"), attrs.get("import_format")
+    same_source = origin is not None and Path(str(origin)).resolve() == Path(src).resolve()
+    if not same_source or stored_format != fmt:
+        what = f"an import of {origin} ({stored_format})" if origin else "not an import"
+        msg = f"{where} already exists and is {what}, not of {src} ({fmt}); pass --overwrite to replace it"
+        raise StoreExistsError(f"{msg}, or choose another destination")
+    held = [int(s) for s in store.steps]
+    last = held[-1] if held else -1
+    by_step = {s.step: s for s in sources}
+    missing = [s.step for s in sources if s.step < last and s.step not in set(held)]
+    if missing:
+        msg = f"{src} has checkpoints older than the last one in {where} ({last}) that the store lacks: {missing[:5]}"
+        raise ImportFormatError(f"{msg}; re-import with --overwrite to rebuild the store")
+    common = [step for step in held if step in by_step]
+    if common:  # the newest checkpoint both hold must be the same bits
+        step = common[-1]
+        loaded = load_checkpoint(by_step[step], fmt, key)
+        stored = store.tensors(step)
+        differs = sorted(set(loaded) ^ set(stored)) or [
+            name for name in loaded if not np.array_equal(_as_numpy(loaded[name]), stored[name])
+        ]
+        if differs:
+            msg = f"{by_step[step].path} is not the checkpoint {where} holds at step {step} (tensor {differs[0]!r})"
+            raise ImportFormatError(f"{msg}: another run in the same folder? Pass --overwrite to replace the store")
+    new = [s for s in sources if s.step > last]
+    if new:
+        writer = open_store(where, mode="a", storage_options=storage_options)
+        try:
+            for done, source in enumerate(new, 1):
+                writer.write(source.step, load_checkpoint(source, fmt, key), metrics=logged.get(source.step))
+                if progress is not None:
+                    progress(done, len(new), source.step)
+        finally:
+            writer.close()
+    tensors = len(store.tensor_names)
+    read = sum(f.stat().st_size for s in new for f in s.files)
+    return ImportReport(where, fmt, [s.step for s in new], tensors, read, tuple(skipped), appended=True, kept=len(held))
+
+
+def _as_numpy(tensor: Any) -> Any:
+    """A torch tensor as the numpy array the store returns (bfloat16 through ml_dtypes)."""
+    from ckpt.store.arrays import decode_numpy, to_numpy
+
+    return decode_numpy(*to_numpy(tensor))
+
+
 def _interrupted_import(where: str, storage_options: dict[str, Any] | None) -> bool:
     """Whether the store at URL ``where`` is one an import was building in place when it stopped."""
     try:
@@ -507,7 +581,10 @@ def import_checkpoints(
     StoreNotFoundError, ImportFormatError
         Before anything is written, or after removing the partial destination.
     StoreExistsError
-        When ``dest`` exists and ``overwrite`` is false.
+        When ``dest`` exists, ``overwrite`` is false and it is not an import of ``src``. An import
+        of ``src`` is brought up to date instead: the checkpoints newer than its last are appended
+        (after checking that the newest checkpoint both hold is the same), as for a run that is
+        still training.
 
     """
     fmt = detect_format(src) if format == "auto" else format
@@ -537,8 +614,8 @@ def import_checkpoints(
     exists = _exists(where, local, options)
     interrupted = local is None and exists and _interrupted_import(where, options)
     if exists and not overwrite and not interrupted:
-        msg = f"{where} already exists; pass --overwrite to replace it, or choose another destination"
-        raise StoreExistsError(msg)
+        # a run that is still training: append what the store does not have yet
+        return _append(src, where, fmt, sources, key, logged, skipped, progress, options)
     old_lock = _replaceable(where, local, options) if exists else None
     if local is not None:
         build = str(staging_path(local))

@@ -53,7 +53,11 @@ def import_command(
     key: str | None,
     overwrite: bool,
 ) -> None:
-    """Import a folder of existing checkpoints SRC into a new store DEST, one checkpoint at a time."""
+    """Import a folder of existing checkpoints SRC into a new store DEST, one checkpoint at a time.
+
+    When DEST is an earlier import of SRC (a run that is still training), the checkpoints newer
+    than its last one are appended, after checking that the newest checkpoint both hold is the same.
+    """
     from tqdm import tqdm
 
     from ckpt.cli.analyze import registry
@@ -79,6 +83,15 @@ def import_command(
         click.echo(
             f"Warning: skipped {len(report.skipped)} files that are not {report.format} checkpoints: {names}", err=True
         )
+    if report.appended:
+        if steps:
+            click.echo(
+                f"appended {len(steps)} new {report.format} checkpoints (steps {steps[0]} .. {steps[-1]}) to "
+                f"{report.dest}, which held {report.kept}"
+            )
+        else:
+            click.echo(f"{report.dest} is up to date with {src}: it holds all {report.kept} checkpoints")
+        return
     click.echo(
         f"imported {len(steps)} {report.format} checkpoints (steps {steps[0]} .. {steps[-1]}), "
         f"{report.tensors} tensors each, into {report.dest}"

@@ -148,3 +148,56 @@ def test_bfloat16_checkpoints_are_analyzed_in_float32(tmp_path: Path) -> None:
             )
         np.testing.assert_allclose(loss[row], expected.double().numpy(), rtol=1e-6)
     assert np.isfinite(ckptstore.open(path).analysis("grad-norms")["total_grad_norm"].values).all()
+
+
+def test_importing_again_appends_the_new_checkpoints_of_a_run_still_training(tmp_path: Path) -> None:
+    from tests.models import mlp
+
+    torch.manual_seed(0)
+    model = mlp()
+    folder = tmp_path / "run"
+    folder.mkdir()
+
+    def save(step: int) -> None:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.01)
+        torch.save({"model": model.state_dict(), "global_step": step}, folder / f"step_{step}.pt")
+
+    for step in (0, 10):
+        save(step)
+    path = tmp_path / "run.zarr"
+    assert run_ckpt("import", str(folder), str(path)).returncode == 0
+    first = tree_digest(path)
+    up_to_date = run_ckpt("import", str(folder), str(path))
+    assert up_to_date.returncode == 0, up_to_date.stderr
+    assert "is up to date" in up_to_date.stdout and "holds all 2 checkpoints" in up_to_date.stdout
+    assert tree_digest(path) == first
+    for step in (20, 30):
+        save(step)
+    appended = run_ckpt("import", str(folder), str(path))
+    assert appended.returncode == 0, appended.stderr
+    assert "appended 2 new torch checkpoints (steps 20 .. 30)" in appended.stdout
+    store = ckptstore.open(path)
+    assert [int(s) for s in store.steps] == [0, 10, 20, 30]
+    saved = torch.load(folder / "step_30.pt", weights_only=True)["model"]
+    for name, tensor in saved.items():
+        np.testing.assert_array_equal(store.tensors(30, [name])[name], tensor.numpy())
+
+    # not the same run: the newest common checkpoint differs; another source; a hole before the end
+    before = tree_digest(path)
+    torch.save({"model": mlp().state_dict(), "global_step": 30}, folder / "step_30.pt")
+    save(40)
+    other = run_ckpt("import", str(folder), str(path))
+    assert other.returncode == 1 and "is not the checkpoint" in other.stderr and "step 30" in other.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    torch.save({"model": model.state_dict(), "global_step": 50}, elsewhere / "step_50.pt")
+    refused = run_ckpt("import", str(elsewhere), str(path))
+    assert refused.returncode == 1 and "already exists and is an import of" in refused.stderr
+    (folder / "step_30.pt").unlink()
+    (folder / "step_40.pt").unlink()
+    torch.save({"model": model.state_dict(), "global_step": 15}, folder / "step_15.pt")
+    hole = run_ckpt("import", str(folder), str(path))
+    assert hole.returncode == 1 and "older than the last one" in hole.stderr and "[15]" in hole.stderr
+    assert tree_digest(path) == before
