@@ -229,3 +229,101 @@ def test_text_data_is_added_with_the_run_s_tokenizer(trainer_run: Path, tmp_path
     with torch.no_grad():
         expected = reference(torch.as_tensor(ids), labels=torch.as_tensor(labels)).loss.item()
     np.testing.assert_allclose(float(loss["mean_loss"].sel(step=6)), expected, rtol=1e-5)
+
+
+def test_the_trainer_callback_writes_a_store_while_training(tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from ckpt.store.huggingface import CkptCallback
+
+    torch.manual_seed(0)
+    ids = token_ids(16, seed=0)
+    eval_ids = token_ids(8, seed=1)
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(ids)
+
+        def __getitem__(self, index: int) -> dict:
+            return {"input_ids": torch.as_tensor(ids[index]), "labels": torch.as_tensor(ids[index])}
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=LENGTH + 4))
+    store_path = tmp_path / "live.zarr"
+    arguments = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=5, save_steps=2, logging_steps=1, per_device_train_batch_size=8,
+        report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
+    )  # fmt: skip
+    callback = CkptCallback(str(store_path), every=2, data={"eval": {"inputs": eval_ids}})
+    trainer = Trainer(model=model, args=arguments, train_dataset=Tokens(), callbacks=[callback])
+    trainer.train()
+
+    store = ckptstore.open(store_path)
+    assert [int(s) for s in store.steps] == [0, 2, 4, 5], "initial weights, every 2 steps, and the end"
+    assert store.objective == "causal-lm" and store.model.factory == "ckpt.plugins.huggingface:build_model"
+    for step in (2, 4):  # the same weights the Trainer saved itself at those steps
+        from safetensors.torch import load_file
+
+        saved = load_file(tmp_path / "out" / f"checkpoint-{step}" / "model.safetensors")
+        for name, tensor in saved.items():
+            np.testing.assert_array_equal(store.tensors(step, [name])[name], tensor.numpy())
+    logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
+    metrics = store.metrics
+    for step in (1, 2, 3, 4, 5):
+        np.testing.assert_allclose(float(metrics["loss"].sel(step=step)), logged[step]["loss"])
+    analyzed = run_ckpt("analyze", "loss", str(store_path), "--no-progress")
+    assert analyzed.returncode == 0, analyzed.stderr
+    final = ckptstore.open(store_path).analysis("loss")["mean_loss"].sel(step=5)
+    with torch.no_grad():
+        model.eval()
+        expected = model(torch.as_tensor(eval_ids), labels=torch.as_tensor(eval_ids)).loss.item()
+    np.testing.assert_allclose(float(final), expected, rtol=1e-5)
+
+
+def test_the_lightning_callback_writes_a_store_while_training(tmp_path: Path) -> None:
+    lightning = pytest.importorskip("lightning")
+    from torch import nn
+
+    from ckpt.store.lightning import CkptCallback
+
+    class Classifier(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+        def training_step(self, batch: tuple, index: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    y = (x[:, 0] > 0).long()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    store_path = tmp_path / "live.zarr"
+    callback = CkptCallback(
+        str(store_path), every=5, objective="cross-entropy", data={"eval": {"inputs": x.numpy(), "targets": y.numpy()}}
+    )
+    saver = lightning.pytorch.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpts", filename="{step}", every_n_train_steps=5, save_top_k=-1
+    )
+    module = Classifier()
+    trainer = lightning.Trainer(
+        max_steps=12, callbacks=[callback, saver], logger=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu",
+    )  # fmt: skip
+    trainer.fit(module, data)
+    store = ckptstore.open(store_path)
+    assert [int(s) for s in store.steps] == [0, 5, 10, 12]
+    for step in (5, 10):  # what Lightning's own ModelCheckpoint saved at the same steps
+        saved = torch.load(tmp_path / "ckpts" / f"step={step}.ckpt", weights_only=True)["state_dict"]
+        for name, tensor in saved.items():
+            np.testing.assert_array_equal(store.tensors(step, [name])[name], tensor.numpy())
+    final = store.tensors(12)
+    for name, tensor in module.state_dict().items():
+        np.testing.assert_array_equal(final[name], tensor.numpy())
+    assert np.isfinite(store.metrics["train_loss"].sel(step=[5, 10, 12]).values).all()
+    assert store.data("eval").attrs["examples"] == 64
