@@ -85,7 +85,9 @@ def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int) 
 
 @click.command("report")
 @click.argument("store", metavar="STORE")
-@click.option("--out", metavar="FILE", help="HTML file to write. Default: report.html beside STORE.")
+@click.option(
+    "--out", metavar="FILE", help="HTML file to write. Default: report.html beside STORE (a remote STORE: here)."
+)
 def report_command(store: str, out: str | None) -> None:
     """Write one self-contained HTML report of STORE (it opens offline, with no server).
 
@@ -94,7 +96,8 @@ def report_command(store: str, out: str | None) -> None:
     """
     from ckpt.analyzers.figures.report import write_report
 
-    out = out or str(Path(store).resolve().parent / "report.html")
+    remote = "://" in store and not store.startswith("file://")
+    out = out or ("report.html" if remote else str(Path(store).resolve().parent / "report.html"))
     _check_writable(out)
     problems = write_report(store, out, registry())
     for problem in problems:
