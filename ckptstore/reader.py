@@ -12,6 +12,7 @@ import importlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,12 @@ class ModelSpec:
             factory: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             msg = f"cannot import the model factory {self.factory!r} ({exc}); install the package that defines it"
+            top = module_name.split(".")[0]
+            here = Path.cwd()
+            missing = isinstance(exc, ModuleNotFoundError) and exc.name == top
+            if missing and ((here / f"{top}.py").is_file() or (here / top).is_dir()):
+                # the ckpt command does not put the current folder on Python's path, as `python -c` would
+                msg += f" (pip install -e .), or put this folder on Python's path: PYTHONPATH={here}"
             raise StoreError(msg) from exc
         return factory(**self.config)
 

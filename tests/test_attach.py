@@ -201,3 +201,22 @@ def test_importing_again_appends_the_new_checkpoints_of_a_run_still_training(tmp
     hole = run_ckpt("import", str(folder), str(path))
     assert hole.returncode == 1 and "older than the last one" in hole.stderr and "[15]" in hole.stderr
     assert tree_digest(path) == before
+
+
+def test_a_factory_in_the_current_folder_gets_a_hint_about_python_s_path(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    path = write_mlp_run(tmp_path / "mlp.zarr", factory="mymodels:mlp")
+    (tmp_path / "mymodels.py").write_text((Path(__file__).parent / "models.py").read_text())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # the console script, as users run it: unlike `python -m`, it does not put the current folder on the path
+    command = [str(Path(sys.executable).parent / "ckpt"), "analyze", "loss", str(path), "--no-progress"]
+    command += ["--trust-factory", "*"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300, check=False)
+    assert result.returncode == 1, result.stderr
+    assert "No module named 'mymodels'" in result.stderr and f"PYTHONPATH={tmp_path}" in result.stderr
+    env["PYTHONPATH"] = str(tmp_path)  # what the hint says works
+    fixed = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300, check=False)
+    assert fixed.returncode == 0, fixed.stderr
