@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -101,8 +102,8 @@ def test_a_trainer_run_is_imported_and_analyzed_with_no_code(trainer_run: Path, 
     assert np.isfinite(polca["projected_loss"].values).all()
 
 
-def lightning_run(folder: Path, steps: int = 20, every: int = 5) -> Path:
-    """A Lightning ``ModelCheckpoint`` run whose file names hold the loss after the step (the trap)."""
+def classifier() -> Any:
+    """A LightningModule: a two-layer MLP classifier logging its training loss as ``train_loss``."""
     lightning = pytest.importorskip("lightning")
     from torch import nn
 
@@ -121,6 +122,12 @@ def lightning_run(folder: Path, steps: int = 20, every: int = 5) -> Path:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    return Classifier()
+
+
+def lightning_run(folder: Path, steps: int = 20, every: int = 5) -> Path:
+    """A Lightning ``ModelCheckpoint`` run whose file names hold the loss after the step (the trap)."""
+    lightning = pytest.importorskip("lightning")
     torch.manual_seed(0)
     x = torch.randn(64, 4)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long()), batch_size=16)
@@ -135,7 +142,7 @@ def lightning_run(folder: Path, steps: int = 20, every: int = 5) -> Path:
         enable_model_summary=False,
         accelerator="cpu",
     )
-    trainer.fit(Classifier(), data)
+    trainer.fit(classifier(), data)
     return folder
 
 
@@ -281,23 +288,8 @@ def test_the_trainer_callback_writes_a_store_while_training(tmp_path: Path) -> N
 
 def test_the_lightning_callback_writes_a_store_while_training(tmp_path: Path) -> None:
     lightning = pytest.importorskip("lightning")
-    from torch import nn
 
     from ckpt.store.lightning import CkptCallback
-
-    class Classifier(lightning.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-
-        def training_step(self, batch: tuple, index: int) -> torch.Tensor:
-            x, y = batch
-            loss = nn.functional.cross_entropy(self.net(x), y)
-            self.log("train_loss", loss)
-            return loss
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     torch.manual_seed(0)
     x = torch.randn(64, 4)
@@ -310,7 +302,7 @@ def test_the_lightning_callback_writes_a_store_while_training(tmp_path: Path) ->
     saver = lightning.pytorch.callbacks.ModelCheckpoint(
         dirpath=tmp_path / "ckpts", filename="{step}", every_n_train_steps=5, save_top_k=-1
     )
-    module = Classifier()
+    module = classifier()
     trainer = lightning.Trainer(
         max_steps=12, callbacks=[callback, saver], logger=False, enable_progress_bar=False,
         enable_model_summary=False, accelerator="cpu",
