@@ -155,13 +155,13 @@ def _analysis_section(store: Any, name: str, registry: Any, current_data: tuple[
         except CkptError as exc:
             problems.append(f"{name}: its options do not fit the installed {analyzer_name} ({exc})")
     body = [heading, _table(rows)]
-    loaded = result.load()
+    # lazy: each summary and figure reads what it draws (a paper-size POLCA result is gigabytes)
     try:
-        body.append(f"<pre>{html.escape(analyzer.summarize(loaded))}</pre>")
+        body.append(f"<pre>{html.escape(analyzer.summarize(result))}</pre>")
     except Exception as exc:  # a plugin's summary must not cost the whole report: shown, not hidden
         problems.append(f"{name}: its summary failed ({type(exc).__name__}: {exc})")
     try:
-        figures = analyzer.plot(loaded, store)
+        figures = analyzer.plot(result, store)
     except Exception as exc:  # likewise: the failure is written in the report and printed
         problems.append(f"{name}: its figures failed ({type(exc).__name__}: {exc})")
         figures = {}
@@ -183,7 +183,7 @@ def _side_by_side(store: Any, registry: Any) -> str:
         cls = registry.analyzers.get(analyzer_name)
         if len(names) < 2 or cls is None:
             continue
-        results = {name: store.analysis(name).load() for name in names}
+        results = {name: store.analysis(name) for name in names}  # lazy, as above
         options = {name: r.ckpt.options for name, r in results.items()}
         keys = sorted({k for o in options.values() for k in o})
         differing = [k for k in keys if len({json.dumps(o.get(k)) for o in options.values()}) > 1]
