@@ -97,14 +97,14 @@ def polca_figures(result: xr.Dataset, store: Any) -> dict[str, Figure]:
     steps = result["step"].values
     change = np.abs(np.asarray(result["loss_change"].values, dtype=np.float64))
     unexplained = np.abs(np.asarray(result["unexplained"].values, dtype=np.float64))
-    figure = new_figure(1, width=5.5)
+    figure = new_figure(1, width=7.0)
     axes = figure.axes[0]
     axes.plot(steps, np.nanmean(change, axis=1), color=COLORS[0], label="mean |loss change|")
     axes.plot(steps, np.nanmean(unexplained, axis=1), color=COLORS[1], label="mean |unexplained|")
     step_axis(axes, steps, "first step of the pair")
     positive_log(axes, np.concatenate([np.nanmean(change, axis=1), np.nanmean(unexplained, axis=1)]))
     axes.set_ylabel("per datapoint")
-    axes.set_title("loss change between checkpoints, and what the basis leaves unexplained")
+    axes.set_title("loss change per pair of checkpoints, and what the basis leaves unexplained", fontsize="medium")
     axes.legend(fontsize="small")
     figures["explained"] = figure
     return figures

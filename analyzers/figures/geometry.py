@@ -141,12 +141,15 @@ def figures(result: xr.Dataset, store: Any, tensor: str, modulus: int) -> dict[s
     geometry = new_figure(3, width=4.2)
     imperfection, circle, agreement = geometry.axes
     imperfection.plot(steps, result["grid_imperfection"].values, color=COLORS[0])
-    imperfection.set_ylabel("grid imperfection (0 = ideal grid)")
+    imperfection.set_ylabel("grid imperfection")
+    imperfection.set_title("0: an ideal grid", fontsize="medium")
     circle.plot(steps, result["circularity"].values, color=COLORS[1])
-    circle.set_ylabel("circularity (1 = a circle)")
+    circle.set_ylabel("circularity")
+    circle.set_title("1: a circle", fontsize="medium")
     circle.set_ylim(0, 1.02)
     agreement.plot(steps, result["pair_sum_neighbor_agreement"].values, color=COLORS[2])
-    agreement.set_ylabel("pair sums: nearest neighbour of the same class")
+    agreement.set_ylabel("neighbour agreement")
+    agreement.set_title("pair sums whose nearest one has their class", fontsize="medium")
     agreement.set_ylim(0, 1.02)
     for axes in geometry.axes:
         step_axis(axes, steps)
