@@ -339,12 +339,16 @@ def test_missing_source_and_file_source(tmp_path: Path) -> None:
 def test_existing_destination_is_left_alone_unless_overwrite(tmp_path: Path) -> None:
     src = write_files(tmp_path / "src", {"step_1.pt": state_dict(1)})
     import_checkpoints(src, tmp_path / "run.zarr")
-    with pytest.raises(StoreExistsError):
-        import_checkpoints(src, tmp_path / "run.zarr")
+    other = write_files(tmp_path / "other", {"step_5.pt": state_dict(5)})
+    with pytest.raises(StoreExistsError, match="is an import of"):
+        import_checkpoints(other, tmp_path / "run.zarr")  # another run: refused, not appended
+    assert_store_holds(tmp_path / "run.zarr", {1: state_dict(1)})
+    report = import_checkpoints(src, tmp_path / "run.zarr")  # the same run, nothing new: up to date
+    assert report.appended and report.steps == [] and report.kept == 1
     assert_store_holds(tmp_path / "run.zarr", {1: state_dict(1)})
     write_files(src, {"step_2.pt": state_dict(2)})
-    import_checkpoints(src, tmp_path / "run.zarr", overwrite=True)
-    assert_store_holds(tmp_path / "run.zarr", {1: state_dict(1), 2: state_dict(2)})
+    import_checkpoints(other, tmp_path / "run.zarr", overwrite=True)
+    assert_store_holds(tmp_path / "run.zarr", {5: state_dict(5)})
 
 
 def test_destination_containing_the_source_is_refused(tmp_path: Path) -> None:
