@@ -37,6 +37,12 @@ def _builtin(format_name: str) -> Callable[..., Any]:
 @hookimpl
 def ckpt_register_importers(register: Callable[[str, Importer], None]) -> None:
     """Register the importers that ship with ckpt.store."""
-    register("torch", Importer("a folder of torch .pt/.pth/.bin state_dicts", _builtin("torch")))
+    register("torch", Importer("a folder of torch .pt/.pth/.bin/.ckpt (Lightning) state_dicts", _builtin("torch")))
     register("safetensors", Importer("a folder of .safetensors files", _builtin("safetensors")))
-    register("hf", Importer("Hugging Face Trainer checkpoint-N/ folders (sharded or not)", _builtin("hf")))
+    register(
+        "hf",
+        Importer(
+            "Hugging Face Trainer checkpoint-N/ folders (sharded or not), with their model, objective and log",
+            _builtin("hf"),
+        ),
+    )
