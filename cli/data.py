@@ -70,7 +70,12 @@ def data() -> None:
 @click.option(
     "--inputs", metavar="FILE.npy", help="Model inputs, first dim = examples (token ids for a language model)."
 )
-@click.option("--targets", metavar="FILE.npy", help="Targets (default: the inputs, as for a causal language model).")
+@click.option(
+    "--targets",
+    metavar="FILE.npy",
+    help="Targets (default: the inputs). For causal-lm, unshifted labels as Hugging Face takes them: the "
+    "objective pairs the logits at t with the target at t+1.",
+)
 @click.option("--mask", metavar="FILE.npy", help="Boolean, shape of the targets: which tokens are datapoints.")
 @click.option("--labels", multiple=True, metavar="NAME=FILE.npy", help="A per-example or per-token label (repeatable).")
 @click.option("--text", metavar="FILE.txt", help="A text file, one example per line, tokenized with --tokenizer.")

@@ -130,8 +130,10 @@ def _analysis_section(store: Any, name: str, registry: Any, current_data: tuple[
     record = result.ckpt
     analyzer_name = record.analyzer or name
     steps = record.steps
-    stale = record.provenance.get("data_sha256") not in (None, current_data[0])
-    stale = stale or record.provenance.get("model_sha256") not in (None, current_data[1])
+    from ckpt.plugins._engine import _stored_identity
+
+    identity = _stored_identity(record.provenance, store, current_data[1])
+    stale = identity["data_sha256"] not in (None, current_data[0]) or identity["model_sha256"] != current_data[1]
     rows = [
         ("analyzer", f"{analyzer_name} v{record.version or '?'}"),
         ("options", json.dumps(record.options)),
