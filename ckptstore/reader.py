@@ -637,12 +637,16 @@ class Store:
             ],
             "splits": {s: self._split_summary(s) for s in self.splits},
             "analyses": self.analyses,
-            "analyzers": {name: self._analyzer_of(name) for name in self.analyses},
+            "analyzers": {name: self.analyzer_of(name) for name in self.analyses},
             "history": self.history,
         }
 
-    def _analyzer_of(self, name: str) -> str:
-        """The analyzer that computed result ``name`` (its provenance; the name itself when unrecorded)."""
+    def analyzer_of(self, name: str) -> str:
+        """The analyzer that computed result ``name``, from the commit record (no result is opened).
+
+        Its provenance's ``analyzer``; the name itself when unrecorded. Differs from ``name`` for
+        results kept under another name (``ckpt analyze ... --as NAME``).
+        """
         attrs = self._nodes.get(f"{ANALYSES}/{name}", {}).get("attributes", {}).get(ROOT_ATTR, {})
         return str(attrs.get("analyzer") or name) if isinstance(attrs, dict) else name
 

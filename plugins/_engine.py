@@ -274,8 +274,9 @@ def run(
     }
     target = save_as or name
     # user mistakes first: an error after the dependencies ran would leave the store changed
-    _check_target(name, target, ckptstore.open(str(store), storage_options=storage_options), registry)
-    analyzer.preflight(ckptstore.open(str(store), storage_options=storage_options))
+    before = ckptstore.open(str(store), storage_options=storage_options)
+    _check_target(name, target, before, registry)
+    analyzer.preflight(before)
     report = RunReport(target)
     results: dict[str, xr.Dataset] = {}
     requirements: dict[str, Any] = {}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.figures import COLORS, positive_log, step_axis
-from ckpt.analyzers.figures.geometry import CYCLIC, EmbeddingView, default_view
+from ckpt.analyzers.figures.geometry import CYCLIC, EmbeddingView, default_view, draw_sequences
 from ckpt.errors import AnalysisError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,6 +56,11 @@ class Frames:
             if "sequence_embedding" in geometry:
                 self.sequences = geometry[["sequence_embedding", "target"]].load()
         self.model = self._decoder(store) if self.sequences is not None else None
+        self.xi_limits: tuple[tuple[float, float], tuple[float, float]] | None = None
+        if self.sequences is not None:  # one view for every frame, from ξ at every step
+            every = self.sequences["sequence_embedding"].values
+            x, y = every[..., 0], every[..., 1]
+            self.xi_limits = (float(np.nanmin(x)), float(np.nanmax(x))), (float(np.nanmin(y)), float(np.nanmax(y)))
 
     @staticmethod
     def _decoder(store: Any) -> Any:
@@ -125,12 +130,8 @@ class Frames:
         if self.sequences is not None:
             ax = axes[used]
             used += 1
-            steps = self.sequences["step"].values
             target = self.sequences["target"].values
-            classes = int(target.max()) + 1
-            every = self.sequences["sequence_embedding"].values
-            xlim = (float(np.nanmin(every[..., 0])), float(np.nanmax(every[..., 0])))
-            ylim = (float(np.nanmin(every[..., 1])), float(np.nanmax(every[..., 1])))
+            xlim, ylim = self.xi_limits
             title = "sequence embeddings ξ by target"
             if self.model is not None:
                 ax.imshow(
@@ -140,27 +141,17 @@ class Frames:
                     aspect="auto",
                     cmap=CYCLIC,
                     vmin=0,
-                    vmax=classes,
+                    vmax=int(target.max()) + 1,
                     alpha=0.35,
                     interpolation="nearest",
                 )
                 title += "; shading: the class output there"
-            if step in steps:
-                xi = self.sequences["sequence_embedding"].sel(step=step).values
-                ax.scatter(
-                    xi[:, 0],
-                    xi[:, 1],
-                    c=target,
-                    cmap=CYCLIC,
-                    vmin=0,
-                    vmax=classes,
-                    s=6,
-                    edgecolors="black",
-                    linewidths=0.2,
-                )
-            ax.set_title(title, fontsize="small")
-            ax.set_xlabel("ξ 0")
-            ax.set_ylabel("ξ 1")
+            if step in self.sequences["step"].values:
+                draw_sequences(ax, self.sequences["sequence_embedding"].sel(step=step).values, target, title)
+            else:  # said, not left blank without a word
+                ax.set_title(title + f" (not computed at step {step})", fontsize="small")
+                ax.set_xlabel("ξ 0")
+                ax.set_ylabel("ξ 1")
             ax.set_xlim(xlim)
             ax.set_ylim(ylim)
         if self.loss is not None:

@@ -157,15 +157,29 @@ def figures(result: xr.Dataset, store: Any, tensor: str, modulus: int) -> dict[s
     return {"embeddings": embeddings, "geometry": geometry}
 
 
-def _sequence_panel(axes: Axes, at_step: xr.Dataset) -> None:
-    """ξ of every probe at one step (its first two components), coloured by the target."""
-    xi = np.asarray(at_step["sequence_embedding"].values)
-    target = np.asarray(at_step["target"].values)
-    axes.scatter(xi[:, 0], xi[:, 1], c=target, cmap=CYCLIC, vmin=0, vmax=int(target.max()) + 1, s=6)
-    clusters, ideal = int(at_step["sequence_clusters"].values), int(at_step["ideal_clusters"].values)
-    axes.set_title(f"sequence embeddings ξ: {clusters} clusters (ideal {ideal})", fontsize="small")
+def draw_sequences(axes: Axes, xi: np.ndarray, target: np.ndarray, title: str) -> None:
+    """ξ of every probe (its first two components), coloured by the target on the cyclic map."""
+    axes.scatter(
+        xi[:, 0],
+        xi[:, 1],
+        c=target,
+        cmap=CYCLIC,
+        vmin=0,
+        vmax=int(target.max()) + 1,
+        s=6,
+        edgecolors="black",
+        linewidths=0.2,
+    )
+    axes.set_title(title, fontsize="small")
     axes.set_xlabel("ξ 0")
     axes.set_ylabel("ξ 1")
+
+
+def _sequence_panel(axes: Axes, at_step: xr.Dataset) -> None:
+    """ξ at one step, titled with its cluster count against the ideal one."""
+    clusters, ideal = int(at_step["sequence_clusters"].values), int(at_step["ideal_clusters"].values)
+    title = f"sequence embeddings ξ: {clusters} clusters (ideal {ideal})"
+    draw_sequences(axes, np.asarray(at_step["sequence_embedding"].values), np.asarray(at_step["target"].values), title)
 
 
 def runs_figure(stores: Sequence[str]) -> Figure:

@@ -179,7 +179,7 @@ def _side_by_side(store: Any, registry: Any) -> str:
     """A section per analyzer with several stored results: what differs in their options, and its comparison."""
     by_analyzer: dict[str, list[str]] = {}
     for name in store.analyses:
-        by_analyzer.setdefault(store.analysis(name).ckpt.analyzer or name, []).append(name)
+        by_analyzer.setdefault(store.analyzer_of(name), []).append(name)
     parts = []
     for analyzer_name, names in by_analyzer.items():
         cls = registry.analyzers.get(analyzer_name)
