@@ -7,8 +7,9 @@ of a split (``--samples`` examples of ``--hessian-split``), restrict it to the
 orthogonal complement of B in the symmetric form P H_t P, P = I - B Bᵀ, and
 append its top ``-k`` eigenvectors to B.
 
-Hessian-vector products are forward-over-reverse (``torch.func``: a JVP of
-the gradient); the eigenvectors come from Lanczos (scipy's ``eigsh``, ARPACK)
+Hessian-vector products differentiate each data block's gradient graph,
+built once per checkpoint, again along the vector (reverse over reverse,
+:class:`ckpt.plugins.MeanLossHessian`); the eigenvectors come from Lanczos (scipy's ``eigsh``, ARPACK)
 on a matrix-free ``LinearOperator``. Torch has no matrix-free Lanczos of its
 own (``torch.lobpcg`` needs the matrix), and the Hessian-vector products are
 almost all of the time (bench/polca.py). The checkpoints depend on each other
@@ -28,13 +29,13 @@ from ckpt.plugins import (
     PER_RUN,
     AnalysisContext,
     Analyzer,
+    MeanLossHessian,
     Option,
     ParamSpace,
     Worker,
     basis_dims,
     chunks,
     datapoint_index,
-    hessian_vector_product,
     hookimpl,
     loss_function,
     parameter_space,
@@ -86,12 +87,24 @@ def eigenvectors_at(
     found = [torch.as_tensor(p["vectors"]) for p in previous]
     basis = torch.cat(found).to(device=worker.device, dtype=precision) if found else None
 
+    hessian = MeanLossHessian(fs, primal)
+
     def hvp(v: Any) -> Any:
-        with torch.enable_grad():
-            return space.flatten(hessian_vector_product(fs, primal, space.unflatten(v)))
+        return space.flatten(hessian(space.unflatten(v)))
+
+    def batched_hvp(rows: Any) -> Any:
+        return space.flatten(hessian(space.unflatten(rows), batched=True), batch_dims=1)
 
     pairs = top_eigenpairs(
-        hvp, space.size, k, basis=basis, tol=tol, seed=seed + step, dtype=precision, device=worker.device
+        hvp,
+        space.size,
+        k,
+        basis=basis,
+        tol=tol,
+        seed=seed + step,
+        dtype=precision,
+        device=worker.device,
+        batched_hvp=batched_hvp,
     )
     return {
         "vectors": pairs.vectors,

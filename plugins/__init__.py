@@ -30,6 +30,7 @@ from ckpt.plugins._analyzer import (
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._derivatives import (
     DTYPES,
+    MeanLossHessian,
     ParamSpace,
     basis_dims,
     check_basis,
@@ -121,6 +122,7 @@ __all__ = [
     "Dataset",
     "Importer",
     "LazyTask",
+    "MeanLossHessian",
     "Objective",
     "Option",
     "ParamSpace",

@@ -136,8 +136,8 @@ def loss_function(
     examples: Sequence[int] | slice,
     objective: str | None = None,
     dtype: str = "float32",
-) -> Callable[[Mapping[str, Any]], Any]:
-    """``f(trainable) -> per-datapoint losses`` of ``examples`` of ``split``.
+) -> BlockLoss:
+    """``f(trainable) -> per-datapoint losses`` of ``examples`` of ``split`` (a :class:`BlockLoss`).
 
     The tensors of ``params`` outside ``space`` (buffers) are held fixed. The
     datapoints are those of the objective (one per example, or one per
@@ -159,7 +159,6 @@ def loss_function(
         ``"float32"`` or ``"float64"``: the precision of the whole computation.
     """
     import torch
-    from torch.func import functional_call
 
     precision = torch_dtype(dtype)
     model = worker.model_for(None if precision == torch.float32 else precision)
@@ -171,13 +170,43 @@ def loss_function(
     if inputs.is_floating_point():
         inputs = inputs.to(precision)
     fixed = {k: _cast(v, precision) for k, v in params.items() if k not in space.names}
-    losses = worker.objective(objective).losses
+    batch = {"fixed": fixed, "inputs": inputs, "targets": targets, "mask": mask}
+    return BlockLoss(model, worker.objective(objective).losses, batch)
 
-    def f(trainable: Mapping[str, Any]) -> Any:
-        outputs = functional_call(model, {**fixed, **trainable}, (inputs,))
-        return losses(outputs, targets, mask)
 
-    return f
+@dataclass(frozen=True, eq=False)
+class BlockLoss:
+    """The per-datapoint losses of one block of data, as a function of the trainable parameters.
+
+    Calling it, ``f(trainable)``, gives the losses; :meth:`of` takes the
+    block's tensors as arguments too, so that one traced or compiled program
+    serves every block and checkpoint of the same shapes (see
+    :func:`directional_derivatives`, ``compiled``).
+
+    Attributes
+    ----------
+    model
+        The module, called functionally (its own weights are unused).
+    losses
+        The objective's ``losses(outputs, targets, mask)``.
+    batch
+        ``{"fixed": {name: buffer}, "inputs", "targets", "mask"}`` of the block.
+    """
+
+    model: Any
+    losses: Callable[[Any, Any, Any], Any]
+    batch: Mapping[str, Any]
+
+    def __call__(self, trainable: Mapping[str, Any]) -> Any:
+        """Per-datapoint losses ``[X]`` at ``trainable``."""
+        return self.of(trainable, self.batch)
+
+    def of(self, trainable: Mapping[str, Any], batch: Mapping[str, Any]) -> Any:
+        """Per-datapoint losses of ``batch`` (shaped like :attr:`batch`) at ``trainable``."""
+        from torch.func import functional_call
+
+        outputs = functional_call(self.model, {**batch["fixed"], **trainable}, (batch["inputs"],))
+        return self.losses(outputs, batch["targets"], batch["mask"])
 
 
 def _cast(tensor: Any, dtype: Any) -> Any:
@@ -196,6 +225,7 @@ def directional_derivatives(
     directions: Mapping[str, Any],
     *,
     order: int = 1,
+    compiled: bool = False,
 ) -> tuple[Any, Any, Any]:
     """Per-datapoint loss and its first (and second) derivatives along K directions.
 
@@ -209,12 +239,20 @@ def directional_derivatives(
         ``{name: [K, *shape]}``: K directions b.
     order
         1: ⟨∇ℓ(x), b⟩ only; 2: also bᵀ∇²ℓ(x)b (a nested JVP: forward over forward).
+    compiled
+        Run the pass as one program per shape, traced once and compiled with
+        ``torch.compile`` (``f`` a :class:`BlockLoss`; see
+        :mod:`ckpt.plugins._compiled` for what it costs and when it pays).
 
     Returns
     -------
     tuple
         ``loss [X]``, ``first [K, X]``, ``second [K, X]`` (None for order 1).
     """
+    if compiled and isinstance(f, BlockLoss):
+        from ckpt.plugins._compiled import compiled_directional_derivatives
+
+        return compiled_directional_derivatives(f, primal, directions, order)
     with forward_mode(composite=order == 2):
         return _directional_derivatives(f, primal, directions, order)
 
@@ -245,7 +283,7 @@ def _directional_derivatives(
 
 
 @contextlib.contextmanager
-def forward_mode(*, composite: bool) -> Iterator[None]:
+def forward_mode(*, composite: bool, lock: bool = True) -> Iterator[None]:
     """What forward-mode AD through any model needs; every JVP and HVP here runs in it.
 
     - :data:`FORWARD_AD_LOCK`;
@@ -257,10 +295,14 @@ def forward_mode(*, composite: bool) -> Iterator[None]:
       ``_transformer_encoder_layer_fwd``), which have no forward-mode rule either;
       with ``composite``, normalization layers run as elementary ops (needed for
       the second order of a nested JVP).
+
+    ``lock=False`` leaves out the lock, for reverse-mode passes that take the
+    rest for the same model (the math attention kernel has a double backward).
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with FORWARD_AD_LOCK, sdpa_kernel(SDPBackend.MATH), composite_norms(replace=composite):
+    held = FORWARD_AD_LOCK if lock else contextlib.nullcontext()
+    with held, sdpa_kernel(SDPBackend.MATH), composite_norms(replace=composite):
         yield
 
 
@@ -379,10 +421,18 @@ def composite_norms(*, replace: bool = True) -> Any:
 
 
 def chunks(total: int, size: int) -> Iterator[slice]:
-    """``slice``s of at most ``size`` covering ``range(total)``."""
+    """``slice``s of at most ``size`` covering ``range(total)``, as even as they can be.
+
+    Their lengths differ by at most one (1,250 in blocks of 256: five of 250),
+    so that a program traced or compiled per shape serves every block.
+    """
     size = max(1, int(size))
-    for start in range(0, total, size):
-        yield slice(start, min(start + size, total))
+    count = -(-total // size)
+    start = 0
+    for index in range(count):
+        stop = start + total // count + (index < total % count)
+        yield slice(start, stop)
+        start = stop
 
 
 def hessian_vector_product(
@@ -417,6 +467,65 @@ def hessian_vector_product(
     return total
 
 
+class MeanLossHessian:
+    """``v -> H v`` for the loss ``Σ_i weight_i · sum(f_i(θ))`` at a fixed θ, for many v.
+
+    Each block's gradient is built once with its graph kept (reverse mode,
+    ``create_graph=True``), and every product differentiates those gradients
+    again along v (reverse over reverse, PyHessian's scheme): a product costs
+    one backward pass through the kept graphs instead of a forward, a backward
+    and their tangents. On the addition default model (256 problems, 2 CPU
+    threads) a product took 0.047 s against 0.088 s for
+    :func:`hessian_vector_product`; ``torch.func.linearize`` matched it
+    (0.044 s) but took 2 s per block to trace, more than a checkpoint's 25-50
+    products save (bench/polca.py). The kept graphs hold every block's
+    activations and their derivatives at once: memory grows with the data,
+    which ``--samples`` bounds. Reverse mode takes no forward-AD level, so
+    operators of different threads run at the same time.
+
+    Parameters
+    ----------
+    fs
+        ``[(f, weight), ...]`` as for :func:`hessian_vector_product`.
+    primal
+        θ, ``{name: tensor}``.
+    """
+
+    def __init__(self, fs: Sequence[tuple[Callable[[Mapping[str, Any]], Any], float]], primal: Mapping[str, Any]):
+        import torch
+
+        self.names = tuple(primal)
+        self._leaves = [primal[name].detach().requires_grad_(True) for name in self.names]
+        params = dict(zip(self.names, self._leaves, strict=True))
+        with torch.enable_grad():
+            total: list[Any] | None = None
+            for f, weight in fs:
+                with forward_mode(composite=False, lock=False):
+                    loss = f(params).sum() * weight
+                grads = torch.autograd.grad(loss, self._leaves, create_graph=True)
+                total = list(grads) if total is None else [t + g for t, g in zip(total, grads, strict=True)]
+        assert total is not None
+        self._gradient = total
+
+    def __call__(self, vector: Mapping[str, Any], *, batched: bool = False) -> dict[str, Any]:
+        """H v, ``{name: tensor}`` like θ; with ``batched``, v and H v have a leading dim of vectors.
+
+        A batch of vectors goes through the kept graphs as one vmapped backward
+        pass (``is_grads_batched``).
+        """
+        import torch
+
+        with torch.enable_grad():
+            products = torch.autograd.grad(
+                self._gradient,
+                self._leaves,
+                grad_outputs=[vector[name] for name in self.names],
+                retain_graph=True,
+                is_grads_batched=batched,
+            )
+        return dict(zip(self.names, products, strict=True))
+
+
 @dataclass
 class Eigenpairs:
     """Eigenpairs found by :func:`top_eigenpairs` (numpy)."""
@@ -441,6 +550,7 @@ def top_eigenpairs(
     seed: int = 0,
     dtype: Any = None,
     device: str = "cpu",
+    batched_hvp: Callable[[Any], Any] | None = None,
 ) -> Eigenpairs:
     """Top-``k`` eigenpairs of P H P, P = I - B Bᵀ, by Lanczos (scipy ``eigsh``, ARPACK).
 
@@ -460,6 +570,15 @@ def top_eigenpairs(
         Seeds the start vector, so that results are reproducible.
     dtype, device
         Of the torch vectors given to ``hvp`` (default float32).
+    batched_hvp
+        ``batched_hvp(V) -> H V`` on ``[k, D]`` rows, for the residuals of the
+        eigenpairs found (default: ``hvp`` row by row).
+
+    Lanczos keeps ``ncv = max(2k + 4, 4k)`` vectors (ARPACK's default is
+    ``max(2k + 1, 20)``): ARPACK multiplies ncv times before its first
+    convergence test, so for the paper's k=1 the default spent 21 products where
+    6 vectors converge to the same tolerance in 10 (k=4: 34 against 26 with 16;
+    addition default model, tol 1e-6, bench/polca.py).
     """
     import torch
     from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
@@ -493,7 +612,8 @@ def top_eigenpairs(
         # ARPACK's own vector work is small; with OpenBLAS threads spinning between its calls
         # next to torch's, 88 Hessian-vector products took 371 s instead of 9 s (bench/polca.py)
         with threadpool_limits(limits=1, user_api="blas"):
-            values, vectors = eigsh(operator, k=k, which="LA", tol=tol, v0=v0)
+            ncv = min(free, max(2 * k + 4, 4 * k))
+            values, vectors = eigsh(operator, k=k, which="LA", tol=tol, v0=v0, ncv=ncv)
     except ArpackNoConvergence as exc:
         msg = f"Lanczos did not converge to tol {tol} ({exc}); raise --tol"
         raise AnalysisError(msg) from None
@@ -504,9 +624,13 @@ def top_eigenpairs(
     found = project(found.T).T
     q, r = torch.linalg.qr(found.T)
     found = (q * torch.sign(r.diagonal())).T  # signs kept: QR must not flip a vector
-    residuals = np.array(
-        [float(torch.linalg.vector_norm(apply(v) - float(lam) * v)) for v, lam in zip(found, values, strict=True)]
-    )
+    if batched_hvp is None:
+        products = torch.stack([apply(v) for v in found])
+    else:
+        count += len(found)
+        products = project(batched_hvp(project(found.T).T).T).T
+    lambdas = torch.as_tensor(values.copy(), device=device).to(dtype)
+    residuals = torch.linalg.vector_norm(products - lambdas[:, None] * found, dim=1).double().cpu().numpy()
     return Eigenpairs(values, found.cpu().numpy(), residuals, count)
 
 

@@ -22,9 +22,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.plugins import (
+    CROSS_ENTROPY,
     PER_RUN,
     AnalysisContext,
     Analyzer,
+    MeanLossHessian,
     basis_dims,
     clear_cache,
     directional_derivatives,
@@ -33,6 +35,7 @@ from ckpt.plugins import (
     load_registry,
     parameter_space,
 )
+from ckpt.plugins._derivatives import BlockLoss
 from ckpt.plugins._engine import run
 from ckpt.plugins.testing import AnalyzerTests
 from tests.conftest import run_ckpt, tree_digest, write_mlp_run
@@ -454,6 +457,66 @@ def _model_with(layer: str) -> torch.nn.Module:
     return model.double().eval()
 
 
+class _BranchOnData(torch.nn.Module):
+    """tanh where the inputs sum above zero, else sin: Python control flow on data values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 4, dtype=torch.float64)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        hidden = self.linear(inputs)
+        return hidden.tanh() if float(inputs.sum()) > 0 else hidden.sin()
+
+
+def test_compiled_directional_derivatives_equal_explicit_hessians_and_never_freeze_a_branch() -> None:
+    """--compile's traced and compiled JVP pass against explicit Hessians; a model branching on data runs eagerly."""
+    torch.manual_seed(0)
+    model = _model_with("layer-norm")
+    inputs, targets = torch.randn(6, 3, dtype=torch.float64), torch.randint(0, 4, (6,))
+    block = BlockLoss(model, CROSS_ENTROPY.losses, {"fixed": {}, "inputs": inputs, "targets": targets, "mask": None})
+    primal = {name: p.detach() for name, p in model.named_parameters()}
+    directions = {name: torch.randn(2, *p.shape, dtype=torch.float64) for name, p in primal.items()}
+    flat = torch.cat([p.reshape(-1) for p in primal.values()])
+    flat_directions = torch.cat([d.reshape(2, -1) for d in directions.values()], dim=1)
+    sizes = [p.numel() for p in primal.values()]
+
+    def loss_of(v: torch.Tensor, i: int) -> torch.Tensor:
+        parts = torch.split(v, sizes)
+        return block({name: part.view(p.shape) for (name, p), part in zip(primal.items(), parts, strict=True)})[i]
+
+    for call in range(3):  # compiling and checking, checked once more, then the program alone
+        shifted = {name: t + 0.1 * call for name, t in primal.items()}
+        point = torch.cat([t.reshape(-1) for t in shifted.values()])
+        loss, first, second = directional_derivatives(block, shifted, directions, order=2, compiled=True)
+        for i in range(len(targets)):
+            hessian = torch.autograd.functional.hessian(lambda v, i=i: loss_of(v, i), point)
+            gradient = torch.autograd.functional.jacobian(lambda v, i=i: loss_of(v, i), point)
+            np.testing.assert_allclose(float(loss[i]), float(loss_of(point, i)), rtol=1e-10)
+            for k in range(2):
+                b = flat_directions[k]
+                np.testing.assert_allclose(float(second[k, i]), float(b @ hessian @ b), rtol=1e-9)
+                np.testing.assert_allclose(float(first[k, i]), float(gradient @ b), rtol=1e-9)
+    assert flat.shape[0] == sum(sizes)
+
+    # a branch on the data's values: not traced (it would freeze tanh), so data summing below zero get sin
+    branching = _BranchOnData()
+    params = {name: p.detach() for name, p in branching.named_parameters()}
+    tangents = {name: torch.randn(1, *p.shape, dtype=torch.float64) for name, p in params.items()}
+    positive, negative = torch.ones(4, 3, dtype=torch.float64), -torch.ones(4, 3, dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2, 3])
+
+    def block_of(x: torch.Tensor) -> BlockLoss:
+        return BlockLoss(branching, CROSS_ENTROPY.losses, {"fixed": {}, "inputs": x, "targets": labels, "mask": None})
+
+    with pytest.warns(UserWarning, match=r"compiled JVP pass is not used, the model cannot be traced \(RuntimeError"):
+        directional_derivatives(block_of(positive), params, tangents, order=1, compiled=True)
+    loss, first, _ = directional_derivatives(block_of(negative), params, tangents, order=1, compiled=True)
+    eager_loss, eager_first, _ = directional_derivatives(block_of(negative), params, tangents, order=1)
+    torch.testing.assert_close(loss, eager_loss, rtol=0, atol=0)
+    torch.testing.assert_close(first, eager_first, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("layer", ["layer-norm", "instance-norm", "batch-norm", "torch-attention"])
 def test_directional_derivatives_and_hvps_through_norms_and_attention_equal_explicit_hessians(layer: str) -> None:
     """⟨g(x), b⟩, bᵀ H(x) b and H(X) v through norms and torch's attention, against explicit Hessians.
@@ -502,3 +565,13 @@ def test_directional_derivatives_and_hvps_through_norms_and_attention_equal_expl
         rtol=1e-9,
         atol=1e-12,
     )
+    # the graph-reusing operator of hessian-basis, over two blocks, for two vectors in turn
+    operator = MeanLossHessian([(losses, 0.25 / len(targets)), (losses, 0.75 / len(targets))], primal)
+    for k in range(2):
+        hv = operator(unflatten(flat_directions[k]))
+        np.testing.assert_allclose(
+            torch.cat([hv[name].reshape(-1) for name in primal]).numpy(),
+            (mean_hessian @ flat_directions[k]).numpy(),
+            rtol=1e-9,
+            atol=1e-12,
+        )
