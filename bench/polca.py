@@ -4,7 +4,8 @@ Run from the repository root: ``python bench/polca.py`` (``--quick`` for a smoke
 run; ``--device cuda`` on a GPU machine; ``--only`` one section). Install the
 peers first: ``pip install -e '.[bench]'`` (PyHessian, hessian-eigenthings).
 Every measurement runs in a fresh subprocess, which warms up (imports, the
-allocator, ``--compile``'s programs: their compile time is reported apart) and
+allocator, ``--compile``'s programs: their compile time, with an empty inductor
+cache, is reported apart) and
 then reports the median of ``--repeat`` runs, what every checkpoint after the
 first costs a worker; its peak resident memory (CPU) or peak allocated CUDA
 memory comes with it. All ratios are against baselines measured in the same run.
@@ -249,6 +250,12 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
     import torch
 
     tool = name.split("-", 1)[1]
+    cuda = args.device.startswith("cuda")
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
     generator = torch.Generator().manual_seed(0)
     vectors = [torch.randn(setup.space.size, generator=generator).to(args.device) for _ in range(args.hvps)]
     counted = [0]
@@ -279,7 +286,7 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
         pyhessian_module = sys.modules["pyhessian.hessian"]  # the package's name `hessian` is the class
 
         model, inputs, targets, params = peer_problem(setup)
-        engine = pyhessian.hessian(model, torch.nn.functional.cross_entropy, data=(inputs, targets), cuda=False)
+        engine = pyhessian.hessian(model, torch.nn.functional.cross_entropy, data=(inputs, targets), cuda=cuda)
         original = pyhessian_module.hessian_vector_product
 
         def counting(*a: object, **kw: object) -> object:
@@ -306,9 +313,11 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
     if name.startswith("hvp-"):
         hvp(vectors[0])  # warm-up
         counted[0] = 0
+        sync()
         began = time.perf_counter()
         for v in vectors:
             hvp(v)
+        sync()
         return {"seconds": (time.perf_counter() - began) / len(vectors), "setup": setup_seconds}
     counted[0] = 0
     began = time.perf_counter()
@@ -332,9 +341,8 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
 
         result = lanczos(operator, k=4, max_iter=args.max_iter, which="LA", seed=0)
         values = [float(x) for x in result.eigenvalues]
-    seconds = time.perf_counter() - began + (0.0 if tool == "pyhessian" else setup_seconds)
-    if tool == "pyhessian":  # its graph is built in the constructor: count it
-        seconds += setup_seconds
+    sync()
+    seconds = time.perf_counter() - began + setup_seconds  # building the graphs counts (PyHessian's: its constructor)
     return {"seconds": seconds, "eigenvalues": sorted(values, reverse=True), "matvecs": counted[0]}
 
 
@@ -354,9 +362,9 @@ def child(name: str, args: argparse.Namespace, **extra: str) -> dict:
         command.append("--compile")
     for key, value in extra.items():
         command += [f"--{key.replace('_', '-')}", value]
-    done = subprocess.run(
-        command, capture_output=True, text=True, check=False, env={**os.environ, "PYTHONWARNINGS": "ignore"}
-    )
+    with tempfile.TemporaryDirectory() as cache:  # inductor's cache, empty: compile times are cold
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHINDUCTOR_CACHE_DIR": cache}
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode:
         raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
