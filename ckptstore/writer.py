@@ -201,6 +201,8 @@ class Writer:
                 self._ckpt_arrays[name] = self._open_array(key, rewritten=name == STEP)
             else:
                 self._metric_arrays[name] = self._open_array(key, rewritten=True)
+        self._whole_chunks: dict[str, _zarr.WholeChunks] = {}
+        self._find_whole_chunks()
         self._count = int(self._nodes[f"{CHECKPOINTS}/{STEP}"]["shape"][0])
         self._metric_count = int(self._nodes[f"{METRICS}/{STEP}"]["shape"][0])
         self._steps_cache = self._read_steps(CHECKPOINTS, self._count)
@@ -219,6 +221,13 @@ class Writer:
                 "is missing or damaged); appending would build on wrong steps: restore the store from a copy"
             )
             raise CorruptChunkError(msg)
+
+    def _find_whole_chunks(self) -> None:
+        """Note the checkpoint arrays whose chunks :meth:`_write_rows` writes to their files itself."""
+        for name, array in self._ckpt_arrays.items():
+            chunks = _zarr.WholeChunks.of(self._zstore, array.store_path.path, array.metadata)
+            if chunks is not None:
+                self._whole_chunks[name] = chunks
 
     def _open_array(self, key: str, *, rewritten: bool) -> zarr.AsyncArray:
         # Checkpoint chunks are written once, so the fast zarrs pipeline is safe
@@ -468,6 +477,7 @@ class Writer:
             node["shape"][0] = self._count
             self._nodes[f"{CHECKPOINTS}/{name}"] = node
             self._ckpt_arrays[name] = array
+        self._find_whole_chunks()
         # the tensor order of the first checkpoint (a state_dict's order) is part of the schema
         group = _zarr.empty_group_json({ROOT_ATTR: {"tensors": list(arrays)}})
         _zarr.write_json(
@@ -490,12 +500,20 @@ class Writer:
 
         sync(grow())
 
-    @staticmethod
-    def _write_rows(arrays: Mapping[str, zarr.AsyncArray], index: int, values: Mapping[str, Any]) -> None:
-        async def write_all() -> None:
-            await asyncio.gather(*(arrays[name].setitem(index, value) for name, value in values.items()))
+    def _write_rows(self, arrays: Mapping[str, zarr.AsyncArray], index: int, values: Mapping[str, Any]) -> None:
+        """Write row ``index`` of every array: checkpoint chunks straight to their files where they can be."""
+        direct = self._whole_chunks if arrays is self._ckpt_arrays else {}
+        rest = {
+            name: value
+            for name, value in values.items()
+            if name not in direct or not direct[name].write(index, np.asarray(value))
+        }
 
-        sync(write_all())
+        async def write_all() -> None:
+            await asyncio.gather(*(arrays[name].setitem(index, value) for name, value in rest.items()))
+
+        if rest:
+            sync(write_all())
 
     # -- metrics ---------------------------------------------------------------------------
     def _check_metric_step(self, step: int) -> None:
