@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import itertools
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import socket
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +206,7 @@ class Writer:
             else:
                 self._metric_arrays[name] = self._open_array(key, rewritten=True)
         self._whole_chunks: dict[str, _zarr.WholeChunks] = {}
+        self._chunk_writers: ThreadPoolExecutor | None = None  # made at the first write, shut down by close()
         self._find_whole_chunks()
         self._count = int(self._nodes[f"{CHECKPOINTS}/{STEP}"]["shape"][0])
         self._metric_count = int(self._nodes[f"{METRICS}/{STEP}"]["shape"][0])
@@ -517,12 +520,14 @@ class Writer:
 
     def _write_rows(self, arrays: Mapping[str, zarr.AsyncArray], index: int, values: Mapping[str, Any]) -> None:
         """Write row ``index`` of every array: checkpoint chunks straight to their files where they can be."""
-        direct = self._whole_chunks if arrays is self._ckpt_arrays else {}
-        rest = {
-            name: value
-            for name, value in values.items()
-            if name not in direct or not direct[name].write(index, np.asarray(value))
-        }
+        direct = [name for name in values if name in self._whole_chunks and arrays is self._ckpt_arrays]
+        written: set[str] = set()
+        if direct:
+            if self._chunk_writers is None:
+                self._chunk_writers = ThreadPoolExecutor(4, thread_name_prefix="ckpt-chunk-writer")
+            rows = [(self._whole_chunks[name], np.asarray(values[name])) for name in direct]
+            written.update(itertools.compress(direct, _zarr.write_rows(rows, index, self._chunk_writers)))
+        rest = {name: value for name, value in values.items() if name not in written}
 
         async def write_all() -> None:
             await asyncio.gather(*(arrays[name].setitem(index, value) for name, value in rest.items()))
@@ -743,6 +748,8 @@ class Writer:
         finally:
             self._closed = True
             self._lock.release()
+            if self._chunk_writers is not None:
+                self._chunk_writers.shutdown()
 
     def __enter__(self) -> Writer:
         return self
