@@ -402,7 +402,10 @@ class Store:
         Returns
         -------
         dict
-            Tensor name -> array, in schema order.
+            Tensor name -> array, in schema order. From a local store, the arrays of one
+            call are views of one block of memory (read at once, see
+            :func:`ckpt.store._zarr.read_rows`): one kept while the others are dropped keeps
+            the whole block alive; ``.copy()`` (numpy) or ``.clone()`` (torch) it to keep it alone.
 
         """
         index = self._index_of(step)
