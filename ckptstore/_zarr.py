@@ -16,8 +16,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,7 +180,7 @@ class WholeChunks:
         with one ``setitem`` per array, gathered in one event-loop call, took
         ~33 ms (zarrs pipeline) where one ``writev`` per file took ~12 ms, as long
         as ``torch.save`` of the same tensors into one file (bench/store.py, "write bf16").
-        Creating the file is most of that cost: see :func:`write_rows`.
+        Creating the file is most of that cost: see ``Writer._write_rows``.
         """
         if array.dtype != self.dtype or not array.flags.c_contiguous or array.nbytes != self.nbytes:
             return False
@@ -202,19 +201,6 @@ class WholeChunks:
         finally:
             os.close(fd)
         return True
-
-
-def write_rows(rows: Sequence[tuple[WholeChunks, np.ndarray]], row: int, executor: Executor) -> list[bool]:
-    """Write row ``row`` of every array with :meth:`WholeChunks.write`, on ``executor``'s threads; what each returned.
-
-    Why threads: creating a file costs ~0.07-0.65 ms on this ext4 file system,
-    depending on its journal's load (another process deleting or syncing files), and
-    is most of a chunk's cost. With slow creates, the 76 files of an 11M-parameter
-    checkpoint took ~76 ms (bf16) and ~107 ms (fp32) one after the other, ~49 ms and
-    ~62-70 ms on 2-8 threads; with fast ones, ~12 ms one after the other, ~13 ms on
-    threads (bench/store.py, "write bf16" and "write fp32").
-    """
-    return list(executor.map(lambda item: item[0].write(row, item[1]), rows))
 
 
 def read_rows(arrays: dict[str, WholeChunks], row: int) -> dict[str, np.ndarray | None]:
