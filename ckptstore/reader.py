@@ -213,10 +213,14 @@ class Store:
         self._attrs = dict(root.attrs.asdict())
         check_format(self._attrs, self._where)
         check_complete(self._attrs, self._where)
-        self._nodes = {
-            key: node.to_dict() for key, node in (consolidated.flattened_metadata.items() if consolidated else [])
-        }
+        flattened = consolidated.flattened_metadata if consolidated else {}
+        self._nodes = {key: node.to_dict() for key, node in flattened.items()}
         self._load_index()
+        self._whole_chunks: dict[str, _zarr.WholeChunks] = {}  # what Store.tensors reads without zarr
+        for name in self._schema:
+            chunks = _zarr.WholeChunks.of(self._zstore, f"{CHECKPOINTS}/{name}", flattened[f"{CHECKPOINTS}/{name}"])
+            if chunks is not None:
+                self._whole_chunks[name] = chunks
 
     def _load_index(self) -> None:
         self._arrays: dict[str, zarr.Array] = {}
@@ -398,11 +402,33 @@ class Store:
         Returns
         -------
         dict
-            Tensor name -> array, in schema order.
+            Tensor name -> array, in schema order. From a local store, the arrays of one
+            call are views of one block of memory (read at once, see
+            :func:`ckpt.store._zarr.read_rows`): one kept while the others are dropped keeps
+            the whole block alive; ``.copy()`` (numpy) or ``.clone()`` (torch) it to keep it alone.
 
         """
         index = self._index_of(step)
         names = self._check_names(names)
+        if device is not None:
+            framework = "torch"
+        if framework not in ("numpy", "torch"):
+            msg = f"framework must be 'numpy' or 'torch', got {framework!r}"
+            raise ValueError(msg)
+        values = dict.fromkeys(names) | _zarr.read_rows(
+            {name: self._whole_chunks[name] for name in names if name in self._whole_chunks}, index
+        )
+        rest = [name for name, value in values.items() if value is None]
+        if rest:  # remote stores, other codecs, or a chunk that failed its checks: zarr reads and names it
+            values.update(zip(rest, self._read_rows(rest, index, step), strict=True))
+        for name, value in values.items():
+            self._verify(name, step, value)
+        if framework == "torch":
+            return {n: decode_torch(v, self._schema[n].dtype, device) for n, v in values.items()}
+        return {n: decode_numpy(v, self._schema[n].dtype) for n, v in values.items()}
+
+    def _read_rows(self, names: list[str], index: int, step: int) -> list[np.ndarray]:
+        """Row ``index`` of the arrays of ``names``, read by zarr in one event-loop call."""
         arrays = [self._array(n)._async_array for n in names]
 
         async def read_all() -> list[np.ndarray]:
@@ -418,19 +444,7 @@ class Store:
             for name, array in zip(names, arrays, strict=True):
                 with _zarr.translated_read_errors(f"tensor {name!r} at step {step}"):
                     values.append(sync(array.getitem(index)))
-        for name, value in zip(names, values, strict=True):
-            self._verify(name, step, np.asarray(value))
-        if device is not None:
-            framework = "torch"
-        if framework == "torch":
-            return {
-                n: decode_torch(np.asarray(v), self._schema[n].dtype, device)
-                for n, v in zip(names, values, strict=True)
-            }
-        if framework != "numpy":
-            msg = f"framework must be 'numpy' or 'torch', got {framework!r}"
-            raise ValueError(msg)
-        return {n: decode_numpy(np.asarray(v), self._schema[n].dtype) for n, v in zip(names, values, strict=True)}
+        return [np.asarray(v) for v in values]
 
     def read_tensor(self, name: str, steps: Sequence[int] | None = None) -> np.ndarray:
         """One tensor across checkpoints, stacked on a leading step axis (all steps by default)."""

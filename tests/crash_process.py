@@ -14,7 +14,8 @@ flags, rename/replace, mkdir, unlink/remove, rmdir. Modes:
 The children are forked from this process, which imported everything once and has touched
 no store (no zarr event-loop thread to inherit): one process start per mode instead of one
 per kill point, which made the test 4x faster. Two children run at a time (CI has 2 cores).
-(Chunk files the Rust zarrs pipeline writes do not pass through Python and are not counted;
+(Checkpoint chunks of a local store are written by ckpt itself and counted, on its writer threads;
+chunk files the Rust zarrs pipeline writes do not pass through Python and are not counted;
 every commit-protocol step does.)
 
 Operations, each on ``run.zarr`` in its folder (TEMPLATE holds the sources and old stores):

@@ -130,6 +130,20 @@ def test_flipped_byte_is_reported_not_returned(small_store: Path) -> None:
     assert tree_digest(small_store) == before
 
 
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [(lambda data: data[:-9], "truncated"), (lambda data: data + b"\0" * 8, "extended"), (lambda data: b"", "emptied")],
+)
+def test_a_chunk_of_the_wrong_size_is_reported_not_returned(small_store: Path, damage, why: str) -> None:
+    # Store.tensors reads a local store's chunk files itself; zarr names what it refuses
+    chunk = small_store / "checkpoints" / "embed.weight" / "c.1.0.0"  # step 10
+    chunk.write_bytes(damage(chunk.read_bytes()))
+    s = ckptstore.open(small_store)
+    with pytest.raises(errors.CorruptChunkError, match=r"tensor 'embed.weight' at step 10"):
+        s.tensors(10, framework="torch")
+    np.testing.assert_array_equal(s.tensors(20)["embed.weight"], make_tensors(20)["embed.weight"])
+
+
 def test_crash_leftovers_are_repaired_on_append(small_store: Path) -> None:
     # what a writer killed after writing step 30's data but before its commit leaves behind
     import zarr
