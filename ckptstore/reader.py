@@ -218,7 +218,8 @@ class Store:
         self._load_index()
         self._whole_chunks: dict[str, _zarr.WholeChunks] = {}  # what Store.tensors reads without zarr
         for name in self._schema:
-            chunks = _zarr.WholeChunks.of(self._zstore, f"{CHECKPOINTS}/{name}", flattened[f"{CHECKPOINTS}/{name}"])
+            metadata = flattened.get(f"{CHECKPOINTS}/{name}")  # none without consolidated metadata: zarr reads
+            chunks = _zarr.WholeChunks.of(self._zstore, f"{CHECKPOINTS}/{name}", metadata)
             if chunks is not None:
                 self._whole_chunks[name] = chunks
 
