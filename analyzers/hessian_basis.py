@@ -92,19 +92,8 @@ def eigenvectors_at(
     def hvp(v: Any) -> Any:
         return space.flatten(hessian(space.unflatten(v)))
 
-    def batched_hvp(rows: Any) -> Any:
-        return space.flatten(hessian(space.unflatten(rows), batched=True), batch_dims=1)
-
     pairs = top_eigenpairs(
-        hvp,
-        space.size,
-        k,
-        basis=basis,
-        tol=tol,
-        seed=seed + step,
-        dtype=precision,
-        device=worker.device,
-        batched_hvp=batched_hvp,
+        hvp, space.size, k, basis=basis, tol=tol, seed=seed + step, dtype=precision, device=worker.device
     )
     return {
         "vectors": pairs.vectors,

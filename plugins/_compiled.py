@@ -90,30 +90,29 @@ class _Program:
         self._lock = threading.Lock()
 
     def run_eagerly(self, primal: Any, directions: Any, batch: Any) -> tuple[Any, Any, Any]:
-        def f(trainable: Mapping[str, Any]) -> Any:
-            return self.f.of(trainable, batch)
-
         with forward_mode(composite=self.order == 2):
-            return _directional_derivatives(f, primal, directions, self.order)
+            return _pass(self.f, self.order)(primal, directions, batch)
 
     def __call__(self, primal: Any, directions: Any, batch: Any) -> tuple[Any, Any, Any]:
-        if self.compiled is None and not self.eager:
-            with self._lock:
-                if self.compiled is None and not self.eager:
-                    return self._build(primal, directions, batch)
-        if self.eager:
+        with self._lock:
+            if self.compiled is None and not self.eager:
+                return self._build(primal, directions, batch)
+            compiled, check = self.compiled, self.checks_left > 0
+            self.checks_left -= check
+        if compiled is None:
             return self.run_eagerly(primal, directions, batch)
-        got = self.compiled(primal, directions, batch)
-        if self.checks_left > 0:  # the next call too: other data, another checkpoint
-            self.checks_left -= 1
+        got = compiled(primal, directions, batch)
+        if check:  # the second call too: other data, or another checkpoint
             expected = self.run_eagerly(primal, directions, batch)
             problem = _disagreement(got, expected)
             if problem:
-                self._drop(problem)
+                with self._lock:
+                    self._drop(problem)
                 return expected
         return got
 
     def _drop(self, problem: str) -> None:
+        """Run this shape eagerly from now on (the caller holds the lock)."""
         warnings.warn(f"--compile: the compiled JVP pass is not used, {problem}; running eagerly", stacklevel=5)
         self.eager, self.compiled = True, None
 
@@ -129,7 +128,7 @@ class _Program:
         problem, compiled = "", None
         try:
             with forward_mode(composite=self.order == 2):  # tracing runs the JVPs
-                traced = make_fx(_without_mode(self.f, self.order))(primal, directions, batch)
+                traced = make_fx(_pass(self.f, self.order))(primal, directions, batch)
         except Exception as exc:  # control flow on data values, an op tracing cannot take: eager stands
             problem = f"the model cannot be traced ({_first_line(exc)})"
         if not problem:
@@ -149,8 +148,8 @@ class _Program:
         return expected
 
 
-def _without_mode(f: BlockLoss, order: int) -> Any:
-    """The pass as a function of (primal, directions, batch), to trace (the caller holds the mode)."""
+def _pass(f: BlockLoss, order: int) -> Any:
+    """The pass as a function of (primal, directions, batch), to run or trace (in :func:`forward_mode`)."""
 
     def traced(primal: Any, directions: Any, batch: Any) -> tuple[Any, Any, Any]:
         def loss(trainable: Mapping[str, Any]) -> Any:
