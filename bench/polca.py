@@ -319,6 +319,10 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
             hvp(v)
         sync()
         return {"seconds": (time.perf_counter() - began) / len(vectors), "setup": setup_seconds}
+    # imports are paid once per worker process, not per basis checkpoint: not timed
+    import scipy.sparse.linalg  # noqa: F401
+    import threadpoolctl  # noqa: F401
+
     counted[0] = 0
     began = time.perf_counter()
     if tool in ("ckpt", "reference"):

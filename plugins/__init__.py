@@ -27,15 +27,16 @@ from ckpt.plugins._analyzer import (
     Option,
     declared_options,
 )
+from ckpt.plugins._compiled import directional_derivatives
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._derivatives import (
     DTYPES,
+    BlockLoss,
     MeanLossHessian,
     ParamSpace,
     basis_dims,
     check_basis,
     chunks,
-    directional_derivatives,
     forward_mode,
     hessian_vector_product,
     load_basis,
@@ -119,6 +120,7 @@ __all__ = [
     "AnalysisContext",
     "AnalysisError",
     "Analyzer",
+    "BlockLoss",
     "Dataset",
     "Importer",
     "LazyTask",

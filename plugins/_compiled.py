@@ -1,4 +1,7 @@
-"""Directional derivatives as one compiled program per shape (POLCA's ``--compile``).
+"""Directional derivatives, eagerly or as one compiled program per shape (POLCA's ``--compile``).
+
+:func:`directional_derivatives` lives here, above :mod:`ckpt.plugins._derivatives`,
+so that the two modules import each other in one direction only.
 
 :func:`ckpt.plugins.directional_derivatives` runs a nested JVP under
 ``torch.func.vmap`` eagerly: every aten op passes through the vmap and
@@ -33,7 +36,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ckpt.plugins._derivatives import BlockLoss, _directional_derivatives, forward_mode
@@ -56,6 +59,42 @@ def compiled_directional_derivatives(
         if program is None:
             program = _PROGRAMS[key] = _Program(f, order)
     return program(primal, directions, f.batch)
+
+
+def directional_derivatives(
+    f: Callable[[Mapping[str, Any]], Any],
+    primal: Mapping[str, Any],
+    directions: Mapping[str, Any],
+    *,
+    order: int = 1,
+    compiled: bool = False,
+) -> tuple[Any, Any, Any]:
+    """Per-datapoint loss and its first (and second) derivatives along K directions.
+
+    Parameters
+    ----------
+    f
+        ``f(params) -> [X]`` per-datapoint losses (see :func:`loss_function`).
+    primal
+        The point θ, ``{name: tensor}``.
+    directions
+        ``{name: [K, *shape]}``: K directions b.
+    order
+        1: ⟨∇ℓ(x), b⟩ only; 2: also bᵀ∇²ℓ(x)b (a nested JVP: forward over forward).
+    compiled
+        Run the pass as one program per shape, traced once and compiled with
+        ``torch.compile`` (``f`` a :class:`BlockLoss`; see
+        this module for what it costs and when it pays).
+
+    Returns
+    -------
+    tuple
+        ``loss [X]``, ``first [K, X]``, ``second [K, X]`` (None for order 1).
+    """
+    if compiled and isinstance(f, BlockLoss):
+        return compiled_directional_derivatives(f, primal, directions, order)
+    with forward_mode(composite=order == 2):
+        return _directional_derivatives(f, primal, directions, order)
 
 
 def compile_seconds() -> float:

@@ -11,8 +11,9 @@ analyzer plugin that works in parameter space:
   datapoint's loss, ⟨∇ℓ(x), b⟩ and, optionally, bᵀ∇²ℓ(x)b, by forward-mode AD
   (``torch.func.jvp``, nested for the second order) vectorized over the
   directions with ``torch.func.vmap``: the primal is computed once and shared.
-- :func:`hessian_vector_product` and :func:`top_eigenpairs`: Hessian-vector
-  products by forward-over-reverse AD, and the top eigenpairs of the Hessian
+- :func:`hessian_vector_product`, :class:`MeanLossHessian` and
+  :func:`top_eigenpairs`: one Hessian-vector product by forward-over-reverse AD,
+  many at one point through kept gradient graphs, and the top eigenpairs of the Hessian
   restricted to the orthogonal complement of a basis, by Lanczos (scipy's
   ``eigsh``, ARPACK) on a matrix-free ``LinearOperator``.
 - :func:`load_basis`: a stored basis result (``hessian-basis``, ``random-basis``
@@ -217,44 +218,6 @@ def trainable(params: Mapping[str, Any], space: ParamSpace, dtype: str = "float3
     """The tensors of ``space`` from ``params``, in the computation precision."""
     precision = torch_dtype(dtype)
     return {name: params[name].to(precision) for name in space.names}
-
-
-def directional_derivatives(
-    f: Callable[[Mapping[str, Any]], Any],
-    primal: Mapping[str, Any],
-    directions: Mapping[str, Any],
-    *,
-    order: int = 1,
-    compiled: bool = False,
-) -> tuple[Any, Any, Any]:
-    """Per-datapoint loss and its first (and second) derivatives along K directions.
-
-    Parameters
-    ----------
-    f
-        ``f(params) -> [X]`` per-datapoint losses (see :func:`loss_function`).
-    primal
-        The point θ, ``{name: tensor}``.
-    directions
-        ``{name: [K, *shape]}``: K directions b.
-    order
-        1: ⟨∇ℓ(x), b⟩ only; 2: also bᵀ∇²ℓ(x)b (a nested JVP: forward over forward).
-    compiled
-        Run the pass as one program per shape, traced once and compiled with
-        ``torch.compile`` (``f`` a :class:`BlockLoss`; see
-        :mod:`ckpt.plugins._compiled` for what it costs and when it pays).
-
-    Returns
-    -------
-    tuple
-        ``loss [X]``, ``first [K, X]``, ``second [K, X]`` (None for order 1).
-    """
-    if compiled and isinstance(f, BlockLoss):
-        from ckpt.plugins._compiled import compiled_directional_derivatives
-
-        return compiled_directional_derivatives(f, primal, directions, order)
-    with forward_mode(composite=order == 2):
-        return _directional_derivatives(f, primal, directions, order)
 
 
 def _directional_derivatives(
