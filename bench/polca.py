@@ -149,6 +149,11 @@ def floor(setup: Setup, basis: dict, args: argparse.Namespace) -> None:
                 setup.f(0, rows)(setup.primal(0))
 
 
+def synchronizer(device: str):
+    """What waits for the device's queued work before a clock is read (nothing on a CPU)."""
+    return torch.cuda.synchronize if device.startswith("cuda") else lambda: None
+
+
 def measure(name: str, args: argparse.Namespace) -> dict:
     """One measurement (in this fresh process): median seconds over ``--repeat`` runs after a warm-up."""
     import torch
@@ -157,11 +162,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     setup = Setup(Path(args.store), args.device, args.dtype)
     basis = random_basis(setup.space, args.k, args.device)
     out: dict = {"parameters": setup.space.size}
-
-    def sync() -> None:
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-
+    sync = synchronizer(args.device)
     setup.worker.params(0), setup.worker.params(1), setup.worker.data("eval")  # loading is not measured
     if name.startswith(("hvp-", "eigen-")):
         out.update(hessian_measure(setup, name, args))
@@ -251,11 +252,7 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
 
     tool = name.split("-", 1)[1]
     cuda = args.device.startswith("cuda")
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
+    sync = synchronizer(args.device)
     generator = torch.Generator().manual_seed(0)
     vectors = [torch.randn(setup.space.size, generator=generator).to(args.device) for _ in range(args.hvps)]
     counted = [0]
@@ -524,6 +521,7 @@ COST_MODEL = {
     "floor": lambda k: k,
     "first": lambda k: 1 + 2 * k,  # the primal once, two matmuls per tangent (dx W + x dW)
     "steady": lambda k: 1 + 4 * k,  # compiled: + the second-order tangent's two (d2x W + 2 dx dW)
+    "steady eager": lambda k: 1 + 7 * k,  # forward over forward repeats the first-order tangents
     "hvp": lambda k: 6,  # reverse over reverse through the kept forward + backward graph: twice its 3 F
 }
 
@@ -563,7 +561,7 @@ def preset_section(args: argparse.Namespace, tmp: str) -> None:
     print(f"Paper preset {config}: one forward over 1,250 problems = {unit / 1e9:.1f} GFLOP (model)")
     for compile_ in (False, True):
         r = child("pair", args, store=path, compile=compile_, repeat="1")
-        steady = COST_MODEL["steady"](args.k) if compile_ else 1 + 7 * args.k  # eager repeats the tangents
+        steady = COST_MODEL["steady" if compile_ else "steady eager"](args.k)
         flops = (steady + COST_MODEL["first"](args.k)) * unit
         print(
             f"  one pair, K={args.k}, {'compiled' if compile_ else 'eager'}: {r['seconds']:.1f} s "

@@ -562,11 +562,11 @@ def top_eigenpairs(
     operator = LinearOperator((dimension, dimension), matvec=matvec, dtype=np.float64)
     start = torch.from_numpy(np.random.default_rng(seed).standard_normal(dimension)).to(device=device, dtype=dtype)
     v0 = project(start).double().cpu().numpy()
+    ncv = min(free, max(2 * k + 4, 4 * k))
     try:
         # ARPACK's own vector work is small; with OpenBLAS threads spinning between its calls
         # next to torch's, 88 Hessian-vector products took 371 s instead of 9 s (bench/polca.py)
         with threadpool_limits(limits=1, user_api="blas"):
-            ncv = min(free, max(2 * k + 4, 4 * k))
             values, vectors = eigsh(operator, k=k, which="LA", tol=tol, v0=v0, ncv=ncv)
     except ArpackNoConvergence as exc:
         msg = f"Lanczos did not converge to tol {tol} ({exc}); raise --tol"
@@ -578,11 +578,9 @@ def top_eigenpairs(
     found = project(found.T).T
     q, r = torch.linalg.qr(found.T)
     found = (q * torch.sign(r.diagonal())).T  # signs kept: QR must not flip a vector
-    # one product per vector: a vmapped batch of them (is_grads_batched) was no faster per
-    # vector on a CPU (0.072-0.076 s against 0.056 s, bench/polca.py's model)
-    products = torch.stack([apply(v) for v in found])
-    lambdas = torch.as_tensor(values.copy(), device=device).to(dtype)
-    residuals = torch.linalg.vector_norm(products - lambdas[:, None] * found, dim=1).double().cpu().numpy()
+    residuals = np.array(
+        [float(torch.linalg.vector_norm(apply(v) - float(lam) * v)) for v, lam in zip(found, values, strict=True)]
+    )
     return Eigenpairs(values, found.cpu().numpy(), residuals, count)
 
 
