@@ -94,7 +94,7 @@ class HessianOptions(ScheduleOptions):
 
     hessian_split = Option(str, None, "Split the Hessian is taken over (default: train when stored, else --split).")
     samples = Option(int, 1250, "Examples subsampled for the Hessian (the paper: 1,250).", minimum=1)
-    tol = Option(float, 1e-6, "Relative accuracy of the Lanczos eigenvalues (ARPACK tol).", minimum=0)
+    tol = Option(float, 1e-6, "Lanczos stops when every residual is below tol times its eigenvalue.", minimum=0)
     order = Option(
         str,
         "chronological",

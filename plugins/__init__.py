@@ -42,11 +42,11 @@ from ckpt.plugins._derivatives import (
     load_basis,
     loss_function,
     parameter_space,
-    top_eigenpairs,
     torch_dtype,
     trainable,
 )
 from ckpt.plugins._importers import Importer
+from ckpt.plugins._lanczos import Eigenpairs, top_eigenpairs
 from ckpt.plugins._manager import PluginWarning, Provider, Registry, load_registry, registry, reset_registry
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
 from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
@@ -122,6 +122,7 @@ __all__ = [
     "Analyzer",
     "BlockLoss",
     "Dataset",
+    "Eigenpairs",
     "Importer",
     "LazyTask",
     "MeanLossHessian",

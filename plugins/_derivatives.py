@@ -13,9 +13,8 @@ analyzer plugin that works in parameter space:
   directions with ``torch.func.vmap``: the primal is computed once and shared.
 - :func:`hessian_vector_product`, :class:`MeanLossHessian` and
   :func:`top_eigenpairs`: one Hessian-vector product by forward-over-reverse AD,
-  many at one point through kept gradient graphs, and the top eigenpairs of the Hessian
-  restricted to the orthogonal complement of a basis, by Lanczos (scipy's
-  ``eigsh``, ARPACK) on a matrix-free ``LinearOperator``.
+  many at one point through kept gradient graphs, and (``_lanczos``) the top
+  eigenpairs of the Hessian restricted to the orthogonal complement of a basis.
 - :func:`load_basis`: a stored basis result (``hessian-basis``, ``random-basis``
   or a plugin's) as torch tensors on a worker, cached per worker.
 
@@ -482,106 +481,6 @@ class MeanLossHessian:
                 retain_graph=True,
             )
         return dict(zip(self.names, products, strict=True))
-
-
-@dataclass
-class Eigenpairs:
-    """Eigenpairs found by :func:`top_eigenpairs` (numpy)."""
-
-    values: np.ndarray
-    """``[k]`` eigenvalues, largest first."""
-    vectors: np.ndarray
-    """``[k, D]`` orthonormal eigenvectors, orthogonal to the basis they were found against."""
-    residuals: np.ndarray
-    """``[k]`` ||A v - λ v|| with A = P H P."""
-    matvecs: int
-    """Hessian-vector products used."""
-
-
-def top_eigenpairs(
-    hvp: Callable[[Any], Any],
-    dimension: int,
-    k: int,
-    *,
-    basis: Any = None,
-    tol: float = 1e-6,
-    seed: int = 0,
-    dtype: Any = None,
-    device: str = "cpu",
-) -> Eigenpairs:
-    """Top-``k`` eigenpairs of P H P, P = I - B Bᵀ, by Lanczos (scipy ``eigsh``, ARPACK).
-
-    Parameters
-    ----------
-    hvp
-        ``hvp(v) -> H v`` on flat torch vectors ``[D]``.
-    dimension
-        D.
-    k
-        Eigenpairs wanted (largest algebraic eigenvalues).
-    basis
-        ``[m, D]`` orthonormal torch rows B (None: no restriction).
-    tol
-        ARPACK's relative accuracy of the eigenvalues.
-    seed
-        Seeds the start vector, so that results are reproducible.
-    dtype, device
-        Of the torch vectors given to ``hvp`` (default float32).
-
-    Lanczos keeps ``ncv = max(2k + 4, 4k)`` vectors (ARPACK's default is
-    ``max(2k + 1, 20)``): ARPACK multiplies ncv times before its first
-    convergence test, so for the paper's k=1 the default spent 21 products where
-    6 vectors converge to the same tolerance in 10 (k=4: 34 against 26 with 16;
-    addition default model, tol 1e-6, bench/polca.py).
-    """
-    import torch
-    from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
-    from threadpoolctl import threadpool_limits
-
-    dtype = dtype or torch.float32
-    free = dimension - (0 if basis is None else basis.shape[0])
-    if k >= free:
-        msg = f"cannot find {k} more eigenvectors in a {free}-dimensional complement (D={dimension})"
-        raise AnalysisError(msg)
-    count = 0
-
-    def project(v: Any) -> Any:
-        if basis is None or basis.shape[0] == 0:
-            return v
-        return v - basis.T @ (basis @ v)
-
-    def apply(v: Any) -> Any:
-        nonlocal count
-        count += 1
-        return project(hvp(project(v)))
-
-    def matvec(x: np.ndarray) -> np.ndarray:
-        v = torch.as_tensor(np.ascontiguousarray(x.reshape(-1)), device=device).to(dtype)
-        return apply(v).double().cpu().numpy()
-
-    operator = LinearOperator((dimension, dimension), matvec=matvec, dtype=np.float64)
-    start = torch.from_numpy(np.random.default_rng(seed).standard_normal(dimension)).to(device=device, dtype=dtype)
-    v0 = project(start).double().cpu().numpy()
-    ncv = min(free, max(2 * k + 4, 4 * k))
-    try:
-        # ARPACK's own vector work is small; with OpenBLAS threads spinning between its calls
-        # next to torch's, 88 Hessian-vector products took 371 s instead of 9 s (bench/polca.py)
-        with threadpool_limits(limits=1, user_api="blas"):
-            values, vectors = eigsh(operator, k=k, which="LA", tol=tol, v0=v0, ncv=ncv)
-    except ArpackNoConvergence as exc:
-        msg = f"Lanczos did not converge to tol {tol} ({exc}); raise --tol"
-        raise AnalysisError(msg) from None
-    order = np.argsort(values)[::-1]
-    values, vectors = values[order], vectors[:, order]
-    found = torch.as_tensor(vectors.T.copy(), device=device).to(dtype)
-    # exact orthogonality to the earlier basis and among themselves (ARPACK's is to ~tol)
-    found = project(found.T).T
-    q, r = torch.linalg.qr(found.T)
-    found = (q * torch.sign(r.diagonal())).T  # signs kept: QR must not flip a vector
-    residuals = np.array(
-        [float(torch.linalg.vector_norm(apply(v) - float(lam) * v)) for v, lam in zip(found, values, strict=True)]
-    )
-    return Eigenpairs(values, found.cpu().numpy(), residuals, count)
 
 
 def load_basis(worker: Any, name: str, created: str, space: ParamSpace, dtype: str = "float32") -> dict[str, Any]:

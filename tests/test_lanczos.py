@@ -1,0 +1,104 @@
+"""``top_eigenpairs`` against ``torch.linalg.eigh`` of explicit symmetric matrices.
+
+The Hessian-basis tests (test_polca.py) check it through real model Hessians;
+these reach the cases a model rarely does: eigenvalues of both signs, a basis to
+deflate, an invariant Krylov subspace smaller than k, non-convergence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ckpt.plugins import AnalysisError, top_eigenpairs
+
+
+def symmetric(values: np.ndarray, seed: int = 0) -> torch.Tensor:
+    """Q diag(values) Qᵀ for a random orthogonal Q (float64)."""
+    generator = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(len(values), len(values), generator=generator, dtype=torch.float64))
+    return q @ torch.diag(torch.as_tensor(values, dtype=torch.float64)) @ q.T
+
+
+def counted(matrix: torch.Tensor) -> tuple[list[int], object]:
+    calls = [0]
+
+    def hvp(v: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        return (matrix @ v.double()).to(v.dtype)
+
+    return calls, hvp
+
+
+def test_top_eigenpairs_equal_eigh_with_residuals_of_the_returned_vectors() -> None:
+    values = np.concatenate([[9.0, 7.5, 7.0, -12.0], np.linspace(-3, 3, 116)])
+    matrix = symmetric(values)
+    calls, hvp = counted(matrix)
+    found = top_eigenpairs(hvp, 120, 3, tol=1e-10, dtype=torch.float64)
+    np.testing.assert_allclose(found.values, [9.0, 7.5, 7.0], rtol=1e-10)  # largest algebraic, not |λ|
+    _, exact_vectors = torch.linalg.eigh(matrix)
+    vectors = torch.from_numpy(found.vectors)
+    overlaps = (vectors * exact_vectors.flip(1)[:, :3].T).sum(1).abs()
+    np.testing.assert_allclose(overlaps.numpy(), 1.0, atol=1e-9)
+    np.testing.assert_allclose((vectors @ vectors.T).numpy(), np.eye(3), atol=1e-12)
+    fresh = torch.linalg.vector_norm(vectors @ matrix - torch.from_numpy(found.values)[:, None] * vectors, dim=1)
+    np.testing.assert_allclose(found.residuals, fresh.numpy(), atol=1e-12)  # from kept products, not new ones
+    assert found.matvecs == calls[0] < 120
+    assert (found.residuals <= 1e-10 * np.abs(found.values)).all()
+
+
+def test_a_basis_is_deflated_and_the_result_orthogonal_to_it() -> None:
+    values = np.concatenate([[5.0, 4.0, 3.0, 2.5], np.linspace(-1, 1, 56)])
+    matrix = symmetric(values, seed=1)
+    _, exact_vectors = torch.linalg.eigh(matrix)
+    basis = exact_vectors.flip(1)[:, :2].T.contiguous()
+    _, hvp = counted(matrix)
+    found = top_eigenpairs(hvp, 60, 2, basis=basis, tol=1e-10, dtype=torch.float64)
+    np.testing.assert_allclose(found.values, [3.0, 2.5], rtol=1e-10)
+    assert np.abs(found.vectors @ basis.numpy().T).max() < 1e-12
+
+
+def test_an_invariant_subspace_smaller_than_k_goes_on_from_a_new_direction() -> None:
+    """Rank 2: a random start spans {a, b, 0} in 3 products; k = 4 needs a second null direction."""
+    generator = torch.Generator().manual_seed(2)
+    u = torch.randn(40, 2, generator=generator, dtype=torch.float64)
+    matrix = u @ torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64)) @ u.T
+    exact = torch.linalg.eigvalsh(matrix).flip(0)[:4].numpy()
+    _, hvp = counted(matrix)
+    found = top_eigenpairs(hvp, 40, 4, tol=1e-10, dtype=torch.float64)
+    np.testing.assert_allclose(found.values, exact, atol=1e-9)
+    np.testing.assert_allclose(found.vectors @ found.vectors.T, np.eye(4), atol=1e-12)
+    assert (found.residuals < 1e-9).all()
+    assert found.matvecs <= 6
+
+
+def test_float32_products_give_float64_accurate_eigenvalues() -> None:
+    """The recurrence runs in float64: float32 products cost only their own rounding, also at D = 100,000.
+
+    H = R diag(λ) R with R = I - 2uuᵀ a Householder reflection: exact eigenvalues at a model's size.
+    """
+    dimension = 100_000
+    rng = np.random.default_rng(0)
+    values = torch.from_numpy(np.concatenate([[40.0, 25.0], np.abs(rng.normal(0, 2, dimension - 2))])).float()
+    u = torch.from_numpy(rng.standard_normal(dimension)).float()
+    u /= torch.linalg.vector_norm(u)
+
+    def hvp(v: torch.Tensor) -> torch.Tensor:  # float32 in, float32 out, like a float32 model's
+        reflected = v - 2 * u * (u @ v)
+        scaled = values * reflected
+        return scaled - 2 * u * (u @ scaled)
+
+    found = top_eigenpairs(hvp, dimension, 2, tol=1e-6, dtype=torch.float32)
+    assert found.vectors.dtype == np.float32
+    np.testing.assert_allclose(found.values, [40.0, 25.0], rtol=1e-7)
+
+
+def test_no_convergence_and_no_room_are_errors() -> None:
+    matrix = symmetric(np.linspace(0.0, 1.0, 2000), seed=4)  # top gap 5e-4: slow
+    _, hvp = counted(matrix)
+    with pytest.raises(AnalysisError, match=r"did not converge to tol 1e-14 in 100 Hessian-vector.*raise --tol"):
+        top_eigenpairs(hvp, 2000, 1, tol=1e-14, dtype=torch.float64)
+    basis = torch.eye(2000, dtype=torch.float64)[:1999]
+    with pytest.raises(AnalysisError, match="cannot find 1 more eigenvectors in a 1-dimensional complement"):
+        top_eigenpairs(hvp, 2000, 1, basis=basis)
