@@ -248,6 +248,8 @@ def peer_problem(setup: Setup) -> tuple[torch.nn.Module, torch.Tensor, torch.Ten
 
 def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
     """Seconds per HVP (``hvp-TOOL``) or the top 4 eigenpairs (``eigen-TOOL``) over 256 problems."""
+    import types
+
     import torch
 
     tool = name.split("-", 1)[1]
@@ -256,31 +258,10 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
     generator = torch.Generator().manual_seed(0)
     vectors = [torch.randn(setup.space.size, generator=generator).to(args.device) for _ in range(args.hvps)]
     counted = [0]
-    began = time.perf_counter()
-    if tool in ("ckpt", "ckpt-oneshot", "reference"):
-        from ckpt.plugins import MeanLossHessian, hessian_vector_product
-
-        f = setup.f(1, slice(0, 256))
-        primal = setup.primal(1)
-        weight = 1.0 / int(setup.worker.data("eval")["mask"][:256].sum())  # as hessian-basis counts: no forward
-        if tool == "ckpt-oneshot":
-
-            def hvp(v: torch.Tensor) -> torch.Tensor:
-                counted[0] += 1
-                return setup.space.flatten(hessian_vector_product([(f, weight)], primal, setup.space.unflatten(v)))
-        else:
-            operator = MeanLossHessian([(f, weight)], primal)
-
-            def hvp(v: torch.Tensor) -> torch.Tensor:
-                counted[0] += 1
-                return setup.space.flatten(operator(setup.space.unflatten(v)))
-    elif tool == "pyhessian":
+    if tool == "pyhessian":
         import pyhessian
 
         pyhessian_module = sys.modules["pyhessian.hessian"]  # the package's name `hessian` is the class
-
-        model, inputs, targets, params = peer_problem(setup)
-        engine = pyhessian.hessian(model, torch.nn.functional.cross_entropy, data=(inputs, targets), cuda=cuda)
         original = pyhessian_module.hessian_vector_product
 
         def counting(*a: object, **kw: object) -> object:
@@ -289,12 +270,39 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
 
         pyhessian_module.hessian_vector_product = counting
 
-        def hvp(v: torch.Tensor) -> torch.Tensor:
-            return torch.cat([h.reshape(-1) for h in counting(engine.gradsH, engine.params, split(v, params))])
-    else:  # hessian-eigenthings
+    def prepare() -> types.SimpleNamespace:
+        """The tool's operator at the second checkpoint: what each basis checkpoint builds."""
+        if tool in ("ckpt", "ckpt-oneshot", "reference"):
+            from ckpt.plugins import MeanLossHessian, hessian_vector_product
+
+            f = setup.f(1, slice(0, 256))
+            primal = setup.primal(1)
+            weight = 1.0 / int(setup.worker.data("eval")["mask"][:256].sum())  # as hessian-basis counts it
+            if tool == "ckpt-oneshot":
+
+                def hvp(v: torch.Tensor) -> torch.Tensor:
+                    counted[0] += 1
+                    product = hessian_vector_product([(f, weight)], primal, setup.space.unflatten(v))
+                    return setup.space.flatten(product)
+
+                return types.SimpleNamespace(hvp=hvp)
+            operator = MeanLossHessian([(f, weight)], primal)
+
+            def hvp(v: torch.Tensor) -> torch.Tensor:
+                counted[0] += 1
+                return setup.space.flatten(operator(setup.space.unflatten(v)))
+
+            return types.SimpleNamespace(hvp=hvp)
+        model, inputs, targets, params = peer_problem(setup)
+        if tool == "pyhessian":
+            engine = pyhessian.hessian(model, torch.nn.functional.cross_entropy, data=(inputs, targets), cuda=cuda)
+
+            def hvp(v: torch.Tensor) -> torch.Tensor:
+                return torch.cat([h.reshape(-1) for h in counting(engine.gradsH, engine.params, split(v, params))])
+
+            return types.SimpleNamespace(hvp=hvp, engine=engine)
         from hessian_eigenthings import HessianOperator, supervised_loss
 
-        model, inputs, targets, params = peer_problem(setup)
         operator = HessianOperator(model, [(inputs, targets)], supervised_loss(torch.nn.functional.cross_entropy))
         matvec = operator.matvec
 
@@ -303,38 +311,53 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
             return matvec(v)
 
         operator.matvec = hvp
-    setup_seconds = time.perf_counter() - began
+        return types.SimpleNamespace(hvp=hvp, operator=operator)
+
     if name.startswith("hvp-"):
-        hvp(vectors[0])  # warm-up
-        counted[0] = 0
+        began = time.perf_counter()
+        prepared = prepare()
+        setup_seconds = time.perf_counter() - began
+        prepared.hvp(vectors[0])  # warm-up
         sync()
         began = time.perf_counter()
         for v in vectors:
-            hvp(v)
+            prepared.hvp(v)
         sync()
         return {"seconds": (time.perf_counter() - began) / len(vectors), "setup": setup_seconds}
-    # imports are paid once per worker process, not per basis checkpoint: not timed
+    # A worker process pays its one-time costs once, not per basis checkpoint: the imports, and the
+    # process's first double backward (0.39 s against 0.06 s for later ones here). A throwaway
+    # operator and product pay them before the timing, for every tool alike.
+    import scipy.linalg
     import scipy.sparse.linalg  # noqa: F401
     import threadpoolctl  # noqa: F401
 
-    counted[0] = 0
-    began = time.perf_counter()
-    if tool in ("ckpt", "reference"):
-        from ckpt.plugins import top_eigenpairs
+    prepare().hvp(vectors[0])
+    sync()
 
-        dtype = torch.float64 if tool == "reference" else torch.float32
+    def eigenvalues() -> list[float]:
+        torch.manual_seed(0)  # PyHessian's start vectors come from torch's global generator
+        prepared = prepare()  # building the graphs counts (PyHessian's: its constructor)
+        if tool in ("ckpt", "reference"):
+            from ckpt.plugins import top_eigenpairs
 
-        found = top_eigenpairs(hvp, setup.space.size, 4, tol=args.tol, seed=0, dtype=dtype, device=args.device)
-        values = [float(x) for x in found.values]
-    elif tool == "pyhessian":
-        values, _ = engine.eigenvalues(maxIter=args.max_iter, tol=args.tol, top_n=4)
-    else:
+            dtype = torch.float64 if tool == "reference" else torch.float32
+            found = top_eigenpairs(prepared.hvp, setup.space.size, 4, tol=args.tol, dtype=dtype, device=args.device)
+            return [float(x) for x in found.values]
+        if tool == "pyhessian":
+            return list(prepared.engine.eigenvalues(maxIter=args.max_iter, tol=args.tol, top_n=4)[0])
         from hessian_eigenthings import lanczos
 
-        result = lanczos(operator, k=4, max_iter=args.max_iter, which="LA", seed=0)
-        values = [float(x) for x in result.eigenvalues]
-    sync()
-    seconds = time.perf_counter() - began + setup_seconds  # building the graphs counts (PyHessian's: its constructor)
+        result = lanczos(prepared.operator, k=4, max_iter=args.max_iter, which="LA", seed=0)
+        return [float(x) for x in result.eigenvalues]
+
+    times = []
+    for _ in range(1 if tool == "reference" else args.repeat):  # every run starts from the same seed
+        counted[0] = 0
+        began = time.perf_counter()
+        values = eigenvalues()
+        sync()
+        times.append(time.perf_counter() - began)
+    seconds = statistics.median(times)
     return {"seconds": seconds, "eigenvalues": sorted(values, reverse=True), "matvecs": counted[0]}
 
 
