@@ -83,14 +83,15 @@ def top_eigenpairs(
     Returns
     -------
     Eigenpairs
-        Values largest first; the residuals are measured on the returned
-        vectors, A x = Σ s_j (A v_j) from the kept products (A is linear).
+        Values largest first; the residuals ||A x - θ x|| are those of the
+        float64 vectors x before they are rounded to ``dtype``, with
+        A x = Σ s_j (A v_j) from the kept products (A is linear).
 
     Raises
     ------
     AnalysisError
-        k is not below the complement's dimension, or the search did not
-        converge within :func:`product_limit` products.
+        k is not below the complement's dimension, a product is not finite,
+        or the search did not converge within :func:`product_limit` products.
 
     Notes
     -----
@@ -150,6 +151,12 @@ def top_eigenpairs(
                 r = project(r - vectors[:m].T @ (vectors[:m] @ r))
             alphas.append(alpha)
             beta = float(torch.linalg.vector_norm(r))
+            if not (np.isfinite(alpha) and np.isfinite(beta)):
+                msg = (
+                    f"Hessian-vector product {m} is not finite (NaN or inf): the loss or its curvature "
+                    "overflows at these parameters; try --dtype float64, or leave this checkpoint out"
+                )
+                raise AnalysisError(msg)
             scale = max(abs(a) for a in alphas) or 1.0
             invariant = beta <= 1e3 * float(torch.finfo(exact).eps) * scale
             if m >= k:

@@ -94,6 +94,19 @@ def test_float32_products_give_float64_accurate_eigenvalues() -> None:
     np.testing.assert_allclose(found.values, [40.0, 25.0], rtol=1e-7)
 
 
+def test_a_product_that_is_not_finite_is_named_not_returned() -> None:
+    matrix = symmetric(np.linspace(1.0, 2.0, 50), seed=5)
+    calls = [0]
+
+    def hvp(v: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        product = matrix @ v
+        return product if calls[0] < 3 else product * float("nan")
+
+    with pytest.raises(AnalysisError, match="Hessian-vector product 3 is not finite"):
+        top_eigenpairs(hvp, 50, 1, tol=1e-12, dtype=torch.float64)
+
+
 def test_no_convergence_and_no_room_are_errors() -> None:
     matrix = symmetric(np.linspace(0.0, 1.0, 2000), seed=4)  # top gap 5e-4: slow
     _, hvp = counted(matrix)
