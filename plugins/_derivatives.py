@@ -7,7 +7,8 @@ analyzer plugin that works in parameter space:
   (names, shapes, offsets), to go between ``{name: tensor}`` and ``[D]``.
 - :func:`loss_function`: the per-datapoint loss of a block of examples as a
   function of the parameters (the store's model and objective, functionally).
-- :func:`directional_derivatives`: for K directions b at once, every
+- :func:`directional_derivatives` (its entry point, with the compiled
+  variant, is in ``_compiled``): for K directions b at once, every
   datapoint's loss, ⟨∇ℓ(x), b⟩ and, optionally, bᵀ∇²ℓ(x)b, by forward-mode AD
   (``torch.func.jvp``, nested for the second order) vectorized over the
   directions with ``torch.func.vmap``: the primal is computed once and shared.

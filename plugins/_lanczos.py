@@ -143,7 +143,9 @@ def top_eigenpairs(
                     torch.cat([t, torch.empty_like(t[: min(m, limit + 1 - m)])]) for t in (vectors, products)
                 )
             v = vectors[m - 1]
-            product = project(hvp(project(v).to(dtype)).to(exact))
+            # v is in the complement already (started there, reorthogonalized against B below):
+            # P H P v = P H v, one projection per product instead of two
+            product = project(hvp(v.to(dtype)).to(exact))
             products[m - 1] = product
             alpha = float(v @ product)
             r = product - alpha * v - (betas[-1] * vectors[m - 2] if m > 1 else 0)
