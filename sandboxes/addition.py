@@ -265,9 +265,9 @@ class Addition(TransformerTask):
     Held-out problems (the ``eval`` split, which is also the test data) are
     drawn first and removed from the pool; the training set is then drawn
     uniformly without replacement from the remaining problems: ``steps *
-    batch_size`` of them (the preset's steps), so a run of the preset's length is
-    one epoch and every batch holds fresh problems, as the paper's uniform
-    sampling gives. Only memory limits that: inputs and targets take
+    batch_size`` of them (the preset's steps, or the run's when ``--steps`` asks for
+    more), so a run is at most one epoch and every batch holds fresh problems, as
+    the paper's uniform sampling gives. Only memory limits that: inputs and targets take
     ``steps * batch_size * 11 * 8 * 2`` bytes, 113 MB for the paper preset
     (640,000 problems); the whole 10^6 would take 176 MB for no gain.
     """

@@ -147,6 +147,10 @@ def train(
     if steps is not None and epochs is not None:
         raise TaskError("give --steps or --epochs, not both")
     config = task.config(preset, options)
+    if steps is not None and int(config.get("steps") or 0) < steps:
+        # tasks that size their training data by the run's length (addition draws steps * batch
+        # fresh problems) draw enough for this one, instead of repeating the preset's
+        config["steps"] = steps
     target = _device(device)
     torch.manual_seed(seed)
     data = task.make_data(config, seed)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -207,6 +208,25 @@ def test_short_run_writes_a_store_the_cli_accepts(tmp_path: Path) -> None:
     np.testing.assert_allclose(
         loss["mean_loss"].values, ckptstore.open(path).metrics["test_loss"].values, rtol=1e-5, atol=1e-6
     )
+
+
+def test_a_run_longer_than_its_preset_draws_fresh_problems_for_every_step(tmp_path: Path) -> None:
+    drawn: list[torch.Tensor] = []
+
+    class ShortPreset(Addition):
+        presets: ClassVar[dict] = {"default": {**Addition.presets["default"], **TINY, "steps": 3, "batch_size": 4}}
+
+        def make_data(self, config, seed):
+            data = super().make_data(config, seed)
+            drawn.append(data.train_inputs)
+            return data
+
+    train(ShortPreset(), tmp_path / "long.zarr", steps=6, every=6)
+    train(ShortPreset(), tmp_path / "short.zarr", steps=2, every=2)
+    long_run, short_run = drawn
+    # 6 steps of 4: 24 distinct problems (one epoch), not the preset's 12 seen twice
+    assert long_run.shape[0] == 24 and len({tuple(row.tolist()) for row in long_run}) == 24
+    assert short_run.shape[0] == 12  # a shorter run keeps the preset's data (the demo's --steps 400 unchanged)
 
 
 PINNED_RUN = """
