@@ -72,6 +72,7 @@ def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
     receives = np.isin(data["place"].values[tokens["example"].values, tokens["position"].values], (1, 2))
     base_rate = data["carry"].values[tokens["example"].values, tokens["position"].values][receives].mean()
     assert f"{base_rate:.3f} of the 10s/100s tokens receive a carry" in out
+    assert "no configuration searched at CPU scale made it hold" in out
 
     # the demo ends with its report: every figure loads in a real browser, and the slider moves
     from tests.browser import open_report
