@@ -91,6 +91,14 @@ class UntrustedFactoryError(StoreError, PermissionError):
     """A store names a model factory that ckpt will not run unless the user trusts it (``ckpt.store.trust``)."""
 
 
+class CorruptRecordError(StoreError, ValueError):
+    """The store's metadata (its commit record, a node's ``zarr.json``) breaks the format's rules.
+
+    Raised before anything acts on it: a node name that is a path, a shape its bytes
+    cannot hold, a field of the wrong type, JSON nested too deep (docs/store-format.md, "Validation").
+    """
+
+
 class MissingDataError(StoreError, FileNotFoundError):
     """A piece the commit record says was written (a result's files ...) is gone from the store."""
 

@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any
 import google_crc32c
 import numpy as np
 import zarr
+import zarr.errors
 import zarr.storage
 from zarr.codecs import BytesCodec, Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
@@ -148,6 +150,14 @@ class WholeChunks:
     def _file(self, row: int) -> Path:
         return self.folder / self.metadata.encode_chunk_key((row,) + (0,) * (self.metadata.ndim - 1))
 
+    def size_of(self, row: int) -> int | None:
+        """The size of row ``row``'s chunk file, or None when it is missing or not a regular file."""
+        try:
+            info = os.lstat(self._file(row))
+        except OSError:
+            return None
+        return info.st_size if stat.S_ISREG(info.st_mode) else None
+
     def read_into(self, row: int, buffer: np.ndarray) -> np.ndarray | None:
         """Row ``row``, read into ``buffer`` (``nbytes + 4`` bytes) and checked; None when it is not intact.
 
@@ -156,7 +166,7 @@ class WholeChunks:
         fails its checksum.
         """
         try:
-            with open(self._file(row), "rb", buffering=0) as file:
+            with open(os.open(self._file(row), os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as file:
                 size = os.fstat(file.fileno()).st_size
                 if size != self.nbytes + 4 or file.readinto(buffer) != size:
                     return None
@@ -225,7 +235,10 @@ def read_rows(arrays: dict[str, WholeChunks], row: int) -> dict[str, np.ndarray 
     """
     align = 64  # every array starts on a cache line, as numpy's own allocations do
     offsets, total = {}, 0
-    for name, chunks in arrays.items():
+    # memory is taken only for chunk files whose size is what their recorded shape needs: a shape
+    # edited in the record must not size an allocation (a stat costs ~1 us against a read's ~100)
+    intact = {name: chunks for name, chunks in arrays.items() if chunks.size_of(row) == chunks.nbytes + 4}
+    for name, chunks in intact.items():
         offsets[name] = total
         total += -(-(chunks.nbytes + 4) // align) * align
     block = np.empty(total + align, np.uint8)
@@ -233,16 +246,20 @@ def read_rows(arrays: dict[str, WholeChunks], row: int) -> dict[str, np.ndarray 
     block = block[start : start + total]
     return {
         name: chunks.read_into(row, block[offsets[name] : offsets[name] + chunks.nbytes + 4])
+        if name in intact
+        else None
         for name, chunks in arrays.items()
     }
 
 
-def read_json(store: zarr.abc.store.Store, key: str) -> dict[str, Any] | None:
-    """The JSON document at ``key``, or None when the key does not exist."""
+def read_json(store: zarr.abc.store.Store, key: str, where: str = "the store") -> dict[str, Any] | None:
+    """The JSON document at ``key`` (bounded in size and depth: :func:`ckpt.store.record.parse_record`), or None."""
+    from ckpt.store.record import parse_record
+
     buffer = sync(store.get(key, prototype=default_buffer_prototype()))
     if buffer is None:
         return None
-    return json.loads(buffer.to_bytes())
+    return parse_record(buffer.to_bytes(), where, key)
 
 
 def write_json(store: zarr.abc.store.Store, key: str, document: dict[str, Any]) -> None:
@@ -284,9 +301,11 @@ def root_document(attributes: dict[str, Any], nodes: dict[str, dict[str, Any]]) 
 
 def read_root(store: zarr.abc.store.Store, where: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Read the root attributes and the committed snapshot, or say why this is no store."""
+    from ckpt.store.record import validate_record
+
     try:
-        document = read_json(store, ROOT_KEY)
-    except (FileNotFoundError, NotADirectoryError):
+        document = read_json(store, ROOT_KEY, where)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         document = None
     if document is None:
         local = local_path(where)
@@ -295,16 +314,60 @@ def read_root(store: zarr.abc.store.Store, where: str) -> tuple[dict[str, Any], 
             raise StoreNotFoundError(msg)
         msg = f"{where} is not a ckpt store (it has no zarr.json); create one with ckpt.create() or `ckpt import`"
         raise NotAStoreError(msg)
-    if document.get("node_type") != "group" or document.get("zarr_format") != 3:
-        msg = f"{where} is not a ckpt store: its root is not a zarr v3 group"
-        raise NotAStoreError(msg)
-    consolidated = document.get("consolidated_metadata") or {}
-    return document.get("attributes", {}), dict(consolidated.get("metadata") or {})
+    attributes, nodes = validate_record(document, where)  # a store is data: nothing is used unchecked
+    return attributes, dict(nodes)
 
 
-def open_root_group(store: zarr.abc.store.Store) -> zarr.Group:
-    """Open the root group through its consolidated snapshot (the committed state)."""
-    return zarr.open_group(store, mode="r", use_consolidated=True)
+def open_root_group(store: zarr.abc.store.Store, where: str = "the store") -> zarr.Group:
+    """Open the root group through its consolidated snapshot (the committed state), validated first.
+
+    The record is checked (:func:`read_root`) before zarr parses it: zarr resolves node names
+    as paths and allocates what shapes claim. What zarr still cannot parse (an unknown codec or
+    data type) is a :class:`~ckpt.errors.CorruptRecordError`, not zarr's traceback.
+    """
+    from ckpt.errors import CorruptRecordError
+
+    read_root(store, where)
+    try:
+        return zarr.open_group(store, mode="r", use_consolidated=True)
+    except (ValueError, TypeError, KeyError, LookupError, NotImplementedError, zarr.errors.BaseZarrError) as exc:
+        msg = f"zarr cannot read the commit record of {where} ({type(exc).__name__}: {exc}); restore it from a copy"
+        raise CorruptRecordError(msg) from None
+
+
+def stored_bytes(store: zarr.abc.store.Store, key: str) -> int | None:
+    """Bytes stored under ``key`` (one chunk), or None when it is missing.
+
+    A local store's chunk must be a regular file: a symlink or a device is not a chunk ckpt
+    wrote, and reading ``/dev/zero`` would never end.
+    """
+    local = getattr(store, "root", None)
+    if isinstance(store, zarr.storage.LocalStore) and local is not None:
+        try:
+            info = os.lstat(Path(local) / key)
+        except OSError:
+            return None
+        return info.st_size if stat.S_ISREG(info.st_mode) else None
+    try:
+        return int(sync(store.getsize(key)))
+    except (FileNotFoundError, OSError, KeyError):
+        return None
+
+
+def prefix_bytes(store: zarr.abc.store.Store, prefix: str) -> int:
+    """Bytes stored under ``prefix`` (an array's chunks), symlinks and special files not counted."""
+    if isinstance(store, zarr.storage.LocalStore):
+        total, folder = 0, Path(store.root) / prefix
+        for dirpath, _, files in os.walk(folder):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    info = os.lstat(os.path.join(dirpath, name))
+                    total += info.st_size if stat.S_ISREG(info.st_mode) else 0
+        return total
+    try:
+        return int(sync(store.getsize_prefix(prefix)))
+    except (FileNotFoundError, OSError):
+        return 0
 
 
 class DirectoryLock:

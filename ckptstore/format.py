@@ -48,9 +48,13 @@ are mapped: a user's own package that happens to be called ``sandboxes`` is left
 """
 
 
+FACTORY_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
+"""A model factory name, ``package.module:function`` (``fullmatch``): one attribute of a module, no more."""
+
+
 def current_factory(factory: str) -> str:
     """The importable name of a recorded model factory (an old ckpt name mapped to its new one)."""
-    return RENAMED_FACTORIES.get(factory, factory)
+    return RENAMED_FACTORIES.get(factory, factory) if isinstance(factory, str) else factory
 
 
 DATA_VARIABLES = ("inputs", "targets", "mask", "text")
@@ -90,19 +94,20 @@ NATIVE_DTYPES = frozenset(
 )
 
 _RESERVED_NAMES = {STEP, ".", "..", "zarr.json"}  # zarr.json: a node named so would be its parent's metadata file
-_NAME_RE = re.compile(r"^[^/\x00]+$")
 
 
 def check_name(name: object, what: str) -> str | None:
-    """Return why ``name`` cannot be used as a node name, or None when it can.
+    r"""Return why ``name`` cannot be used as a node name, or None when it can.
 
-    Zarr v3 node names may not contain ``/``, be ``.``/``..`` or start with
-    ``__``; ``step`` is the coordinate of the checkpoint and metric groups.
+    The rule readers apply to every name in a store (:func:`ckpt.store.record.name_problem`:
+    at most 255 printable characters, no ``/`` or ``\\``, not ``.``/``..``), plus what zarr
+    reserves (a leading ``__``) and the store's own names (``step``, ``zarr.json``).
     """
-    if not isinstance(name, str) or not name:
-        return f"{what} names must be non-empty strings, got {name!r}"
-    if not _NAME_RE.match(name):
-        return f"{what} name {name!r} contains '/' or a NUL byte; join nested names with '.'"
+    from ckpt.store.record import name_problem
+
+    problem = name_problem(name, what)
+    if problem is not None:
+        return problem
     if name.startswith("__"):
         return f"{what} name {name!r} starts with '__', which zarr reserves"
     if name in _RESERVED_NAMES:

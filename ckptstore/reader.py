@@ -23,13 +23,11 @@ from zarr.core.sync import sync
 from ckpt.errors import (
     CorruptChunkError,
     MissingDataError,
-    NotAStoreError,
     SplitNotFoundError,
     StepNotFoundError,
     StoreError,
     StoreNotFoundError,
     TensorNotFoundError,
-    UnsupportedFormatError,
 )
 from ckpt.store import _zarr, accessor  # noqa: F401 (registers ds.ckpt)
 from ckpt.store.arrays import decode_numpy, decode_torch, tensor_digest
@@ -40,16 +38,14 @@ from ckpt.store.format import (
     CHECKPOINTS,
     DATA,
     DIGESTS,
-    FORMAT_NAME,
-    FORMAT_VERSION,
     LABELS,
     METRIC_DIGESTS,
     METRICS,
-    READABLE_VERSIONS,
     ROOT_ATTR,
     STEP,
     current_factory,
 )
+from ckpt.store.record import check_claimed_bytes, row_bound, validate_meta
 from ckpt.store.trust import check_trusted, trust_reason
 
 
@@ -114,11 +110,19 @@ def _logical_dtype(node: dict[str, Any]) -> str:
 class _ChunkSource:
     """Array-like handed to ``dask.array.from_array``: reads a region, names what was corrupt."""
 
-    def __init__(self, array: zarr.Array, name: str, steps: np.ndarray, verify: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        array: zarr.Array,
+        name: str,
+        steps: np.ndarray,
+        verify: Callable[..., None],
+        check_rows: Callable[..., None],
+    ) -> None:
         self.array = array
         self.name = name
         self.steps = steps
         self.verify = verify
+        self.check_rows = check_rows
         self.shape = array.shape
         self.dtype = array.dtype
         self.ndim = array.ndim
@@ -127,6 +131,7 @@ class _ChunkSource:
         step_key = key[0] if isinstance(key, tuple) else key
         steps = self.steps[step_key]
         where = f"tensor {self.name!r} at step {np.atleast_1d(steps).tolist()}"
+        self.check_rows([self.name], np.atleast_1d(np.arange(len(self.steps))[step_key]).tolist())
         with _zarr.translated_read_errors(where):
             values = np.asarray(self.array[key])
         rest = key[1:] if isinstance(key, tuple) else ()
@@ -153,20 +158,8 @@ def open_zarr_store(where: str, *, read_only: bool, storage_options: dict[str, A
 
 
 def check_format(attrs: dict[str, Any], where: str) -> None:
-    """Raise unless ``attrs`` are the root attributes of a store in a format we read."""
-    meta = attrs.get(ROOT_ATTR)
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        msg = f"{where} is a zarr group but not a ckpt store (no attrs['ckpt']['format'] == {FORMAT_NAME!r})"
-        raise NotAStoreError(msg)
-    version = meta.get("format_version")
-    if version not in READABLE_VERSIONS:
-        newer = isinstance(version, int) and version > FORMAT_VERSION
-        hint = "upgrade ckpt (pip install -U ckpt-dynamics)"
-        if not newer:
-            hint = "convert it with the ckpt version that wrote it"
-        readable = ", ".join(f"v{v}" for v in READABLE_VERSIONS)
-        msg = f"{where} uses store format v{version}; this ckpt reads {readable} only: {hint}"
-        raise UnsupportedFormatError(msg)
+    """Raise unless ``attrs`` are the root attributes of a store in a format we read, every field well-typed."""
+    validate_meta(attrs, where)
 
 
 INCOMPLETE = "incomplete"
@@ -205,9 +198,7 @@ class Store:
 
     def refresh(self) -> None:
         """Re-read the commit record, making newly committed checkpoints visible."""
-        attrs, _ = _zarr.read_root(self._zstore, self._where)
-        check_format(attrs, self._where)
-        root = _zarr.open_root_group(self._zstore)
+        root = _zarr.open_root_group(self._zstore, self._where)  # the record is validated first
         consolidated = root.metadata.consolidated_metadata
         self._root = root
         self._attrs = dict(root.attrs.asdict())
@@ -226,7 +217,7 @@ class Store:
     def _load_index(self) -> None:
         self._arrays: dict[str, zarr.Array] = {}
         step_path = f"{CHECKPOINTS}/{STEP}"
-        steps = self._root[step_path][:] if step_path in self._nodes else np.zeros(0, np.int64)
+        steps = self._read_whole(step_path, "the checkpoints' step array") if step_path in self._nodes else []
         self._steps = np.asarray(steps, dtype=np.int64)
         self._step_index = {int(s): i for i, s in enumerate(self._steps)}
         prefix = f"{CHECKPOINTS}/"
@@ -255,6 +246,36 @@ class Store:
                 "checkpoints/step is missing or damaged); rewrite it from the record with `ckpt repair`"
             )
             raise CorruptChunkError(msg)
+
+    def _read_whole(self, path: str, what: str) -> np.ndarray:
+        """A committed array read whole, once its claimed size is bounded by the bytes it has stored."""
+        check_claimed_bytes(self._nodes[path], _zarr.prefix_bytes(self._zstore, path), what, self._where)
+        with _zarr.translated_read_errors(what):
+            return np.asarray(self._root[path][...])
+
+    def _check_rows(self, names: Iterable[str], indices: Iterable[int]) -> None:
+        """Raise CorruptChunkError unless each row's chunks hold the bytes its shape needs (before any read).
+
+        The shape in the record sets what a read allocates; a row is read only when the bytes
+        on disk can hold it (:func:`ckpt.store.record.row_bound`), so an edited shape can never
+        make ckpt allocate memory the store does not back, and a missing chunk is never read as zeros.
+        """
+        for name in names:
+            path = f"{CHECKPOINTS}/{name}"
+            node = self._nodes[path]
+            array = self._array(name)
+            grid = [-(-n // c) for n, c in zip(node["shape"][1:], array.chunks[1:], strict=True)]
+            for index in indices:
+                keys = [array.metadata.encode_chunk_key((index, *position)) for position in np.ndindex(*grid)]
+                sizes = [_zarr.stored_bytes(self._zstore, f"{path}/{key}") for key in keys]
+                problem = row_bound(node, None if None in sizes else sum(sizes))
+                if problem is not None:
+                    msg = (
+                        f"tensor {name!r} at step {int(self._steps[index])} of {self._where} cannot be read: "
+                        f"{problem} (a chunk file is missing, truncated, not a regular file, or its shape in "
+                        "the commit record was changed); restore the store from a copy, or re-import the checkpoint"
+                    )
+                    raise CorruptChunkError(msg)
 
     def _verify(self, name: str, step: int, stored: np.ndarray) -> None:
         """Raise CorruptChunkError unless ``stored`` (one tensor of one step, as stored) has its recorded digest."""
@@ -421,6 +442,7 @@ class Store:
         )
         rest = [name for name, value in values.items() if value is None]
         if rest:  # remote stores, other codecs, or a chunk that failed its checks: zarr reads and names it
+            self._check_rows(rest, [index])
             values.update(zip(rest, self._read_rows(rest, index, step), strict=True))
         for name, value in values.items():
             self._verify(name, step, value)
@@ -452,6 +474,7 @@ class Store:
         (name,) = self._check_names([name])
         array = self._array(name)
         indices = slice(None) if steps is None else [self._index_of(s) for s in steps]
+        self._check_rows([name], range(len(self._steps)) if steps is None else indices)
         where = f"tensor {name!r} (steps {'all' if steps is None else list(steps)})"
         with _zarr.translated_read_errors(where):
             values = array[indices] if isinstance(indices, slice) else array.get_orthogonal_selection(indices)
@@ -478,7 +501,7 @@ class Store:
                 *(f"{name}.{k}" for k in range(len(info.shape))),
             )
             data = da.from_array(
-                _ChunkSource(array, name, self._steps, self._verify),
+                _ChunkSource(array, name, self._steps, self._verify, self._check_rows),
                 chunks=(1, *info.shape),
                 name=f"ckpt-{self._where}-{name}-{len(self._steps)}",
                 asarray=False,
@@ -498,8 +521,8 @@ class Store:
         prefix = f"{METRICS}/"
         names = [k[len(prefix) :] for k in self._nodes if k.startswith(prefix) and k != f"{METRICS}/{STEP}"]
         step_path = f"{METRICS}/{STEP}"
-        steps = np.asarray(self._root[step_path][:]) if step_path in self._nodes else np.zeros(0, np.int64)
-        variables = {n: (STEP, np.asarray(self._root[f"{prefix}{n}"][:])) for n in names}
+        steps = self._read_whole(step_path, "metrics") if step_path in self._nodes else np.zeros(0, np.int64)
+        variables = {n: (STEP, self._read_whole(f"{prefix}{n}", f"metrics {n!r}")) for n in names}
         damaged = self._damaged_metrics({STEP: steps, **{n: v for n, (_, v) in variables.items()}})
         if damaged:
             msg = (
@@ -517,8 +540,7 @@ class Store:
             return []
         if columns is None:
             names = [k.split("/", 1)[1] for k in self._nodes if k.startswith(f"{METRICS}/")]
-            with _zarr.translated_read_errors("metrics"):
-                columns = {n: np.asarray(self._root[f"{METRICS}/{n}"][:]) for n in names}
+            columns = {n: self._read_whole(f"{METRICS}/{n}", f"metrics {n!r}") for n in names}
         return [n for n, values in columns.items() if n in recorded and tensor_digest(values) != recorded[n]]
 
     @property
@@ -560,8 +582,7 @@ class Store:
             name = rel.removeprefix(f"{LABELS}/")
             if name != rel:
                 labels.append(name)
-            with _zarr.translated_read_errors(f"data split {split!r} array {rel!r}"):
-                values = np.asarray(self._root[key][...])
+            values = self._read_whole(key, f"data split {split!r} array {rel!r}")
             if values.dtype.kind in "OTU":  # text: compared as the list of strings it was written as
                 values = values.astype(object)
             dims = tuple(node["dimension_names"])
@@ -631,6 +652,7 @@ class Store:
             if self.model is None
             else {
                 "factory": self.model.factory,
+                "current": current_factory(self.model.factory),
                 "config": self.model.config,
                 "trusted": trust_reason(self.model.factory),
             },

@@ -52,6 +52,7 @@ from ckpt.store.format import (
     CHECKPOINTS,
     DATA,
     DIGESTS,
+    FACTORY_RE,
     FORMAT_NAME,
     FORMAT_VERSION,
     LABELS,
@@ -724,7 +725,7 @@ class Writer:
         meta = self._attrs[ROOT_ATTR]
         changes: dict[str, Any] = {}
         if model is not None:
-            if not isinstance(model, str) or ":" not in model:
+            if not isinstance(model, str) or not FACTORY_RE.fullmatch(model):
                 msg = f"model must be an importable factory 'package.module:function', got {model!r}"
                 raise InvalidNameError(msg)
             try:
@@ -815,7 +816,7 @@ def create(
         When ``path`` exists and ``overwrite`` is false.
 
     """
-    if model is not None and (not isinstance(model, str) or ":" not in model):
+    if model is not None and (not isinstance(model, str) or not FACTORY_RE.fullmatch(model)):
         msg = f"model must be an importable factory 'package.module:function', got {model!r}"
         raise InvalidNameError(msg)
     try:

@@ -87,8 +87,8 @@ def _engine_options() -> list[click.Option]:
             ["--trust-factory"],
             multiple=True,
             metavar="PATTERN",
-            help="Run the store's model factory although it is neither ckpt's nor an installed plugin's: a "
-            "module, module:function or '*' (repeatable; also the setting CKPT_TRUSTED_FACTORIES).",
+            help="Run the store's model factory although no installed package registers it as one: a "
+            "module:function, a module or '*' (repeatable; also the setting CKPT_TRUSTED_FACTORIES).",
         ),
     ]
 

@@ -27,8 +27,7 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     model = info["model"]
     row("model", "-" if model is None else f"{model['factory']}  {json.dumps(model['config'])}")
     if model is not None:
-        pattern = model["factory"].partition(":")[0]
-        untrusted = f"NOT trusted: analyzers that rebuild the model need --trust-factory {pattern}"
+        untrusted = f"NOT trusted: analyzers that rebuild the model need --trust-factory {model['current']}"
         row("", f"factory: {model['trusted'] or untrusted}")
     row("objective", info["objective"] or "-")
     row("created", info["created"])
