@@ -636,6 +636,10 @@ class Store:
             raise MissingDataError(msg)
         describe = f"analysis {name!r} of {self._where}"
         remedy = f"recompute it with `ckpt analyze {name} {self._where} --force` or drop it with `ckpt repair`"
+        for key in nodes:  # index coordinates are read whole when the result is opened: bound them first
+            node = self._nodes[key]
+            if node.get("node_type") == "array" and list(node.get("dimension_names") or []) == [key.rsplit("/")[-1]]:
+                check_claimed_bytes(node, _zarr.prefix_bytes(self._zstore, key), f"{describe}, {key}", self._where)
         with _zarr.translated_read_errors(describe, remedy):  # index coordinates are read now
             opened = xr.open_zarr(self._zstore, group=prefix, consolidated=True, chunks=None)
         return verified(opened, self._nodes, prefix, describe, remedy)
