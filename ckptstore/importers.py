@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -194,7 +195,9 @@ def _recorded_step(path: Path, files: tuple[Path, ...], fmt: str) -> tuple[int, 
     import torch
 
     try:  # mmap: only the pickled header is read, not the tensors
-        obj = torch.load(files[0], map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(files[0]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obj = torch.load(files[0], map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(files[0]))
     except Exception:  # unreadable: the import names the file and why when it loads it
         return None
     value = obj.get("global_step") if isinstance(obj, Mapping) else None
@@ -392,6 +395,27 @@ def _state_dict(obj: Any, file: Path, key: str | None) -> dict[str, Any]:
     raise ImportFormatError(f"{msg}; its entries are: {entries}; pass key= (--key) naming the model weights")
 
 
+def _refusal(file: Path, why: str) -> str:
+    """What ckpt says when torch's safe unpickler refuses ``file``: never torch's own advice.
+
+    torch's message suggests ``weights_only=False``, which runs whatever the pickle holds: the one
+    thing to avoid with a file from someone else. This says what was refused and why, and how a
+    user who trusts the file can convert it.
+    """
+    found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", why)
+    if found is None:
+        detail = re.search(r"WeightsUnpickler error:\s*(.+)", why)
+        reason = detail.group(1).strip() if detail else "not a pickle of tensors"
+        return f"cannot load {file}: it is corrupt or not a torch checkpoint ({reason})"
+    return (
+        f"refusing to load {file}: its pickle calls {found.group(1)}, and ckpt loads pickled checkpoints only "
+        "when they hold nothing but tensors and plain containers, because unpickling anything else can run "
+        "arbitrary code. If you trust this file and its author, load it in Python yourself and save its "
+        "state_dict as safetensors (safetensors.torch.save_file(state_dict, 'step_N.safetensors')), then "
+        "import that folder"
+    )
+
+
 def _load_file(file: Path, key: str | None) -> dict[str, Any]:
     import torch
 
@@ -401,15 +425,11 @@ def _load_file(file: Path, key: str | None) -> dict[str, Any]:
 
             return load_file(file, device="cpu")
         # mmap leaves the pages on disk until the writer reads them; legacy (non-zip) files cannot be mapped
-        obj = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+        with warnings.catch_warnings():  # torch's warnings about the file are not the user's business here
+            warnings.simplefilter("ignore")
+            obj = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
     except pickle.UnpicklingError as exc:  # weights_only refuses what could run code, and fails on garbage
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
-        if found:
-            msg = f"cannot load {file} safely: it holds a Python object ({found.group(1)}) besides tensors"
-            raise ImportFormatError(f"{msg} and plain containers; re-save the model's state_dict alone") from exc
-        detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(exc))
-        why = detail.group(1).strip() if detail else str(exc).strip().split("\n")[0]
-        raise ImportFormatError(f"cannot load {file}: it is corrupt or not a torch checkpoint ({why})") from exc
+        raise ImportFormatError(_refusal(file, str(exc))) from None
     except Exception as exc:  # zip and safetensors failures have many types; all mean "unreadable"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ImportFormatError(f"cannot load {file}: {first}") from exc

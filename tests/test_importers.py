@@ -23,6 +23,7 @@ from ckpt.store.importers import (
     import_checkpoints,
     load_checkpoint,
 )
+from tests.conftest import run_ckpt
 
 
 def state_dict(seed: int) -> dict[str, torch.Tensor]:
@@ -225,9 +226,44 @@ def test_key_is_refused_for_safetensors(tmp_path: Path) -> None:
 
 def test_pickled_objects_are_refused_not_executed(tmp_path: Path) -> None:
     src = write_files(tmp_path / "src", {"step_1.pt": {"model": state_dict(0), "args": argparse.Namespace(lr=1)}})
-    with pytest.raises(ImportFormatError, match=r"step_1\.pt safely.*argparse\.Namespace"):
+    with pytest.raises(ImportFormatError, match=r"refusing to load .*step_1\.pt: its pickle calls argparse\.Namespace"):
         import_checkpoints(src, tmp_path / "run.zarr")
     assert not (tmp_path / "run.zarr").exists()
+
+
+class _Payload:
+    """What an attacker pickles: unpickling it runs a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("layout", ["torch files", "hf folder"])
+def test_a_pickle_with_a_payload_is_refused_with_safe_advice(tmp_path: Path, layout: str) -> None:
+    """Issue 28 item 5: the refusal names the risk and a safe conversion, never weights_only=False."""
+    marker = tmp_path / "RAN"
+    hostile = {"model": state_dict(0), "extra": _Payload(marker)}
+    if layout == "torch files":
+        src = write_files(tmp_path / "src", {"step_1.pt": state_dict(0), "step_2.pt": hostile})
+        bad = "step_2.pt"
+    else:
+        src = tmp_path / "src"
+        (src / "checkpoint-5").mkdir(parents=True)
+        torch.save(hostile, src / "checkpoint-5" / "pytorch_model.bin")
+        bad = "pytorch_model.bin"
+    result = run_ckpt("import", str(src), str(tmp_path / "run.zarr"))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1
+    assert len(lines) == 1 and lines[0].startswith("Error: refusing to load "), result.stderr  # no torch warnings
+    assert bad in lines[0] and "its pickle calls posix.system" in lines[0]
+    assert "can run arbitrary code" in lines[0] and "safetensors" in lines[0]
+    assert "weights_only" not in result.stdout + result.stderr
+    assert not marker.exists() and not (tmp_path / "run.zarr").exists()
 
 
 def test_load_checkpoint_returns_tensors(tmp_path: Path) -> None:
