@@ -129,3 +129,11 @@ class AnalysisError(CkptError):
 
 class TaskError(CkptError):
     """A training task was asked for something it cannot do (unknown preset, bad option ...)."""
+
+
+class CkptWarning(UserWarning):
+    """Base class of ckpt's warnings; the command line prints each as one ``Warning:`` line."""
+
+
+class UnverifiedStoreWarning(CkptWarning):
+    """A store has pieces without digests (format v1): what is damaged there reads as data (``ckpt upgrade``)."""

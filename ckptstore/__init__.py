@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from ckpt.errors import (
     CkptError,
     CorruptChunkError,
+    CorruptRecordError,
     DataError,
     ImportFormatError,
     InvalidNameError,
@@ -49,6 +50,7 @@ from ckpt.store.trust import allow, trust_reason
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt.store.reader import ModelSpec, Store, TensorInfo
+    from ckpt.store.upgrade import upgrade
     from ckpt.store.writer import Writer, create
 
 # The reader and writer import zarr and xarray (~0.5 s): loaded on first use (PEP 562), so that
@@ -59,6 +61,7 @@ _LAZY = {
     "TensorInfo": "ckpt.store.reader",
     "Writer": "ckpt.store.writer",
     "create": "ckpt.store.writer",
+    "upgrade": "ckpt.store.upgrade",
 }
 
 
@@ -116,6 +119,7 @@ __all__ = [
     "FORMAT_VERSION",
     "CkptError",
     "CorruptChunkError",
+    "CorruptRecordError",
     "DataError",
     "ImportFormatError",
     "InvalidNameError",
@@ -144,4 +148,5 @@ __all__ = [
     "create",
     "open",
     "trust_reason",
+    "upgrade",
 ]

@@ -31,7 +31,7 @@ from ckpt.errors import (
 )
 from ckpt.store import _zarr, accessor  # noqa: F401 (registers ds.ckpt)
 from ckpt.store.arrays import decode_numpy, decode_torch, tensor_digest
-from ckpt.store.chunks import verified
+from ckpt.store.chunks import CHUNK_DIGESTS, verified
 from ckpt.store.data import data_digest
 from ckpt.store.format import (
     ANALYSES,
@@ -430,13 +430,21 @@ class Store:
             the whole block alive; ``.copy()`` (numpy) or ``.clone()`` (torch) it to keep it alone.
 
         """
-        index = self._index_of(step)
         names = self._check_names(names)
         if device is not None:
             framework = "torch"
         if framework not in ("numpy", "torch"):
             msg = f"framework must be 'numpy' or 'torch', got {framework!r}"
             raise ValueError(msg)
+        values = self.stored_tensors(step, names)
+        if framework == "torch":
+            return {n: decode_torch(v, self._schema[n].dtype, device) for n, v in values.items()}
+        return {n: decode_numpy(v, self._schema[n].dtype) for n, v in values.items()}
+
+    def stored_tensors(self, step: int, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """The tensors of one checkpoint as stored (bfloat16 as its uint16 bits), checked against their digests."""
+        index = self._index_of(step)
+        names = self._check_names(names)
         values = dict.fromkeys(names) | _zarr.read_rows(
             {name: self._whole_chunks[name] for name in names if name in self._whole_chunks}, index
         )
@@ -446,9 +454,7 @@ class Store:
             values.update(zip(rest, self._read_rows(rest, index, step), strict=True))
         for name, value in values.items():
             self._verify(name, step, value)
-        if framework == "torch":
-            return {n: decode_torch(v, self._schema[n].dtype, device) for n, v in values.items()}
-        return {n: decode_numpy(v, self._schema[n].dtype) for n, v in values.items()}
+        return values
 
     def _read_rows(self, names: list[str], index: int, step: int) -> list[np.ndarray]:
         """Row ``index`` of the arrays of ``names``, read by zarr in one event-loop call."""
@@ -570,8 +576,23 @@ class Store:
         if split not in self.splits:
             msg = f"no data split {split!r} in {self._where}; splits are: {', '.join(self.splits) or '(none)'}"
             raise SplitNotFoundError(msg)
+        variables, stored, labels = self._split_arrays(split)
+        group_attrs = self._nodes[f"{DATA}/{split}"].get("attributes", {}).get(ROOT_ATTR, {})
+        expected = group_attrs.get("sha256")
+        if expected is not None and data_digest(stored) != expected:
+            # zarr reads a missing chunk as its fill value: a split is checked whole against its hash
+            msg = (
+                f"data split {split!r} of {self._where} does not match the content hash recorded when it was "
+                "written (a chunk is missing, was replaced, or was changed); restore the store from a copy or "
+                f"write the split again (Writer.add_data({split!r}, ..., overwrite=True))"
+            )
+            raise CorruptChunkError(msg)
+        attrs = {"split": split, "labels": sorted(labels), **group_attrs}
+        return xr.Dataset(variables, attrs=attrs)
+
+    def _split_arrays(self, split: str) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, tuple[str, ...]]], list]:
+        """A split's arrays, unchecked: (variables by name, arrays by stored path with dims, label names)."""
         base = f"{DATA}/{split}"
-        group_attrs = self._nodes[base].get("attributes", {}).get(ROOT_ATTR, {})
         variables: dict[str, Any] = {}
         stored: dict[str, tuple[np.ndarray, tuple[str, ...]]] = {}
         labels = []
@@ -588,17 +609,7 @@ class Store:
             dims = tuple(node["dimension_names"])
             variables[name] = (dims, values)
             stored[rel] = (values, dims)
-        expected = group_attrs.get("sha256")
-        if expected is not None and data_digest(stored) != expected:
-            # zarr reads a missing chunk as its fill value: a split is checked whole against its hash
-            msg = (
-                f"data split {split!r} of {self._where} does not match the content hash recorded when it was "
-                "written (a chunk is missing, was replaced, or was changed); restore the store from a copy or "
-                f"write the split again (Writer.add_data({split!r}, ..., overwrite=True))"
-            )
-            raise CorruptChunkError(msg)
-        attrs = {"split": split, "labels": sorted(labels), **group_attrs}
-        return xr.Dataset(variables, attrs=attrs)
+        return variables, stored, labels
 
     @property
     def analyses(self) -> list[str]:
@@ -644,6 +655,46 @@ class Store:
             opened = xr.open_zarr(self._zstore, group=prefix, consolidated=True, chunks=None)
         return verified(opened, self._nodes, prefix, describe, remedy)
 
+    # -- what cannot be checked ----------------------------------------------------------------
+    @property
+    def unverifiable(self) -> dict[str, int]:
+        """How many pieces of the store have no digest to check them against, by kind.
+
+        ``checkpoints`` (every one of a store without ``digests``: format v1), ``metrics``
+        (columns without a metric digest), ``splits`` (data splits without their sha256) and
+        ``results`` (analyses whose arrays record no chunk digests: written by ckpt 0.1). All
+        zeros for a store every piece of which can be verified. ``ckpt upgrade`` adds what is
+        missing, trusting the bytes as they are (docs/store-format.md §4.5.1).
+        """
+        meta = self._attrs.get(ROOT_ATTR, {})
+        metric_digests = meta.get(METRIC_DIGESTS) or {}
+        columns = [k.split("/", 1)[1] for k, n in self._nodes.items() if k.startswith(f"{METRICS}/") and n["shape"][0]]
+        results = 0
+        for name in self.analyses:
+            prefix = f"{ANALYSES}/{name}/"
+            arrays = [n for k, n in self._nodes.items() if k.startswith(prefix) and n.get("node_type") == "array"]
+            results += any(CHUNK_DIGESTS not in (n.get("attributes") or {}) for n in arrays)
+        return {
+            "checkpoints": len(self._steps) if self._digests is None else 0,
+            "metrics": sum(c not in metric_digests for c in columns) if METRICS in self._nodes else 0,
+            "splits": sum(not self.split_hash(s) or self.split_hash(s) == "None" for s in self.splits),
+            "results": results,
+        }
+
+    def unverifiable_summary(self) -> str | None:
+        """One sentence saying what of the store cannot be checked, or None when everything can."""
+        counts = {kind: n for kind, n in self.unverifiable.items() if n}
+        if not counts:
+            return None
+        names = {"checkpoints": "checkpoint(s)", "metrics": "metric column(s)", "splits": "data split(s)"}
+        listed = ", ".join(f"{n} {names.get(kind, 'result(s)')}" for kind, n in counts.items())
+        version = f"format v{self.format_version}"
+        return (
+            f"{self._where} cannot be verified: {listed} have no digest in its commit record ({version}), so "
+            f"a missing, swapped or changed chunk there reads as data; `ckpt upgrade {self._where}` adds digests "
+            "(trusting the store as it is now)"
+        )
+
     # -- summary ---------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         """A JSON-able summary: metadata, steps, tensors, data splits and analyses."""
@@ -661,6 +712,7 @@ class Store:
                 "trusted": trust_reason(self.model.factory),
             },
             "objective": self.objective,
+            "unverifiable": self.unverifiable_summary(),
             "created": self.created,
             "checkpoints": {
                 "count": len(steps),

@@ -185,6 +185,9 @@ def validate_meta(attributes: Any, where: str) -> dict[str, Any]:
                 _fail(where, f"a key of {DIGESTS}", step, "a step (a non-negative integer)")
             if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
                 _fail(where, f"{DIGESTS}[{step!r}]", values, "a list of digests (strings)")
+    if version >= 2 and (not isinstance(meta.get(DIGESTS), dict) or not isinstance(meta.get(METRIC_DIGESTS), dict)):
+        missing = DIGESTS if not isinstance(meta.get(DIGESTS), dict) else METRIC_DIGESTS
+        _fail(where, missing, meta.get(missing), f"present in a format v{version} store (it binds data to steps)")
     metric_digests = meta.get(METRIC_DIGESTS)
     if metric_digests is not None and not (
         isinstance(metric_digests, dict) and all(isinstance(v, str) for v in metric_digests.values())

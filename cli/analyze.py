@@ -36,6 +36,29 @@ def registry() -> Any:
 _TYPES = {int: click.INT, float: click.FLOAT, str: click.STRING}
 
 
+@contextlib.contextmanager
+def ckpt_warnings_as_lines() -> Any:
+    """Print each ckpt warning raised inside as one ``Warning:`` line on stderr, when raised and once."""
+    from ckpt.errors import CkptWarning
+
+    shown: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", CkptWarning)
+        python_shows = warnings.showwarning
+
+        def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            if not issubclass(category, CkptWarning):
+                python_shows(message, category, *args, **kwargs)
+                return
+            line = " ".join(str(message).split())
+            if line not in shown:
+                shown.add(line)
+                click.echo(f"Warning: {line}", err=True)
+
+        warnings.showwarning = show
+        yield
+
+
 def _click_option(name: str, option: Any) -> click.Option:
     flag = "--" + name.replace("_", "-")
     if option.type is bool:
@@ -131,7 +154,8 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
                     logging.getLogger(logger).setLevel(logging.CRITICAL)
         paths = expand_stores(stores)
         for store in paths:
-            report = run(name, store, registry=registry(), **engine, **options)
+            with ckpt_warnings_as_lines():
+                report = run(name, store, registry=registry(), **engine, **options)
             prefix = f"{store}: " if len(paths) > 1 else ""
             for dependency in report.dependencies:
                 click.echo(prefix + _report_line(dependency))

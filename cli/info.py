@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
@@ -30,6 +31,7 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
         untrusted = f"NOT trusted: analyzers that rebuild the model need --trust-factory {model['current']}"
         row("", f"factory: {model['trusted'] or untrusted}")
     row("objective", info["objective"] or "-")
+    row("integrity", info["unverifiable"] or "every piece has a digest (ckpt verify checks them)")
     row("created", info["created"])
     ckpts = info["checkpoints"]
     span = f"steps {ckpts['first']} .. {ckpts['last']}" if ckpts["count"] else "none yet"
@@ -86,8 +88,18 @@ def info(store: str, as_json: bool, tensors: str) -> None:
 
 @click.command()
 @click.argument("store", metavar="STORE")
-def verify(store: str) -> None:
-    """Check every checkpoint, data split and the metrics against the commit record; exits 1 naming what is corrupt."""
+@click.option(
+    "--allow-unverified",
+    is_flag=True,
+    help="Exit 0 although pieces without digests (format v1) could not be checked; they are still named.",
+)
+def verify(store: str, allow_unverified: bool) -> None:
+    """Check every checkpoint, data split, the metrics and every result against the commit record.
+
+    Exit status: 0 when everything was checked and is intact; 1 naming what is corrupt; 3 when
+    nothing was found corrupt but pieces without digests (a format v1 store, or pieces written by
+    ckpt 0.1) could not be checked (`ckpt upgrade STORE` adds digests; --allow-unverified exits 0).
+    """
     from tqdm import tqdm
 
     import ckpt.store as ckptstore
@@ -121,7 +133,15 @@ def verify(store: str) -> None:
         shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
         msg = f"{len(bad)} problem(s) in {store}: {shown}"
         raise CorruptChunkError(msg)
-    click.echo(
-        f"{store}: {len(s.steps)} checkpoints x {len(s.tensor_names)} tensors, {len(s.splits)} data splits, "
-        f"the metrics and {len(s.analyses)} analyses OK"
-    )
+    unverifiable = s.unverifiable_summary()
+    if unverifiable is None:
+        click.echo(
+            f"{store}: {len(s.steps)} checkpoints x {len(s.tensor_names)} tensors, {len(s.splits)} data splits, "
+            f"the metrics and {len(s.analyses)} analyses OK"
+        )
+        return
+    click.echo(f"{store}: nothing found corrupt, but NOT verified: {unverifiable}")
+    if not allow_unverified:
+        from ckpt.cli.main import EXIT_UNVERIFIED
+
+        sys.exit(EXIT_UNVERIFIED)

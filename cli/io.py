@@ -118,3 +118,28 @@ def repair(store: str) -> None:
     click.echo(f"{store}: {report.checkpoints} committed checkpoints; {detail}")
     if report.dropped_anything:
         click.echo("what was dropped is gone from the store; recompute dropped analyses with `ckpt analyze`")
+
+
+@click.command()
+@click.argument("store", metavar="STORE")
+def upgrade(store: str) -> None:
+    """Add the digests a store lacks (format v1, or pieces written by ckpt 0.1) so that it can be verified.
+
+    Reads every checkpoint, metric column, data split and result that has no digest, as it is now,
+    and records their digests in one atomic commit (format v2), with a history entry saying they
+    were taken on trust at first use: damage done before the upgrade stays undetected, damage after
+    it is caught. Run `ckpt verify STORE --allow-unverified` first to check what can be checked.
+    A store that needs nothing is left unchanged.
+    """
+    from ckpt.store.upgrade import upgrade as upgrade_store
+
+    report = upgrade_store(store)
+    if not report.changed:
+        click.echo(f"{store}: every checkpoint, metric, data split and result already has a digest; nothing to do")
+        return
+    parts = [f"{report.checkpoints} checkpoint(s)", f"{report.metrics} metric column(s)"]
+    parts += [f"{len(report.splits)} data split(s)", f"{len(report.results)} result(s)"]
+    click.echo(
+        f"{store}: format v{report.from_version} -> v2; recorded digests of {', '.join(parts)} "
+        "(trust on first use: taken from the bytes as they are now)"
+    )

@@ -17,6 +17,8 @@ from ckpt import DISTRIBUTION
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_UNVERIFIED = 3
+"""``ckpt verify``: nothing found corrupt, but pieces without digests could not be checked (format v1)."""
 EXIT_INTERRUPTED = 130
 
 
@@ -93,7 +95,7 @@ def _register_commands() -> None:
     # one module per command group; imported here, not at package import
     from ckpt.cli import analyze, data, demo, info, io, plot, train
 
-    commands = (info.info, info.verify, io.import_command, io.repair, data.data, data.set_model)
+    commands = (info.info, info.verify, io.import_command, io.repair, io.upgrade, data.data, data.set_model)
     commands += (analyze.analyze, analyze.plugins_command, analyze.show, analyze.rm_command)
     commands += (plot.plot_command, plot.report_command, plot.animate_command)
     commands += (train.train_command, demo.demo)

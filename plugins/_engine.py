@@ -33,7 +33,7 @@ import dask
 import xarray as xr
 
 import ckpt.store as ckptstore
-from ckpt.errors import AnalysisError, MissingDataError
+from ckpt.errors import AnalysisError, MissingDataError, UnverifiedStoreWarning
 from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
@@ -275,6 +275,9 @@ def run(
     target = save_as or name
     # user mistakes first: an error after the dependencies ran would leave the store changed
     before = ckptstore.open(str(store), storage_options=storage_options)
+    unverifiable = before.unverifiable_summary()
+    if unverifiable is not None:  # once per run, not per worker or checkpoint
+        warnings.warn(unverifiable, UnverifiedStoreWarning, stacklevel=3)
     _check_target(name, target, before, registry)
     analyzer.preflight(before)
     report = RunReport(target)
