@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.basis import ComputeOptions, HessianOptions, basis_steps, sample_examples
+from ckpt.errors import AnalysisError
 from ckpt.plugins import (
     PER_RUN,
     AnalysisContext,
@@ -92,9 +93,21 @@ def eigenvectors_at(
     def hvp(v: Any) -> Any:
         return space.flatten(hessian(space.unflatten(v)))
 
-    pairs = top_eigenpairs(
-        hvp, space.size, k, basis=basis, tol=tol, seed=seed + step, dtype=precision, device=worker.device
-    )
+    try:
+        pairs = top_eigenpairs(
+            hvp, space.size, k, basis=basis, tol=tol, seed=seed + step, dtype=precision, device=worker.device
+        )
+    except AnalysisError as exc:
+        if "is not finite" not in str(exc):
+            raise
+        bad = [name for name, value in params.items() if value.is_floating_point() and not bool(value.isfinite().all())]
+        cause = (
+            f"the weights at this step hold NaN or inf ({', '.join(repr(n) for n in bad[:5])})"
+            if bad
+            else "the weights are finite, so the loss or its curvature overflows there"
+        )
+        msg = f"hessian-basis at the checkpoint of step {step}: {exc}; {cause}"
+        raise AnalysisError(msg) from None
     return {
         "vectors": pairs.vectors,
         "eigenvalue": pairs.values.astype(np.float64),

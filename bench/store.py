@@ -25,7 +25,9 @@ What it measures, all in one run, each ratio against a baseline measured in the 
    every file; and one checkpoint read by a fresh ``ckptstore.open()`` (as a worker's first read)
    vs ``torch.load`` of one file. ckpt's side includes its integrity checks: the crc32c of every
    chunk and the digest of every tensor against the commit record.
-4. Analysis results: a POLCA-sized result (40 steps x 5000 datapoints x K=8, float32) written
+4. The NaN/inf check of ``ckpt verify`` and ``ckpt info`` (``nonfinite_counts``): every checkpoint read
+   with ``Store.tensors`` alone vs read and checked; the ratio is what ``--no-finite-check`` saves.
+5. Analysis results: a POLCA-sized result (40 steps x 5000 datapoints x K=8, float32) written
    in blocks of 4 steps and read back whole, by ``write_analysis`` / ``Store.analysis`` (commits,
    crc32c, the digest of every chunk written and checked) vs plain xarray ``to_zarr`` (append) /
    ``open_zarr`` of the same dataset into a bare zarr v3 store, with the same chunks.
@@ -242,6 +244,23 @@ def bench_results(base: Path, repeat: int) -> dict[str, float]:
     return {key: statistics.median(values) for key, values in times.items()} | {"bytes": full["polca"].nbytes}
 
 
+def bench_finite_check(store: Path, steps: int, repeat: int) -> tuple[float, float]:
+    """Seconds per checkpoint: reading it (Store.tensors) vs reading it and counting NaN/inf (ckpt verify/info)."""
+    from ckpt.store.reader import nonfinite_counts
+
+    times: dict[str, list[float]] = {"read": [], "checked": []}
+    s = ckptstore.open(store)
+    for r in range(repeat):
+        for which in ("read", "checked") if r % 2 == 0 else ("checked", "read"):
+            t0 = time.perf_counter()
+            for step in s.steps:
+                values = s.tensors(int(step))
+                if which == "checked":
+                    nonfinite_counts(values)
+            times[which].append((time.perf_counter() - t0) / steps)
+    return statistics.median(times["read"]), statistics.median(times["checked"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoints", type=int, default=20, help="checkpoints per run (T)")
@@ -266,6 +285,7 @@ def main() -> None:
         reads = [bench_bytes(store, name) for name in ("blocks.0.mlp.fc.weight", "blocks.0.ln1.bias")]
         r_torch, r_ckpt = bench_read(torch_dir, store, n, args.repeat)
         one_torch, one_ckpt = bench_read_one(torch_dir, store, n, args.repeat)
+        plain_read, checked_read = bench_finite_check(store, n, args.repeat)
         results = bench_results(base, args.repeat)
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -291,6 +311,8 @@ def main() -> None:
     rows.append(("read every step, fp32 s/ckpt", base_cell, ckpt_cell, f"{r_torch / r_ckpt:.2f}x", ">= 1.0x"))
     cells = (f"torch.load {one_torch:.4f}", f"{one_ckpt:.4f}", f"{one_torch / one_ckpt:.2f}x")
     rows.append(("read one step, fresh open, fp32 s", *cells))
+    cells = (f"read {plain_read:.4f}", f"{checked_read:.4f}", f"{checked_read / plain_read:.2f}x", "cost")
+    rows.append(("NaN/inf check (verify, info) s/ckpt", *cells))
     result_mb = results["bytes"] / 1e6
     for what in ("write", "read"):
         plain, ours = results[f"xr_{what}"], results[f"ckpt_{what}"]

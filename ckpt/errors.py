@@ -137,3 +137,7 @@ class CkptWarning(UserWarning):
 
 class UnverifiedStoreWarning(CkptWarning):
     """A store has pieces without digests (format v1): what is damaged there reads as data (``ckpt upgrade``)."""
+
+
+class NonFiniteWarning(CkptWarning):
+    """A result was computed from checkpoints holding NaN or inf: its values there mean nothing."""

@@ -144,6 +144,25 @@ class _ChunkSource:
         return values
 
 
+def nonfinite_counts(values: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:
+    """Tensor name -> (NaN count, inf count) for the floating-point tensors holding any (decoded values)."""
+    found = {}
+    for name, value in values.items():
+        array = np.asarray(value)
+        if array.dtype.kind not in "fc" and "float" not in str(array.dtype):  # bf16/float8 are ml_dtypes
+            continue
+        finite = np.isfinite(array)
+        if not finite.all():
+            nan = int(np.isnan(array).sum())
+            found[name] = (nan, int(finite.size - finite.sum()) - nan)
+    return found
+
+
+def describe_nonfinite(step: int, counts: dict[str, tuple[int, int]]) -> str:
+    """``tensor 'w' at step 3 (2 NaN, 1 inf)``, one per tensor, joined."""
+    return "; ".join(f"tensor {n!r} at step {step} ({nan} NaN, {inf} inf)" for n, (nan, inf) in counts.items())
+
+
 def _span(steps: list[int]) -> str:
     return f"{len(steps)} steps ({steps[0]}..{steps[-1]})" if steps else "no steps"
 
@@ -474,6 +493,10 @@ class Store:
                 with _zarr.translated_read_errors(f"tensor {name!r} at step {step}"):
                     values.append(sync(array.getitem(index)))
         return [np.asarray(v) for v in values]
+
+    def nonfinite(self, step: int) -> dict[str, tuple[int, int]]:
+        """The tensors of checkpoint ``step`` holding NaN or inf: name -> (NaN count, inf count)."""
+        return nonfinite_counts(self.tensors(step))
 
     def read_tensor(self, name: str, steps: Sequence[int] | None = None) -> np.ndarray:
         """One tensor across checkpoints, stacked on a leading step axis (all steps by default)."""

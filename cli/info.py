@@ -32,6 +32,11 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
         row("", f"factory: {model['trusted'] or untrusted}")
     row("objective", info["objective"] or "-")
     row("integrity", info["unverifiable"] or "every piece has a digest (ckpt verify checks them)")
+    found = info.get("nonfinite")
+    weights = "not checked (--no-finite-check)" if found is None else "all finite"
+    if found:
+        weights = f"NaN or inf at {len(found)} checkpoint(s): " + "; ".join(found[:5]) + (" ..." if len(found) > 5 else "")
+    row("weights", weights)
     row("created", info["created"])
     ckpts = info["checkpoints"]
     span = f"steps {ckpts['first']} .. {ckpts['last']}" if ckpts["count"] else "none yet"
@@ -73,17 +78,50 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     metavar="N|all",
     help="How many tensors to list (all: every tensor).",
 )
-def info(store: str, as_json: bool, tensors: str) -> None:
-    """Show a store's metadata, checkpoints, tensors, data splits and analyses."""
+@click.option(
+    "--no-finite-check",
+    is_flag=True,
+    help="Do not read the weights to look for NaN or inf (fast on huge stores; bench/store.py measures the cost).",
+)
+def info(store: str, as_json: bool, tensors: str, no_finite_check: bool) -> None:
+    """Show a store's metadata, checkpoints, tensors, data splits and analyses.
+
+    Reads every checkpoint once to name the tensors holding NaN or inf (--no-finite-check skips it).
+    """
     import ckpt.store as ckptstore
 
     if tensors != "all" and not tensors.isdigit():
         raise click.BadParameter(f"expected a number or 'all', got {tensors!r}", param_hint="--tensors")
-    summary = ckptstore.open(store).info()
+    opened = ckptstore.open(store)
+    summary = opened.info()
+    summary["nonfinite"] = None if no_finite_check else nonfinite_in(opened)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(_format_info(summary, len(summary["tensors"]) if tensors == "all" else int(tensors)))
+
+
+def _warn_nonfinite(store: str, found: list[str]) -> None:
+    """One ``Warning:`` line naming every checkpoint tensor that holds NaN or inf."""
+    if found:
+        shown = "; ".join(found[:10]) + (f"; and {len(found) - 10} more" if len(found) > 10 else "")
+        message = f"{store} holds non-finite weights: {shown}; results computed at those steps are NaN or inf"
+        click.echo(f"Warning: {message}", err=True)
+
+
+def nonfinite_in(s: Any) -> list[str]:
+    """Every checkpoint tensor of store ``s`` holding NaN or inf, described (reads every checkpoint)."""
+    from tqdm import tqdm
+
+    from ckpt.store.reader import describe_nonfinite
+
+    found = []
+    with tqdm(s.steps, desc="checking for NaN/inf", unit="ckpt", leave=False, disable=None) as steps:
+        for step in steps:
+            counts = s.nonfinite(int(step))
+            if counts:
+                found.append(describe_nonfinite(int(step), counts))
+    return found
 
 
 @click.command()
@@ -93,29 +131,42 @@ def info(store: str, as_json: bool, tensors: str) -> None:
     is_flag=True,
     help="Exit 0 although pieces without digests (format v1) could not be checked; they are still named.",
 )
-def verify(store: str, allow_unverified: bool) -> None:
+@click.option(
+    "--no-finite-check",
+    is_flag=True,
+    help="Do not look for NaN or inf in the weights (they are read either way; the check adds a few percent).",
+)
+def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
     """Check every checkpoint, data split, the metrics and every result against the commit record.
 
     Exit status: 0 when everything was checked and is intact; 1 naming what is corrupt; 3 when
     nothing was found corrupt but pieces without digests (a format v1 store, or pieces written by
     ckpt 0.1) could not be checked (`ckpt upgrade STORE` adds digests; --allow-unverified exits 0).
+    Checkpoints holding NaN or inf are named in a `Warning:` line (they are what was written, not
+    damage: the status does not change).
     """
     from tqdm import tqdm
 
     import ckpt.store as ckptstore
     from ckpt.errors import CorruptChunkError
+    from ckpt.store.reader import describe_nonfinite, nonfinite_counts
     from ckpt.store.repair import analysis_problems
 
     s = ckptstore.open(store)
-    bad = []
+    bad: list[str] = []
+    nonfinite: list[str] = []
     # disable=None: a progress bar on a terminal, nothing when piped
     with tqdm(s.steps, desc="verifying", unit="ckpt", leave=False, disable=None) as steps:
         for step in steps:
             for name in s.tensor_names:
                 try:
-                    s.tensors(int(step), [name])
+                    value = s.tensors(int(step), [name])
                 except CorruptChunkError:
                     bad.append(f"tensor {name!r} at step {int(step)}")
+                    continue
+                if not no_finite_check and (counts := nonfinite_counts(value)):
+                    nonfinite.append(describe_nonfinite(int(step), counts))
+    _warn_nonfinite(store, nonfinite)
     for split in s.splits:
         try:
             s.data(split)

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dask
+import numpy as np
 import xarray as xr
 
 import ckpt.store as ckptstore
-from ckpt.errors import AnalysisError, MissingDataError, UnverifiedStoreWarning
+from ckpt.errors import AnalysisError, MissingDataError, NonFiniteWarning, UnverifiedStoreWarning
 from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
@@ -329,8 +330,42 @@ def run(
         if missing or (not covered and analyzer.per == PER_RUN):
             _compute(analyzer, target, where, opened, missing, covered, provenance, results, engine)
             report.computed_steps = missing
+            _warn_if_nonfinite(opened, target, missing)
     report.dataset = ckptstore.open(where, storage_options=storage_options).analysis(target)
     return report
+
+
+def _warn_if_nonfinite(store: ckptstore.Store, target: str, steps: list[int]) -> None:
+    """Warn once when the new part of a result is NaN or inf where the checkpoint itself holds NaN or inf.
+
+    Many results hold NaN by design (grad-norms' update at the first checkpoint, a cluster without a
+    breakthrough), so a NaN alone says nothing; one computed from weights that are not finite is a
+    number no analysis can stand behind. Only the steps just computed are looked at, and only the
+    checkpoints of steps whose values are not finite are read again.
+    """
+    from ckpt.store.reader import describe_nonfinite
+
+    result = ckptstore.open(store.path).analysis(target)
+    flagged: dict[int, list[str]] = {}
+    for name, variable in result.data_vars.items():
+        if "step" not in variable.dims or not steps:
+            continue
+        part = variable.sel(step=[s for s in steps if s in set(result["step"].values.tolist())])
+        if part.dtype.kind not in "fc":
+            continue
+        finite = np.isfinite(part.transpose("step", ...).values).reshape(part.sizes["step"], -1).all(axis=1)
+        for step in np.asarray(part["step"].values)[~finite].tolist():
+            flagged.setdefault(int(step), []).append(str(name))
+    causes = {step: store.nonfinite(step) for step in sorted(flagged)[:100] if step in store}
+    causes = {step: counts for step, counts in causes.items() if counts}
+    if causes:
+        variables = sorted({v for step in causes for v in flagged[step]})
+        shown = "; ".join(describe_nonfinite(step, counts) for step, counts in list(causes.items())[:5])
+        msg = (
+            f"result {target!r} of {store.path} holds NaN or inf ({', '.join(variables)}) at step(s) "
+            f"{sorted(causes)}, computed from checkpoints whose weights are not finite: {shown}"
+        )
+        warnings.warn(msg, NonFiniteWarning, stacklevel=3)
 
 
 def _check_target(name: str, target: str, store: ckptstore.Store, registry: Any) -> None:
