@@ -35,7 +35,8 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     found = info.get("nonfinite")
     weights = "not checked (--no-finite-check)" if found is None else "all finite"
     if found:
-        weights = f"NaN or inf at {len(found)} checkpoint(s): " + "; ".join(found[:5]) + (" ..." if len(found) > 5 else "")
+        more = " ..." if len(found) > 5 else ""
+        weights = f"NaN or inf at {len(found)} checkpoint(s): " + "; ".join(found[:5]) + more
     row("weights", weights)
     row("created", info["created"])
     ckpts = info["checkpoints"]
