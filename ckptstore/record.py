@@ -209,6 +209,16 @@ def validate_nodes(nodes: Any, where: str) -> dict[str, dict[str, Any]]:
             _fail(where, f"node {path!r}", node, "a zarr group or array document")
         if not isinstance(node.get("attributes", {}), dict):
             _fail(where, f"attributes of {path!r}", node.get("attributes"), "an object")
+        if not isinstance(node.get("attributes", {}).get(ROOT_ATTR, {}), dict):
+            _fail(where, f"attributes.ckpt of {path!r}", node["attributes"][ROOT_ATTR], "an object")
+        provenance = node.get("attributes", {}).get(ROOT_ATTR, {})
+        steps = provenance.get("steps", [])
+        if (
+            path.count("/") == 1
+            and path.startswith("analyses/")
+            and not (isinstance(steps, list) and all(_is_int(s) for s in steps))
+        ):
+            _fail(where, f"the steps of result {path!r}", steps, "a list of steps (integers)")
         if node["node_type"] == "array":
             _validate_array(path, node, where)
     _validate_checkpoints(nodes, where)
@@ -220,7 +230,8 @@ def _validate_array(path: str, node: dict[str, Any], where: str) -> None:
     if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_int(n) and n >= 0 for n in shape):
         _fail(where, f"shape of {path!r}", shape, f"a list of at most {MAX_DIMS} non-negative integers")
     grid = node.get("chunk_grid")
-    chunks = grid.get("configuration", {}).get("chunk_shape") if isinstance(grid, dict) else None
+    configuration = grid.get("configuration") if isinstance(grid, dict) else None
+    chunks = configuration.get("chunk_shape") if isinstance(configuration, dict) else None
     if (
         not isinstance(grid, dict)
         or grid.get("name") != "regular"
@@ -236,8 +247,13 @@ def _validate_array(path: str, node: dict[str, Any], where: str) -> None:
         _fail(where, f"dimension_names of {path!r}", names, f"null or {len(shape)} names")
     if not isinstance(node.get("data_type"), str | dict):
         _fail(where, f"data_type of {path!r}", node.get("data_type"), "a zarr data type")
+    codecs = node.get("codecs")
+    if not isinstance(codecs, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in codecs):
+        _fail(where, f"codecs of {path!r}", codecs, "a list of codec objects")
     dtype = node["attributes"].get(ROOT_ATTR, {}).get("dtype") if isinstance(node.get("attributes"), dict) else None
-    if dtype is not None and dtype not in ENCODED_DTYPES and dtype not in NATIVE_DTYPES:
+    if dtype is not None and (
+        not isinstance(dtype, str) or (dtype not in ENCODED_DTYPES and dtype not in NATIVE_DTYPES)
+    ):
         _fail(where, f"the logical dtype of {path!r}", dtype, "a dtype name ckpt stores (float32, bfloat16 ...)")
     if not path.startswith(f"{CHECKPOINTS}/") and _chunk_bytes(node) > MAX_CHUNK_BYTES:
         _fail(where, f"chunk shape of {path!r}", chunks, f"chunks of at most {MAX_CHUNK_BYTES:,} bytes")
@@ -259,7 +275,7 @@ def _validate_checkpoints(nodes: dict[str, dict[str, Any]], where: str) -> None:
             _fail(where, f"shape of {path!r}", shape, f"{committed} rows, one per committed checkpoint")
         if chunks[0] != 1:
             _fail(where, f"chunk shape of {path!r}", chunks, "one checkpoint per chunk (1, ...)")
-        if node["data_type"] not in NATIVE_DTYPES:
+        if not isinstance(node["data_type"], str) or node["data_type"] not in NATIVE_DTYPES:
             _fail(where, f"data_type of {path!r}", node["data_type"], "a numeric dtype (float32, uint16 ...)")
     order = nodes.get(CHECKPOINTS, {}).get("attributes", {}).get(ROOT_ATTR, {}).get("tensors", [])
     if not isinstance(order, list) or not all(isinstance(n, str) for n in order):

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import zarr
+import zarr.errors
 from zarr.core.sync import sync
 
 from ckpt.errors import CkptError, CorruptChunkError, StoreError
@@ -106,7 +107,24 @@ def repair(path: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
     StoreError
         Damaged checkpoints in an object store (dropping them needs an atomic swap).
     """
-    where = str(path)
+    try:
+        return _repair(str(path), storage_options)
+    except (CkptError, KeyboardInterrupt):
+        raise
+    except (OSError, ValueError, TypeError, KeyError, LookupError, RecursionError, zarr.errors.BaseZarrError) as exc:
+        # Repair rebuilds what the commit record describes; a store whose node metadata or
+        # folders are themselves gone or replaced is past that. Each step it took was its own
+        # atomic commit, and dropping checkpoints works on a copy: nothing is half-done.
+        first = " ".join(str(exc).split())[:200]
+        msg = (
+            f"cannot repair {path}: {type(exc).__name__}: {first}. Its damage is beyond what repair rebuilds from "
+            "the commit record (a node's metadata or folder is missing or not what ckpt wrote); restore the store "
+            "from a copy"
+        )
+        raise StoreError(msg) from None
+
+
+def _repair(where: str, storage_options: dict[str, Any] | None) -> RepairReport:
     report = RepairReport(where)
     local = _zarr.local_path(where)
     lock = _replaceable(where, local, storage_options)  # a store, and no writer appending to it

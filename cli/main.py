@@ -73,6 +73,12 @@ def environment_problem(exc: OSError) -> str | None:
             f"cannot write {where}: {exc.strerror}. This command writes into the store (results, locks, its "
             "history); give it write access, or copy the store somewhere writable (cp -r) and use the copy"
         )
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ELOOP):
+        return (
+            f"{where} is not what ckpt expects there ({exc.strerror}): a file stands where a folder belongs, or "
+            "the reverse, or a link loops; the store's layout was damaged or edited by hand: check it with "
+            "`ckpt verify` and restore it from a copy"
+        )
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return (
             f"no space left writing {where} ({exc.strerror}); nothing half-written was committed, so the store "

@@ -1,0 +1,87 @@
+"""The store fuzzer in CI: 1,000 hostile mutants of a real store, every reading command on each (issue 28).
+
+See ``tests/fuzz_store.py`` for the mutations, the worker and the oracle. The counts are printed
+(``pytest -s`` shows them) and every failure is listed with the mutations that caused it.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import run_ckpt, write_mlp_run
+from tests.fuzz_store import COMMANDS, REPORT_EVERY, Mutant, Worker, judge, mutate, tree_hash
+
+EXAMPLES = int(os.environ.get("CKPT_FUZZ_EXAMPLES", "1000"))
+SEED = os.environ.get("CKPT_FUZZ_SEED", "0")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("fuzz-base") / "run.zarr"
+    write_mlp_run(path, steps=3, examples=8)
+    analyzed = run_ckpt("analyze", "loss", str(path), "--no-progress")
+    assert analyzed.returncode == 0, analyzed.stderr
+    return path
+
+
+def test_hostile_stores_end_in_output_or_one_error_line(base: Path) -> None:
+    worker = Worker()
+    counts: collections.Counter[str] = collections.Counter()
+    failures: list[str] = []
+
+    @settings(
+        max_examples=EXAMPLES,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(seed=st.integers(0, 2**32 - 1), mutations=st.integers(1, 3))
+    def one_mutant(seed: int, mutations: int) -> None:
+        rng = random.Random(f"{SEED}-{seed}")
+        folder = Path(tempfile.mkdtemp(prefix="ckpt-fuzz-"))
+        try:
+            canary = folder / "canary"
+            canary.mkdir()
+            (canary / "secret.bin").write_bytes(os.urandom(64))
+            mutant = Mutant(folder / "run.zarr", canary)
+            shutil.copytree(base, mutant.path)
+            for _ in range(mutations):
+                mutate(mutant, rng)
+            before, listing = tree_hash(canary), sorted(p.name for p in folder.iterdir())
+            commands = list(COMMANDS)
+            counts["mutants"] += 1
+            if counts["mutants"] % REPORT_EVERY == 0:
+                commands.insert(-1, ("report", "@", "--out", str(folder / "canary-report.html")))
+            for command in commands:
+                args = [str(mutant.path) if a == "@" else a for a in command]
+                code, stdout, stderr = worker.run(args)
+                counts[f"{command[0]} exit {code}"] += 1
+                counts["commands"] += 1
+                problem = judge(command, code, stdout, stderr, mutant)
+                if problem is not None:
+                    failures.append(f"{' '.join(command)} after {mutant.done}: {problem}")
+            listing_after = sorted(p.name for p in folder.iterdir() if p.name != "canary-report.html")
+            if tree_hash(canary) != before or listing_after != listing:
+                failures.append(f"something outside the store changed after {mutant.done}")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    try:
+        one_mutant()
+    finally:
+        worker.close()
+    print(f"\nfuzz: {dict(sorted(counts.items()))}")
+    if os.environ.get("CKPT_FUZZ_FAILURES"):  # every failure, one a line, for a long run by hand
+        Path(os.environ["CKPT_FUZZ_FAILURES"]).write_text("\n".join(failures) + "\n")
+    assert counts["mutants"] >= min(EXAMPLES, 1000)
+    assert not failures, f"{len(failures)} failure(s):\n" + "\n".join(failures[:40])
