@@ -17,6 +17,7 @@ one. Object stores cannot swap; for them it refuses and says so.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -111,17 +112,30 @@ def repair(path: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
         return _repair(str(path), storage_options)
     except (CkptError, KeyboardInterrupt):
         raise
-    except (OSError, ValueError, TypeError, KeyError, LookupError, RecursionError, zarr.errors.BaseZarrError) as exc:
-        # Repair rebuilds what the commit record describes; a store whose node metadata or
-        # folders are themselves gone or replaced is past that. Each step it took was its own
-        # atomic commit, and dropping checkpoints works on a copy: nothing is half-done.
-        first = " ".join(str(exc).split())[:200]
-        msg = (
-            f"cannot repair {path}: {type(exc).__name__}: {first}. Its damage is beyond what repair rebuilds from "
-            "the commit record (a node's metadata or folder is missing or not what ckpt wrote); restore the store "
-            "from a copy"
-        )
-        raise StoreError(msg) from None
+    except OSError as exc:
+        if exc.errno in _ENVIRONMENT:  # a read-only or full file system: the command line says so
+            raise
+        raise _beyond_repair(path, exc) from None
+    except (ValueError, TypeError, KeyError, LookupError, RecursionError, zarr.errors.BaseZarrError) as exc:
+        raise _beyond_repair(path, exc) from None
+
+
+_ENVIRONMENT = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
+def _beyond_repair(path: Any, exc: BaseException) -> StoreError:
+    """The error for a store whose node metadata or folders are themselves gone or replaced.
+
+    Repair rebuilds what the commit record describes; such a store is past that. Each step
+    it took was its own atomic commit, and dropping checkpoints works on a copy: nothing is half-done.
+    """
+    first = " ".join(str(exc).split())[:200]
+    msg = (
+        f"cannot repair {path}: {type(exc).__name__}: {first}. Its damage is beyond what repair rebuilds from "
+        "the commit record (a node's metadata or folder is missing or not what ckpt wrote); restore the store "
+        "from a copy"
+    )
+    return StoreError(msg)
 
 
 def _repair(where: str, storage_options: dict[str, Any] | None) -> RepairReport:
