@@ -19,7 +19,9 @@ basis checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,6 +29,7 @@ import numpy as np
 from ckpt.analyzers.basis import ComputeOptions, HessianOptions, basis_steps, sample_examples
 from ckpt.errors import AnalysisError
 from ckpt.plugins import (
+    MIN_VECTORS_BEYOND_K,
     PER_RUN,
     AnalysisContext,
     Analyzer,
@@ -37,9 +40,13 @@ from ckpt.plugins import (
     basis_dims,
     chunks,
     datapoint_index,
+    format_size,
+    graph_bytes,
     hookimpl,
+    lanczos_bytes,
     loss_function,
     parameter_space,
+    product_limit,
     top_eigenpairs,
     torch_dtype,
     trainable,
@@ -48,6 +55,96 @@ from ckpt.plugins import (
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
     from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How one basis checkpoint's search fits the memory budget (:func:`plan_memory`)."""
+
+    keep_graphs: bool
+    """Keep every block's gradient graph for all products (fast) or rebuild one block per product."""
+    block_examples: int
+    """Examples per data block."""
+    vectors: int
+    """Lanczos vectors kept at once (fewer than the search may need: thick restarts)."""
+    estimate: int
+    """Bytes the plan is expected to peak at."""
+
+
+PREFERRED_EXTRA_VECTORS = 6
+"""Room beyond k that keeps thick restarts cheap: on the bench model, top-1 at tol 1e-6 took 23 products
+unbounded, 24 with 12 vectors, 25 with 8, 27 with 6; top-4 49 unbounded, 51 with 24, 58 with 12
+(bench/lanczos.py)."""
+GRAPH_PEAK = 1.25
+"""A product differentiates the kept graphs again: the backward pass's own buffers on top of them."""
+REBUILT_PEAK = 2.0
+"""A rebuilt block holds its graph and the product's backward buffers at once."""
+
+
+def plan_memory(
+    budget: int,
+    dimension: int,
+    k: int,
+    earlier: int,
+    examples: int,
+    batch_size: int,
+    graph: tuple[float, float],
+    itemsize: int,
+    limit: int,
+) -> MemoryPlan:
+    """Fit one basis checkpoint's search into ``budget`` bytes, or say which knob to turn.
+
+    Parameters
+    ----------
+    budget
+        Bytes the task may use (``--max-memory`` shared by parallel tasks).
+    dimension, k, earlier
+        D, eigenpairs wanted, basis vectors found before (deflated against).
+    examples, batch_size
+        The Hessian's subsample (``--samples``) and its block size (``--batch-size``).
+    graph
+        ``(constant, per_example)`` bytes of one block's kept gradient graph
+        (:func:`ckpt.plugins._derivatives.graph_bytes` at two block sizes).
+    itemsize
+        Bytes per parameter in the computation's dtype.
+    limit
+        Most Lanczos vectors the search could use (no restart).
+
+    Raises
+    ------
+    AnalysisError
+        When even one example's graph and k + 2 Lanczos vectors do not fit.
+    """
+    vector = dimension * itemsize
+    # the checkpoint's tensors (cached by the worker), θ as leaves, the summed gradient, the product's
+    # flatten/unflatten copies, and the basis found so far
+    fixed = 5 * vector + earlier * vector
+    constant, per_example = graph
+
+    def block_bytes(count: int, peak: float) -> int:
+        return int(peak * (constant + per_example * count))
+
+    smallest = min(limit, k + MIN_VECTORS_BEYOND_K)
+    preferred = min(limit, k + PREFERRED_EXTRA_VECTORS)
+    kept = sum(block_bytes(min(batch_size, examples - start), GRAPH_PEAK) for start in range(0, examples, batch_size))
+    if fixed + kept + lanczos_bytes(dimension, preferred, itemsize) <= budget:
+        room = (budget - fixed - kept) // vector - 2
+        vectors = int(min(limit, max(preferred, room)))
+        return MemoryPlan(True, batch_size, vectors, fixed + kept + lanczos_bytes(dimension, vectors, itemsize))
+    for vectors in (preferred, smallest):
+        left = budget - fixed - lanczos_bytes(dimension, vectors, itemsize)
+        block = int(min(batch_size, examples, (left / REBUILT_PEAK - constant) // max(per_example, 1)))
+        if block >= 1:
+            estimate = fixed + block_bytes(block, REBUILT_PEAK) + lanczos_bytes(dimension, vectors, itemsize)
+            return MemoryPlan(False, block, vectors, estimate)
+    need = fixed + block_bytes(1, REBUILT_PEAK) + lanczos_bytes(dimension, smallest, itemsize)
+    msg = (
+        f"hessian-basis needs at least {format_size(need)} per task for {dimension:,} parameters "
+        f"({smallest} Lanczos vectors of {format_size(vector)}, one example's Hessian graph "
+        f"{format_size(block_bytes(1, REBUILT_PEAK))}, the model and {earlier} earlier basis vectors); "
+        f"the memory budget is {format_size(budget)}: raise --max-memory, or lower -k"
+    )
+    raise AnalysisError(msg)
 
 
 def eigenvectors_at(
@@ -76,44 +173,88 @@ def eigenvectors_at(
     if datapoints == 0:
         msg = f"the Hessian subsample of split {split!r} has no datapoints"
         raise ValueError(msg)
-    fs = [
-        (
-            loss_function(
-                worker, params, space, split=split, examples=examples[rows], objective=objective, dtype=dtype
-            ),
-            1.0 / datapoints,
-        )
-        for rows in chunks(len(examples), batch_size)
-    ]
+
+    def block_loss(rows: np.ndarray) -> Any:
+        return loss_function(worker, params, space, split=split, examples=rows, objective=objective, dtype=dtype)
+
+    # the graph of one and of two examples: its constant part and its growth per example
+    one, two = (graph_bytes(block_loss(examples[:n]), primal) for n in (1, min(2, len(examples))))
+    per_example = max(two - one, 0) if len(examples) > 1 else one
+    earlier = sum(len(p["vectors"]) for p in previous)
+    plan = plan_memory(
+        worker.memory_budget,
+        space.size,
+        k,
+        earlier,
+        len(examples),
+        batch_size,
+        (max(one - per_example, 0), per_example),
+        precision.itemsize,
+        product_limit(space.size - earlier, k),
+    )
+    fs = [(block_loss(examples[rows]), 1.0 / datapoints) for rows in chunks(len(examples), plan.block_examples)]
     found = [torch.as_tensor(p["vectors"]) for p in previous]
     basis = torch.cat(found).to(device=worker.device, dtype=precision) if found else None
+    del found
 
-    hessian = MeanLossHessian(fs, primal)
+    hessian = MeanLossHessian(fs, primal, keep_graphs=plan.keep_graphs)
 
     def hvp(v: Any) -> Any:
         return space.flatten(hessian(space.unflatten(v)))
 
-    try:
-        pairs = top_eigenpairs(
-            hvp, space.size, k, basis=basis, tol=tol, seed=seed + step, dtype=precision, device=worker.device
-        )
-    except AnalysisError as exc:
-        if "is not finite" not in str(exc):
-            raise
-        bad = [name for name, value in params.items() if value.is_floating_point() and not bool(value.isfinite().all())]
-        cause = (
-            f"the weights at this step hold NaN or inf ({', '.join(repr(n) for n in bad[:5])})"
-            if bad
-            else "the weights are finite, so the loss or its curvature overflows there"
-        )
-        msg = f"hessian-basis at the checkpoint of step {step}: {exc}; {cause}"
-        raise AnalysisError(msg) from None
+    with _product_progress(worker, step, tol, plan) as progress:
+        try:
+            pairs = top_eigenpairs(
+                hvp,
+                space.size,
+                k,
+                basis=basis,
+                tol=tol,
+                seed=seed + step,
+                dtype=precision,
+                device=worker.device,
+                max_vectors=plan.vectors,
+                progress=progress,
+            )
+        except AnalysisError as exc:
+            if "is not finite" not in str(exc):
+                raise
+            bad = [n for n, value in params.items() if value.is_floating_point() and not bool(value.isfinite().all())]
+            cause = (
+                f"the weights at this step hold NaN or inf ({', '.join(repr(n) for n in bad[:5])})"
+                if bad
+                else "the weights are finite, so the loss or its curvature overflows there"
+            )
+            msg = f"hessian-basis at the checkpoint of step {step}: {exc}; {cause}"
+            raise AnalysisError(msg) from None
     return {
         "vectors": pairs.vectors,
         "eigenvalue": pairs.values.astype(np.float64),
         "residual": pairs.residuals.astype(np.float64),
         "matvecs": np.full(k, pairs.matvecs, np.int64),
     }
+
+
+@contextlib.contextmanager
+def _product_progress(worker: Worker, step: int, tol: float, plan: MemoryPlan) -> Iterator[Any]:
+    """A bar of Hessian-vector products for one basis checkpoint (``--progress``), with the worst residual."""
+    from tqdm import tqdm
+
+    graphs = "kept graphs" if plan.keep_graphs else f"graphs rebuilt per product, blocks of {plan.block_examples}"
+    with tqdm(
+        desc=f"hessian-basis step {step}",
+        unit="product",
+        disable=not worker.spec.progress,
+        leave=True,
+        postfix=f"{graphs}, {plan.vectors} vectors, ~{format_size(plan.estimate)}",
+    ) as bar:
+
+        def progress(products: int, worst: float) -> None:
+            bar.update(1)
+            if np.isfinite(worst):
+                bar.set_postfix_str(f"residual {worst:.1e} (tol {tol:g})", refresh=False)
+
+        yield progress
 
 
 class HessianBasis(HessianOptions, ComputeOptions, Analyzer):

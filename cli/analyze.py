@@ -13,7 +13,17 @@ from typing import Any
 
 import click
 
-ENGINE_OPTIONS = ("scheduler", "address", "workers", "device", "force", "progress", "block_steps", "save_as")
+ENGINE_OPTIONS = (
+    "scheduler",
+    "address",
+    "workers",
+    "device",
+    "force",
+    "progress",
+    "block_steps",
+    "max_memory",
+    "save_as",
+)
 
 _warned = False
 
@@ -91,6 +101,13 @@ def _engine_options() -> list[click.Option]:
         ),
         click.Option(
             ["--device"], default="cpu", show_default=True, metavar="cpu|cuda|auto", help="Torch device of the workers."
+        ),
+        click.Option(
+            ["--max-memory"],
+            metavar="SIZE",
+            help="Memory the run may use on this machine, shared by its parallel tasks (e.g. 12GiB); analyzers "
+            "size their blocks to it and say which knob to turn when even the smallest cannot fit. Default: 60% "
+            "of the RAM available at the start (80% of free GPU memory with --device cuda).",
         ),
         click.Option(["--force"], is_flag=True, help="Recompute even when a stored result matches."),
         click.Option(

@@ -38,6 +38,7 @@ from ckpt.plugins._derivatives import (
     check_basis,
     chunks,
     forward_mode,
+    graph_bytes,
     hessian_vector_product,
     load_basis,
     loss_function,
@@ -46,8 +47,9 @@ from ckpt.plugins._derivatives import (
     trainable,
 )
 from ckpt.plugins._importers import Importer
-from ckpt.plugins._lanczos import Eigenpairs, top_eigenpairs
+from ckpt.plugins._lanczos import MIN_VECTORS_BEYOND_K, Eigenpairs, lanczos_bytes, product_limit, top_eigenpairs
 from ckpt.plugins._manager import PluginWarning, Provider, Registry, load_registry, registry, reset_registry
+from ckpt.plugins._memory import format_size, parse_size
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
 from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
 from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
@@ -113,6 +115,7 @@ __all__ = [
     "CROSS_ENTROPY",
     "DTYPES",
     "ENGINE_SETTINGS",
+    "MIN_VECTORS_BEYOND_K",
     "PER_CHECKPOINT",
     "PER_PAIR",
     "PER_RUN",
@@ -146,17 +149,22 @@ __all__ = [
     "datapoint_index",
     "declared_options",
     "directional_derivatives",
+    "format_size",
     "forward_mode",
+    "graph_bytes",
     "hessian_vector_product",
     "hookimpl",
     "hookspec",
     "iter_activations",
+    "lanczos_bytes",
     "load_basis",
     "load_registry",
     "logits_of",
     "loss_function",
     "objective_for",
     "parameter_space",
+    "parse_size",
+    "product_limit",
     "registry",
     "reset_registry",
     "resolve_device",

@@ -63,6 +63,7 @@ ENGINE_SETTINGS = (
     "force",
     "progress",
     "block_steps",
+    "max_memory",
     "storage_options",
     "registry",
     "save_as",

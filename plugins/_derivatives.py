@@ -454,34 +454,84 @@ class MeanLossHessian:
         θ, ``{name: tensor}``.
     """
 
-    def __init__(self, fs: Sequence[tuple[Callable[[Mapping[str, Any]], Any], float]], primal: Mapping[str, Any]):
+    def __init__(
+        self,
+        fs: Sequence[tuple[Callable[[Mapping[str, Any]], Any], float]],
+        primal: Mapping[str, Any],
+        *,
+        keep_graphs: bool = True,
+    ):
         import torch
 
         self.names = tuple(primal)
+        self.keep_graphs = keep_graphs
+        self._fs = list(fs)
         self._leaves = [primal[name].detach().requires_grad_(True) for name in self.names]
+        self._gradient: list[Any] = []
+        if keep_graphs:
+            with torch.enable_grad():
+                for f, weight in self._fs:
+                    grads = self._block_gradient(f, weight)
+                    self._gradient = (
+                        list(grads)
+                        if not self._gradient
+                        else [t + g for t, g in zip(self._gradient, grads, strict=True)]
+                    )
+
+    def _block_gradient(self, f: Callable[[Mapping[str, Any]], Any], weight: float) -> tuple[Any, ...]:
+        import torch
+
         params = dict(zip(self.names, self._leaves, strict=True))
-        with torch.enable_grad():
-            total: list[Any] | None = None
-            for f, weight in fs:
-                with forward_mode(composite=False, lock=False):
-                    loss = f(params).sum() * weight
-                grads = torch.autograd.grad(loss, self._leaves, create_graph=True)
-                total = list(grads) if total is None else [t + g for t, g in zip(total, grads, strict=True)]
-        assert total is not None
-        self._gradient = total
+        with forward_mode(composite=False, lock=False):
+            loss = f(params).sum() * weight
+        return torch.autograd.grad(loss, self._leaves, create_graph=True)
 
     def __call__(self, vector: Mapping[str, Any]) -> dict[str, Any]:
         """H v, ``{name: tensor}`` like θ."""
         import torch
 
+        direction = [vector[name] for name in self.names]
         with torch.enable_grad():
-            products = torch.autograd.grad(
-                self._gradient,
-                self._leaves,
-                grad_outputs=[vector[name] for name in self.names],
-                retain_graph=True,
-            )
-        return dict(zip(self.names, products, strict=True))
+            if self.keep_graphs:
+                products = torch.autograd.grad(self._gradient, self._leaves, grad_outputs=direction, retain_graph=True)
+                return dict(zip(self.names, products, strict=True))
+            # one block's graph at a time, built and freed per product: memory of one block, at the
+            # cost of a forward and a backward pass more per block and product
+            total = [torch.zeros_like(leaf) for leaf in self._leaves]
+            for f, weight in self._fs:
+                grads = self._block_gradient(f, weight)
+                block = torch.autograd.grad(grads, self._leaves, grad_outputs=direction)
+                total = [t.add_(b) for t, b in zip(total, block, strict=True)]
+        return dict(zip(self.names, total, strict=True))
+
+
+def graph_bytes(f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any]) -> int:
+    """Bytes the autograd graph of ``f``'s gradient holds when kept for Hessian-vector products.
+
+    Counts the distinct storages autograd saves while ``f`` runs and while its
+    gradient is built with ``create_graph=True`` (the parameters themselves
+    excluded): what :class:`MeanLossHessian` keeps per block. Measured on a
+    small block, it sizes the blocks a memory budget allows (it grows linearly
+    with the examples).
+    """
+    import torch
+
+    leaves = {name: value.detach().requires_grad_(True) for name, value in primal.items()}
+    own = {leaf.untyped_storage().data_ptr() for leaf in leaves.values()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: Any) -> Any:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in own and storage.device.type != "meta":
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with forward_mode(composite=False, lock=False):
+            loss = f(leaves).sum()
+        grads = torch.autograd.grad(loss, list(leaves.values()), create_graph=True)
+        grads_bytes = sum(g.untyped_storage().nbytes() for g in grads)
+    return sum(seen.values()) + grads_bytes
 
 
 def load_basis(worker: Any, name: str, created: str, space: ParamSpace, dtype: str = "float32") -> dict[str, Any]:

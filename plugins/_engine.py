@@ -38,6 +38,7 @@ from ckpt.errors import AnalysisError, MissingDataError, NonFiniteWarning, Unver
 from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
+from ckpt.plugins._memory import default_budget, parse_size
 from ckpt.plugins._runtime import TaskSpec, resolve_device
 from ckpt.store._zarr import local_path
 from ckpt.store.results import result_lock, write_analysis
@@ -243,6 +244,7 @@ def run(
     force: bool = False,
     progress: bool = False,
     block_steps: int | None = None,
+    max_memory: str | int | None = None,
     registry: Any = None,
     storage_options: dict[str, Any] | None = None,
     save_as: str | None = None,
@@ -263,7 +265,12 @@ def run(
     if address is not None and not re.fullmatch(r"(tcp|tls|inproc|ucx|ws|wss)://[^\s/]+/?|[^\s:/]+:\d+", address):
         msg = f"--address must be a dask scheduler address such as tcp://HOST:PORT, got {address!r}"
         raise AnalysisError(msg)
+    if max_memory is not None:
+        max_memory = parse_size(max_memory)
+    elif address is None:  # measured once, when the run starts, not in each worker after its model loaded
+        max_memory = default_budget(device)
     engine = {
+        "max_memory": max_memory,
         "scheduler": scheduler,
         "address": address,
         "workers": workers,
@@ -412,7 +419,15 @@ def _compute(
 
     local = local_path(where)  # a replaced local store is a new folder (a new inode), even within one second
     generation = f"{store.created}|{len(store.history)}|{os.stat(local).st_ino if local else ''}"
-    spec = TaskSpec(where, engine["device"], engine["storage_options"], generation)
+    spec = TaskSpec(
+        where,
+        engine["device"],
+        engine["storage_options"],
+        generation,
+        max_memory=engine["max_memory"],
+        tasks=parallel_tasks(engine["scheduler"], engine["address"], engine["workers"]),
+        progress=bool(engine["progress"]),
+    )
     context = AnalysisContext(store, missing, spec, results, analyzer=analyzer.name)
     dataset = analyzer.compute(context)
     _check_lazy(analyzer.name, dataset)
@@ -461,6 +476,16 @@ def _compute(
                 if not engine["block_steps"]:
                     per_step = (time.perf_counter() - began) / len(steps)
                     size = max(count, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
+
+
+def parallel_tasks(scheduler: str, address: str | None, workers: int | None) -> int:
+    """Tasks :func:`compute_settings` runs at once on one machine, which share its memory budget.
+
+    A remote cluster (``address``) counts 1: each of its machines resolves its own budget.
+    """
+    if address is not None or scheduler == "sync":
+        return 1
+    return workers or os.cpu_count() or 1
 
 
 @contextlib.contextmanager

@@ -8,14 +8,21 @@ Why a Lanczos of our own rather than scipy's ``eigsh`` (ARPACK), which ckpt
 used before: the products are almost all of the time, and ARPACK spends more of
 them than the method needs. It tests convergence only once its ``ncv`` vectors
 are full and again after each implicit restart, and its residuals cost one more
-product per eigenvector. Here every step tests convergence on the tridiagonal
-matrix (free), and the products are kept, so the eigenvectors' residuals follow
-by linearity without new products. Top 4 eigenpairs of the addition default
-model at tol 1e-6 (256 problems, float32): ARPACK 26 products + 4 for the
-residuals, this 26 in all; at tol 1e-7, 35 + 4 against 28; the eigenvalues agree
-to 1e-8 (bench/polca.py). Torch has no matrix-free Lanczos (``torch.lobpcg`` takes
-the matrix itself), and the vectors stay on the worker's device here, where
-ARPACK's lived on the host.
+product per eigenvector. Here every step tests convergence on the projected
+matrix (free), and the residuals follow from the Lanczos relation without new
+products. Top 4 eigenpairs of the addition default model at tol 1e-6 (256
+problems, float32): ARPACK 26 products + 4 for the residuals, this 26 in all;
+at tol 1e-7, 35 + 4 against 28; the eigenvalues agree to 1e-8 (bench/polca.py).
+Torch has no matrix-free Lanczos (``torch.lobpcg`` takes the matrix itself),
+and the vectors stay on the worker's device here, where ARPACK's lived on the host.
+
+Memory is bounded by ``max_vectors``: at most that many Lanczos vectors are
+kept, in the products' own precision (4·D bytes each in float32); when they are
+full and the search has not converged, it restarts thickly (Wu & Simon's
+thick-restart Lanczos, the symmetric case of Stewart's Krylov-Schur): the best
+Ritz vectors are kept, the rest dropped, and the recurrence goes on from the
+residual. The dot products run in float64 over bounded column blocks, so that
+nothing of size 8·D is ever allocated.
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ from typing import Any
 import numpy as np
 
 from ckpt.errors import AnalysisError
+
+DOT_BLOCK_BYTES = 64 * 2**20
+"""Float64 scratch of one block of a chunked dot product or update (bounded whatever D is)."""
+MIN_VECTORS_BEYOND_K = 2
+"""A thick restart keeps k Ritz vectors and needs room to grow past them: at least k + 2 vectors."""
 
 
 @dataclass
@@ -41,11 +53,67 @@ class Eigenpairs:
     """``[k]`` ||A v - λ v|| with A = P H P."""
     matvecs: int
     """Hessian-vector products used."""
+    restarts: int = 0
+    """Thick restarts made because ``max_vectors`` was full."""
 
 
 def product_limit(free: int, k: int) -> int:
-    """Most products one search may make: every one is kept with its Lanczos vector."""
+    """Most products one search may make before it gives up (:class:`AnalysisError`: raise ``--tol``)."""
     return min(free, max(100, 20 * k))
+
+
+def lanczos_bytes(dimension: int, vectors: int, itemsize: int = 4) -> int:
+    """Bytes of a search that keeps ``vectors`` Lanczos vectors: those, the residual, the product and scratch."""
+    return (vectors + 2) * dimension * itemsize + 2 * DOT_BLOCK_BYTES
+
+
+def _column_blocks(rows: int, dimension: int) -> range:
+    width = max(1, DOT_BLOCK_BYTES // (8 * max(rows, 1)))
+    return range(0, dimension, width)
+
+
+def _dots(rows: Any, x: Any) -> Any:
+    """``rows @ x`` accumulated in float64, one bounded block of columns at a time."""
+    import torch
+
+    out = torch.zeros(rows.shape[0], dtype=torch.float64, device=x.device)
+    if rows.shape[0] == 0:
+        return out
+    width = _column_blocks(rows.shape[0], x.shape[0]).step
+    for start in range(0, x.shape[0], width):
+        block = slice(start, start + width)
+        out += rows[:, block].to(torch.float64) @ x[block].to(torch.float64)
+    return out
+
+
+def _subtract(x: Any, rows: Any, coefficients: Any) -> None:
+    """``x -= rowsᵀ coefficients`` in place, computed in float64 block by block."""
+    import torch
+
+    if rows.shape[0] == 0:
+        return
+    width = _column_blocks(rows.shape[0], x.shape[0]).step
+    for start in range(0, x.shape[0], width):
+        block = slice(start, start + width)
+        update = coefficients @ rows[:, block].to(torch.float64)
+        x[block] = (x[block].to(torch.float64) - update).to(x.dtype)
+
+
+def _combine_in_place(rows: Any, combination: Any) -> None:
+    """``rows[:l] = combinationᵀ rows`` in place (``combination`` is ``[m, l]``), block by block."""
+    import torch
+
+    kept = combination.shape[1]
+    width = _column_blocks(rows.shape[0], rows.shape[1]).step
+    for start in range(0, rows.shape[1], width):
+        block = slice(start, start + width)
+        rows[:kept, block] = (combination.T @ rows[:, block].to(torch.float64)).to(rows.dtype)
+
+
+def _norm(x: Any) -> float:
+    import torch
+
+    return float(torch.sqrt(_dots(x[None], x)[0]))
 
 
 def top_eigenpairs(
@@ -58,6 +126,8 @@ def top_eigenpairs(
     seed: int = 0,
     dtype: Any = None,
     device: str = "cpu",
+    max_vectors: int | None = None,
+    progress: Callable[[int, float], None] | None = None,
 ) -> Eigenpairs:
     """Top-``k`` eigenpairs of A = P H P, P = I - B Bᵀ, by Lanczos with full reorthogonalization.
 
@@ -70,37 +140,47 @@ def top_eigenpairs(
     k
         Eigenpairs wanted (largest algebraic eigenvalues).
     basis
-        ``[m, D]`` orthonormal torch rows B (None: no restriction).
+        ``[m, D]`` orthonormal torch rows B (None: no restriction), in any
+        precision; projections against it are computed in float64.
     tol
         Relative accuracy, ARPACK's criterion: stop once every wanted Ritz pair
         has ||A x - θ x|| <= tol·|θ| (0: the dtype's machine epsilon).
     seed
         Seeds the start vector, so that results are reproducible.
     dtype, device
-        Of the torch vectors given to ``hvp`` and of the eigenvectors returned
-        (default float32); the Lanczos recurrence itself runs in float64.
+        Of the torch vectors given to ``hvp``, of the Lanczos vectors kept and
+        of the eigenvectors returned (default float32). Dot products and the
+        projected matrix are float64 whatever ``dtype`` is.
+    max_vectors
+        Most Lanczos vectors kept at once (at least k + 2; None: as many as
+        :func:`product_limit` allows, so that no restart happens). When they are
+        full the search restarts thickly from its best Ritz vectors.
+    progress
+        Called after every product with its number and the worst relative
+        residual of the wanted Ritz pairs so far (inf before k products).
 
     Returns
     -------
     Eigenpairs
-        Values largest first; the residuals ||A x - θ x|| are those of the
-        float64 vectors x before they are rounded to ``dtype``, with
-        A x = Σ s_j (A v_j) from the kept products (A is linear).
+        Values largest first; the residuals ||A x - θ x|| = ||r||·|s_last| of
+        the Lanczos relation A V = V T + r e_lastᵀ, which full
+        reorthogonalization keeps to working precision.
 
     Raises
     ------
     AnalysisError
-        k is not below the complement's dimension, a product is not finite,
-        or the search did not converge within :func:`product_limit` products.
+        k is not below the complement's dimension, ``max_vectors`` is below
+        k + 2, a product is not finite, or the search did not converge within
+        :func:`product_limit` products.
 
     Notes
     -----
     A single start vector finds one copy of a repeated eigenvalue, as ARPACK's
-    does. Memory: per product, a float64 Lanczos vector and the product in
-    ``dtype`` (12·D bytes for float32).
+    does. Memory: :func:`lanczos_bytes` of ``max_vectors`` (the products' own
+    precision, 4·D bytes a vector in float32), plus the basis given.
     """
     import torch
-    from scipy.linalg import eigh_tridiagonal
+    from scipy.linalg import eigh
     from threadpoolctl import threadpool_limits
 
     dtype = dtype or torch.float32
@@ -109,69 +189,91 @@ def top_eigenpairs(
     if k >= free:
         msg = f"cannot find {k} more eigenvectors in a {free}-dimensional complement (D={dimension})"
         raise AnalysisError(msg)
-    # the recurrence runs in float64 whatever the products' precision: with float32 vectors its
-    # dot products over D = 102,348 lost 5 digits (top eigenvalue off by 5e-6, residuals 1e-3
-    # times larger); the products are kept in their own precision, which loses nothing
-    exact = torch.float64
-    earlier = basis.to(device=device, dtype=exact) if restrict else None
-    tolerance = tol if tol > 0 else float(torch.finfo(dtype).eps)
     limit = product_limit(free, k)
+    room = min(limit, free) if max_vectors is None else min(int(max_vectors), free)
+    if room < min(k + MIN_VECTORS_BEYOND_K, free):
+        msg = (
+            f"Lanczos needs room for at least {k + MIN_VECTORS_BEYOND_K} vectors of {dimension:,} parameters "
+            f"to find {k} eigenpair(s); the memory budget leaves room for {room}: raise --max-memory or lower -k"
+        )
+        raise AnalysisError(msg)
+    earlier = basis.to(device=device) if restrict else None
+    tolerance = tol if tol > 0 else float(torch.finfo(dtype).eps)
     rng = np.random.default_rng(seed)
 
     def project(v: Any) -> Any:
-        return v if earlier is None else v - earlier.T @ (earlier @ v)
+        if earlier is not None:
+            _subtract(v, earlier, _dots(earlier, v))
+        return v
 
     def random_unit(against: Any) -> Any:
-        v = torch.from_numpy(rng.standard_normal(dimension)).to(device=device)
+        v = torch.from_numpy(rng.standard_normal(dimension)).to(device=device, dtype=dtype)
         for _ in range(2):  # twice is enough (Parlett): orthogonal to working precision
-            v = project(v - against.T @ (against @ v))
-        return v / torch.linalg.vector_norm(v)
+            _subtract(v, against, _dots(against, v))
+            project(v)
+        return (v.to(torch.float64) / _norm(v)).to(dtype)
 
-    # Lanczos vectors v_j and their products A v_j (kept for the residuals), grown as needed:
-    # a paper-size model has D = 9.5M, where room for every allowed product would take gigabytes
-    vectors = torch.empty(min(limit, 2 * k + 8) + 1, dimension, dtype=exact, device=device)
-    products = torch.empty(len(vectors), dimension, dtype=dtype, device=device)
+    # the kept Lanczos vectors; torch.empty only reserves: pages are touched as rows are written
+    vectors = torch.empty(room, dimension, dtype=dtype, device=device)
+    projected = np.zeros((room, room))  # T = Vᵀ A V, tridiagonal until a restart makes it arrow-shaped
     vectors[0] = random_unit(vectors[:0])
-    alphas: list[float] = []
-    betas: list[float] = []
+    used = 1  # rows of `vectors` in use
+    restarts = 0
+    estimates = theta = top = ritz = None
     # scipy's LAPACK between torch's kernels: OpenBLAS threads left spinning after its calls slowed
     # the products 40x when ARPACK drove them (88 products: 371 s instead of 9 s, bench/polca.py)
     with threadpool_limits(limits=1, user_api="blas"):
-        for m in range(1, limit + 1):
-            if m == len(vectors):
-                vectors, products = (
-                    torch.cat([t, torch.empty_like(t[: min(m, limit + 1 - m)])]) for t in (vectors, products)
-                )
-            v = vectors[m - 1]
+        for products in range(1, limit + 1):
+            v = vectors[used - 1]
             # v is in the complement already (started there, reorthogonalized against B below):
             # P H P v = P H v, one projection per product instead of two
-            product = project(hvp(v.to(dtype)).to(exact))
-            products[m - 1] = product
-            alpha = float(v @ product)
-            r = product - alpha * v - (betas[-1] * vectors[m - 2] if m > 1 else 0)
-            for _ in range(2):  # full reorthogonalization: no spurious copies of converged values
-                r = project(r - vectors[:m].T @ (vectors[:m] @ r))
-            alphas.append(alpha)
-            beta = float(torch.linalg.vector_norm(r))
+            r = project(hvp(v).to(dtype).clone())
+            coefficients = _dots(vectors[:used], r)
+            alpha = float(coefficients[-1])
+            _subtract(r, vectors[:used], coefficients)
+            # full reorthogonalization, a second pass (Parlett: twice is enough); its corrections are
+            # rounding, left out of T as in DGKS
+            _subtract(r, vectors[:used], _dots(vectors[:used], r))
+            project(r)
+            beta = _norm(r)
             if not (np.isfinite(alpha) and np.isfinite(beta)):
                 msg = (
-                    f"Hessian-vector product {m} is not finite (NaN or inf): the loss or its curvature "
+                    f"Hessian-vector product {products} is not finite (NaN or inf): the loss or its curvature "
                     "overflows at these parameters; try --dtype float64, or leave this checkpoint out"
                 )
                 raise AnalysisError(msg)
-            scale = max(abs(a) for a in alphas) or 1.0
-            invariant = beta <= 1e3 * float(torch.finfo(exact).eps) * scale
-            if m >= k:
-                theta, ritz = eigh_tridiagonal(np.array(alphas), np.array(betas))
-                top = np.argsort(theta)[::-1][:k]
-                estimates = np.abs(beta * ritz[-1, top])  # ||A x - θ x|| of each Ritz pair
-                if invariant or m == free or np.all(estimates <= tolerance * np.abs(theta[top])):
-                    break
-            betas.append(0.0 if invariant else beta)
-            # an invariant subspace smaller than k: go on from a new direction, orthogonal to it
-            vectors[m] = random_unit(vectors[:m]) if invariant else r / beta
+            projected[used - 1, used - 1] = alpha
+            theta, ritz = eigh(projected[:used, :used])
+            scale = float(np.max(np.abs(theta))) or 1.0
+            invariant = beta <= 1e3 * float(torch.finfo(torch.float64).eps) * scale
+            top = np.argsort(theta)[::-1][:k]
+            estimates = np.abs(beta * ritz[-1, top])  # ||A x - θ x|| of each Ritz pair (A V = V T + r e_lastᵀ)
+            worst = float(np.max(estimates / np.maximum(np.abs(theta[top]), 1e-300))) if used >= k else np.inf
+            if progress is not None:
+                progress(products, worst)
+            if used >= k and (invariant or used == free or worst <= tolerance):
+                break
+            # the next vector: the residual's direction, or (an invariant subspace smaller than k)
+            # a new direction orthogonal to it, coupled to nothing
+            coupling = 0.0 if invariant else beta
+            following = random_unit(vectors[:used]) if invariant else (r.to(torch.float64) / beta).to(dtype)
+            if used < room:
+                projected[used, used - 1] = projected[used - 1, used] = coupling
+                vectors[used] = following
+                used += 1
+                continue
+            # thick restart: A (V S) = (V S) Θ + r (e_lastᵀ S) keeps the best Ritz pairs exactly; the rest
+            # of the room lets the recurrence grow again from the residual
+            keep = max(k, min(room - MIN_VECTORS_BEYOND_K + 1, (room + k) // 2))
+            order = np.argsort(theta)[::-1][:keep]
+            _combine_in_place(vectors, torch.as_tensor(ritz[:, order].copy(), device=device))
+            projected[:] = 0.0
+            projected[np.arange(keep), np.arange(keep)] = theta[order]
+            projected[keep, :keep] = projected[:keep, keep] = coupling * ritz[-1, order]
+            vectors[keep] = following
+            used = keep + 1
+            restarts += 1
         else:
-            worst = float(np.max(estimates / np.maximum(np.abs(theta[top]), 1e-300)))
             msg = (
                 f"Lanczos did not converge to tol {tol} in {limit} Hessian-vector products "
                 f"(relative residual {worst:.1e}); raise --tol"
@@ -179,16 +281,11 @@ def top_eigenpairs(
             raise AnalysisError(msg)
 
     values = theta[top]
-    combination = torch.as_tensor(ritz[:, top].T.copy(), device=device)  # [k, m]
-    found, found_products = combination @ vectors[:m], combination @ products[:m].to(exact)
-    # exact orthogonality to the earlier basis and among themselves; A P = A, so the
-    # products stay those of the projected vectors; QR's triangle is applied to both
-    found = project(found.T).T
-    q, r = torch.linalg.qr(found.T)
-    signs = torch.sign(r.diagonal())  # signs kept: QR must not flip a vector
-    q, r = q * signs, r * signs[:, None]
-    found, found_products = q.T, torch.linalg.solve_triangular(r.T, found_products, upper=False)  # A Q = A X R⁻¹
-    residuals = torch.linalg.vector_norm(
-        found_products - torch.as_tensor(values, device=device)[:, None] * found, dim=1
-    )
-    return Eigenpairs(values, found.to(dtype).cpu().numpy(), residuals.cpu().numpy(), m)
+    combination = torch.as_tensor(ritz[:, top].T.copy(), device=device)  # [k, used]
+    found = torch.empty(k, dimension, dtype=dtype, device=device)
+    blocks = _column_blocks(used, dimension)
+    for start in blocks:
+        block = slice(start, start + blocks.step)
+        found[:, block] = (combination @ vectors[:used, block].to(torch.float64)).to(dtype)
+    del vectors
+    return Eigenpairs(values, found.cpu().numpy(), estimates.astype(np.float64), products, restarts)

@@ -34,6 +34,13 @@ class TaskSpec:
     generation: str = ""
     """Which state of the store a worker may cache against (its creation time and history length):
     a store replaced (``--overwrite``) or repaired (rows moved) since gets fresh workers."""
+    max_memory: int | None = None
+    """Bytes this run may use on one machine (``--max-memory``); None: the worker's
+    :func:`ckpt.plugins._memory.default_budget`."""
+    tasks: int = 1
+    """Tasks that run at the same time on one machine, sharing ``max_memory``."""
+    progress: bool = False
+    """Whether long tasks report their progress on stderr (``--progress``)."""
 
 
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
@@ -141,6 +148,14 @@ class Worker:
     def store(self) -> Store:
         """The store, read-only."""
         return self._store
+
+    @property
+    def memory_budget(self) -> int:
+        """Bytes one task may use (``--max-memory`` shared by the tasks running at once): size blocks to it."""
+        from ckpt.plugins._memory import default_budget
+
+        total = self.spec.max_memory if self.spec.max_memory is not None else default_budget(self.device)
+        return max(1, total // max(1, self.spec.tasks))
 
     def _ensure_step(self, step: int) -> None:
         # a dict lookup per task: building a set of all steps here was O(T) per task
