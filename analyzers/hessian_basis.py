@@ -71,10 +71,10 @@ class MemoryPlan:
     """Bytes the plan is expected to peak at."""
 
 
-PREFERRED_EXTRA_VECTORS = 6
-"""Room beyond k that keeps thick restarts cheap: on the bench model, top-1 at tol 1e-6 took 23 products
-unbounded, 24 with 12 vectors, 25 with 8, 27 with 6; top-4 49 unbounded, 51 with 24, 58 with 12
-(bench/lanczos.py)."""
+PREFERRED_EXTRA_VECTORS = 8
+"""Room beyond k that keeps thick restarts cheap. Products at tol 1e-6, unbounded against bounded: top-1 of
+a 1.7M-parameter GPT-2 35 against 39 with 9 vectors, 43 with 7, 56 with 5; top-4 of the bench model 49
+against 51 with 24 vectors and 58 with 12 (bench/lanczos.py)."""
 GRAPH_PEAK = 1.25
 """A product differentiates the kept graphs again: the backward pass's own buffers on top of them."""
 REBUILT_PEAK = 2.0
@@ -94,6 +94,11 @@ def plan_memory(
 ) -> MemoryPlan:
     """Fit one basis checkpoint's search into ``budget`` bytes, or say which knob to turn.
 
+    Kept graphs come first (a product is one backward pass through them; rebuilding a block's graph
+    costs a forward and a backward more per product), with as many Lanczos vectors as fit; fewer
+    vectors mean more products (restarts), but far fewer than rebuilding costs. When the kept graphs
+    leave too little room, blocks are rebuilt per product, as large as fit beside the preferred room.
+
     Parameters
     ----------
     budget
@@ -104,7 +109,7 @@ def plan_memory(
         The Hessian's subsample (``--samples``) and its block size (``--batch-size``).
     graph
         ``(constant, per_example)`` bytes of one block's kept gradient graph
-        (:func:`ckpt.plugins._derivatives.graph_bytes` at two block sizes).
+        (:func:`ckpt.plugins.graph_bytes` at two block sizes).
     itemsize
         Bytes per parameter in the computation's dtype.
     limit
@@ -113,35 +118,41 @@ def plan_memory(
     Raises
     ------
     AnalysisError
-        When even one example's graph and k + 2 Lanczos vectors do not fit.
+        When even one example's graph and k + 4 Lanczos vectors do not fit.
     """
     vector = dimension * itemsize
     # the checkpoint's tensors (cached by the worker), θ as leaves, the summed gradient, the product's
     # flatten/unflatten copies, and the basis found so far
     fixed = 5 * vector + earlier * vector
     constant, per_example = graph
-
-    def block_bytes(count: int, peak: float) -> int:
-        return int(peak * (constant + per_example * count))
-
     smallest = min(limit, k + MIN_VECTORS_BEYOND_K)
     preferred = min(limit, k + PREFERRED_EXTRA_VECTORS)
-    kept = sum(block_bytes(min(batch_size, examples - start), GRAPH_PEAK) for start in range(0, examples, batch_size))
-    if fixed + kept + lanczos_bytes(dimension, preferred, itemsize) <= budget:
-        room = (budget - fixed - kept) // vector - 2
-        vectors = int(min(limit, max(preferred, room)))
+
+    def graphs(count: int, peak: float) -> int:
+        return int(peak * (constant + per_example * count))
+
+    def room(left: float) -> int:
+        """Most Lanczos vectors (at most ``limit``) whose search fits in ``left`` bytes."""
+        most = min(limit, max(int(left // vector) - 2, 0))
+        while most > 0 and lanczos_bytes(dimension, most, itemsize) > left:
+            most -= 1
+        return most
+
+    kept = sum(graphs(min(batch_size, examples - start), GRAPH_PEAK) for start in range(0, examples, batch_size))
+    vectors = room(budget - fixed - kept)
+    if vectors >= smallest:
         return MemoryPlan(True, batch_size, vectors, fixed + kept + lanczos_bytes(dimension, vectors, itemsize))
-    for vectors in (preferred, smallest):
+    vectors = min(preferred, room(budget - fixed - graphs(1, REBUILT_PEAK)))
+    if vectors >= smallest:
         left = budget - fixed - lanczos_bytes(dimension, vectors, itemsize)
-        block = int(min(batch_size, examples, (left / REBUILT_PEAK - constant) // max(per_example, 1)))
-        if block >= 1:
-            estimate = fixed + block_bytes(block, REBUILT_PEAK) + lanczos_bytes(dimension, vectors, itemsize)
-            return MemoryPlan(False, block, vectors, estimate)
-    need = fixed + block_bytes(1, REBUILT_PEAK) + lanczos_bytes(dimension, smallest, itemsize)
+        block = int(min(batch_size, examples, max(1, (left / REBUILT_PEAK - constant) // max(per_example, 1))))
+        estimate = fixed + graphs(block, REBUILT_PEAK) + lanczos_bytes(dimension, vectors, itemsize)
+        return MemoryPlan(False, block, vectors, estimate)
+    need = fixed + graphs(1, REBUILT_PEAK) + lanczos_bytes(dimension, smallest, itemsize)
     msg = (
         f"hessian-basis needs at least {format_size(need)} per task for {dimension:,} parameters "
         f"({smallest} Lanczos vectors of {format_size(vector)}, one example's Hessian graph "
-        f"{format_size(block_bytes(1, REBUILT_PEAK))}, the model and {earlier} earlier basis vectors); "
+        f"{format_size(graphs(1, REBUILT_PEAK))}, the model and {earlier} earlier basis vectors); "
         f"the memory budget is {format_size(budget)}: raise --max-memory, or lower -k"
     )
     raise AnalysisError(msg)

@@ -38,7 +38,7 @@ from ckpt.errors import AnalysisError, MissingDataError, NonFiniteWarning, Unver
 from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
-from ckpt.plugins._memory import default_budget, parse_size
+from ckpt.plugins._memory import default_budget, format_size, parse_size
 from ckpt.plugins._runtime import TaskSpec, resolve_device
 from ckpt.store._zarr import local_path
 from ckpt.store.results import result_lock, write_analysis
@@ -438,7 +438,7 @@ def _compute(
         count,
     ):
         if not per_step:
-            with _cluster_lost(engine, analyzer.name, []):
+            with _out_of_memory(engine, analyzer.name, []), _cluster_lost(engine, analyzer.name, []):
                 computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
             attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
             attrs["ckpt"]["created"] = _now()
@@ -455,7 +455,7 @@ def _compute(
         with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None) as bar:
             while start < len(missing):
                 began = time.perf_counter()
-                with _cluster_lost(engine, analyzer.name, done):
+                with _out_of_memory(engine, analyzer.name, done), _cluster_lost(engine, analyzer.name, done):
                     part = dataset.isel(step=slice(start, start + size)).compute(**settings)
                 part = _add_running_sums(analyzer, part, carry)
                 carry = {total: part[total].isel(step=-1, drop=True) for total in analyzer.running_sums}
@@ -486,6 +486,35 @@ def parallel_tasks(scheduler: str, address: str | None, workers: int | None) -> 
     if address is not None or scheduler == "sync":
         return 1
     return workers or os.cpu_count() or 1
+
+
+def _allocation_failure(exc: BaseException) -> str | None:
+    """The first line of an allocator's failure (numpy, torch on CPU or CUDA), else None."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return text
+    if isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower()):
+        return text
+    return None
+
+
+@contextlib.contextmanager
+def _out_of_memory(engine: Mapping[str, Any], name: str, done: Sequence[int]) -> Iterator[None]:
+    """Turn an allocation failure mid-run into one AnalysisError that keeps what was committed."""
+    try:
+        yield
+    except BaseException as exc:
+        failure = _allocation_failure(exc)
+        if failure is None:
+            raise
+        budget = engine.get("max_memory")
+        told = f" (this run's budget: {format_size(budget)})" if budget else ""
+        kept = f"the {len(done)} step(s) committed before are kept" if done else "nothing was committed"
+        msg = (
+            f"{name} ran out of memory: {failure[:200]}; {kept}. Give the run less with --max-memory{told} "
+            "or smaller blocks (e.g. --batch-size, --samples), then rerun the same command"
+        )
+        raise AnalysisError(msg) from None
 
 
 @contextlib.contextmanager
