@@ -84,7 +84,9 @@ def _token_counts(store: Any, rows: int) -> tuple[str, np.ndarray] | None:
     return None
 
 
-def frequent_tokens(store: Any, rows: int, count: int = TOKENS_SHOWN) -> tuple[np.ndarray, str]:
+def frequent_tokens(
+    store: Any, rows: int, count: int = TOKENS_SHOWN, below: int | None = None
+) -> tuple[np.ndarray, str]:
     """The ids of the ``count`` tokens most frequent in the store's data, most frequent first, and what they are.
 
     Parameters
@@ -92,9 +94,11 @@ def frequent_tokens(store: Any, rows: int, count: int = TOKENS_SHOWN) -> tuple[n
     store
         The opened store.
     rows
-        The table's rows: ids ``0 .. rows-1``.
+        The table's rows: a split whose inputs are ids ``0 .. rows-1`` is token data of this table.
     count
         How many ids at most.
+    below
+        Only ids below this (``--modulus``); default ``rows``.
 
     Returns
     -------
@@ -103,15 +107,16 @@ def frequent_tokens(store: Any, rows: int, count: int = TOKENS_SHOWN) -> tuple[n
         they cover. Without token data (or with fewer than two distinct tokens) the first ``count``
         ids, said so.
     """
+    below = rows if below is None else min(below, rows)
     found = _token_counts(store, rows)
     if found is not None:
         split, counts = found
-        order = np.argsort(-counts, kind="stable")[: min(count, int(np.count_nonzero(counts)))]
+        order = np.argsort(-counts[:below], kind="stable")[: min(count, int(np.count_nonzero(counts[:below])))]
         if len(order) >= 2:
             share = counts[order].sum() / counts.sum()
-            description = f"the {len(order):,} most frequent tokens of split {split!r} ({share:.0%} of its tokens)"
-            return order, description
-    shown = min(count, rows)
+            which = "tokens" if below == rows else f"of ids 0..{below - 1}"
+            return order, f"the {len(order):,} most frequent {which} in split {split!r} ({share:.0%} of its tokens)"
+    shown = min(count, below)
     return np.arange(shown), f"token ids 0..{shown - 1} (no token data in the store to rank tokens by)"
 
 
@@ -135,8 +140,7 @@ class FrequentTokensView:
 
     def __init__(self, store: Any, tensor: str, rows: int | None = None, count: int = TOKENS_SHOWN) -> None:
         self.store, self.tensor = store, tensor
-        rows = int(store.schema[tensor].shape[0]) if rows is None else rows
-        self.ids, self.description = frequent_tokens(store, rows, count)
+        self.ids, self.description = frequent_tokens(store, int(store.schema[tensor].shape[0]), count, below=rows)
         last = table_rows(store, tensor, [int(store.steps[-1])], self.ids)[0]
         self.projection = principal_plane(last)  # one projection for all steps: frames are comparable
         self.axis_names = ("PC 1", "PC 2") if self.projection is not None else ("dim 0", "dim 1")
