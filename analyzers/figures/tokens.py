@@ -30,9 +30,9 @@ blot at a report's 300-pixel panels, and the scatter's cost grows with N²: 256 
 under a second and leaves every modular run's pictures as they were.
 """
 TOKENS_SHOWN = 1000
-"""Tokens in the view of a larger table: enough to hold most of a language's running text (word
-frequencies fall off as Zipf's law; the title states the share of the data's tokens they cover), few
-enough that the points stay distinguishable and a frame draws in a fraction of a second."""
+"""Tokens in the view of a larger table: token frequencies fall off as Zipf's law, so the commonest
+1,000 are a large share of running text (the title states the share in the store's data), and 1,000
+points stay distinguishable in a panel and draw in a fraction of a second."""
 LABELLED = 10
 """The most frequent tokens labelled with their ids in the view of a larger table."""
 
