@@ -153,7 +153,7 @@ def test_the_view_of_a_large_vocabulary_is_its_most_frequent_tokens_on_their_pri
     drawn = list(frames.frames(figure, [STEPS[-1]]))
     assert drawn == [STEPS[-1]]
     tokens_axes = figure.axes[0]
-    assert tokens_axes.get_title().startswith("1,000 tokens by frequency")
+    assert tokens_axes.get_title().startswith("1,000 tokens")
     rows = store.tensors(STEPS[-1], ["transformer.wte.weight"])["transformer.wte.weight"][expected].astype(np.float64)
     _, _, right = np.linalg.svd(rows - rows.mean(axis=0), full_matrices=False)
     np.testing.assert_allclose(tokens_axes.collections[0].get_offsets(), rows @ right[:2].T, rtol=1e-6, atol=1e-9)

@@ -163,7 +163,7 @@ class FrequentTokensView:
         ax.scatter(points[:, 0], points[:, 1], c=ranks, cmap="viridis", vmin=0, vmax=len(ranks), s=6, linewidths=0)
         for rank in ranks[:LABELLED]:
             ax.annotate(str(int(self.ids[rank])), points[rank], textcoords="offset points", xytext=(3, 3), fontsize=6)
-        ax.set_title(f"{len(ranks):,} tokens by frequency (dark: most frequent; labels: ids)", fontsize="medium")
+        ax.set_title(f"{len(ranks):,} tokens, dark: commonest", fontsize="medium")  # fits a report's 4-step row
         ax.set_xlabel(self.axis_names[0])
         ax.set_ylabel(self.axis_names[1])
         if limits is None:
