@@ -103,7 +103,9 @@ def _run_report(store: Path, out: Path, logs: Path) -> tuple[int, int, str]:
         resource.setrlimit(resource.RLIMIT_DATA, (MEMORY, MEMORY))
 
     command = [str(CKPT)] if CKPT.exists() else [sys.executable, "-m", "ckpt.cli"]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # one BLAS/OpenMP thread: the limit is on what the report allocates, not on per-core thread pools
+    threads = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **threads}
     with (logs / "stdout").open("w") as stdout, (logs / "stderr").open("w") as stderr:
         child = subprocess.Popen(
             [*command, "report", str(store), "--out", str(out)], stdout=stdout, stderr=stderr, env=env, preexec_fn=limit
