@@ -131,8 +131,26 @@ def add_command(
         writer.add_data(split, values, target_values, mask_values, label_values, text=strings, overwrite=overwrite)
     finally:
         writer.close()
-    added = ckptstore.open(store).data(split).attrs
-    click.echo(f"added split {split!r} to {store}: {added['examples']} examples, {added['datapoints']} datapoints")
+    opened = ckptstore.open(store)
+    examples = opened.data(split).attrs["examples"]
+    click.echo(f"added split {split!r} to {store}: {examples} examples, {_scored(opened, split)}")
+
+
+def _scored(store: Any, split: str) -> str:
+    """The datapoints the store's objective scores in ``split`` (what ``loss`` will count), said as such.
+
+    A causal LM scores each position with a next-token target and mask, not each example nor each
+    kept token. Without a registered objective: the count stored with the split (the mask's tokens,
+    else the examples).
+    """
+    from ckpt.cli.analyze import registry
+    from ckpt.plugins._runtime import datapoint_index
+
+    name = store.objective
+    if name is None or name not in registry().objectives:
+        return f"{store.data(split).attrs['datapoints']} datapoints"
+    example, _ = datapoint_index(store, split, name)
+    return f"{len(example)} datapoints of objective {name!r}"
 
 
 @click.command("set-model")

@@ -92,7 +92,8 @@ def report_command(store: str, out: str | None) -> None:
     """Write one self-contained HTML report of STORE (it opens offline, with no server).
 
     The report holds the run's metadata and metrics, every stored result's summary, figures and
-    provenance (stale results are marked), and a step slider over the 2-D embeddings.
+    provenance (stale results are marked), and a step slider over the 2-D embeddings (above 256
+    tokens, the most frequent ones: see ckpt animate).
     """
     from ckpt.analyzers.figures.report import write_report
 
@@ -121,8 +122,10 @@ def report_command(store: str, out: str | None) -> None:
 def animate_command(store: str, out: str | None, fps: int, limit: int, dpi: int) -> None:
     """Animate the 2-D token embeddings of STORE (and their pair sums) across checkpoints.
 
-    Beside them: the sequence embeddings when an embedding-geometry result holds them (sparse
-    modular addition), and the loss curve with a marker at each frame's step.
+    Above 256 tokens (a language model's vocabulary), the 1,000 tokens most frequent in the
+    store's eval data, on their two principal components, instead of pair sums. Beside them: the
+    sequence embeddings when an embedding-geometry result holds them (sparse modular addition),
+    and the loss curve with a marker at each frame's step.
     """
     import ckpt.store as ckptstore
     from ckpt.analyzers.figures.animation import animate

@@ -228,6 +228,7 @@ def test_text_data_is_added_with_the_run_s_tokenizer(trainer_run: Path, tmp_path
     assert analyzed.returncode == 0, analyzed.stderr
     loss = ckptstore.open(store_path).analysis("loss")
     assert loss.sizes["datapoint"] == (8 - 1) + (4 - 1), "every kept token but each line's first"
+    assert "2 examples, 10 datapoints of objective 'causal-lm'" in added.stdout, "what loss then scores"
     ids = np.where(data["mask"].values, data["inputs"].values, 0)
     from transformers import AutoModelForCausalLM
 

@@ -1,7 +1,9 @@
 """Frames of 2-D dynamics across checkpoints: ``ckpt animate`` and the report's step slider.
 
-A frame shows one checkpoint: the token embeddings, their pair sums by class, the sequence
-embeddings ξ when an ``embedding-geometry`` result holds them (sparse modular addition), and the
+A frame shows one checkpoint: the token embeddings and their pair sums by class (for a
+vocabulary over :data:`~ckpt.analyzers.figures.tokens.PAIR_SUM_MAX_TOKENS` tokens, its most
+frequent tokens instead: :mod:`ckpt.analyzers.figures.tokens`), the sequence embeddings ξ when
+an ``embedding-geometry`` result holds them (sparse modular addition), and the
 run's loss curve with a marker at the frame's step. Every frame uses the same axis limits, so
 that motion on screen is motion of the embeddings.
 """
@@ -16,6 +18,7 @@ import numpy as np
 
 from ckpt.analyzers.figures import COLORS, positive_log, step_axis
 from ckpt.analyzers.figures.geometry import CYCLIC, EmbeddingView, default_view, draw_sequences
+from ckpt.analyzers.figures.tokens import FrequentTokensView
 from ckpt.errors import AnalysisError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,7 +46,7 @@ class Frames:
         When the store has no 2-D-viewable embedding table.
     """
 
-    def __init__(self, store: Any, view: EmbeddingView | None = None) -> None:
+    def __init__(self, store: Any, view: EmbeddingView | FrequentTokensView | None = None) -> None:
         view = view or default_view(store)
         if view is None:
             msg = f"{store.path} has no token embedding (*embed.weight or an nn.Embedding) to animate"
@@ -109,7 +112,7 @@ class Frames:
         """An empty figure sized for one frame."""
         from matplotlib.figure import Figure
 
-        panels = 2 + (self.sequences is not None) + (self.loss is not None)
+        panels = self._panels()
         return Figure(figsize=(3.6 * panels, 3.6), layout="constrained")
 
     def frames(self, figure: Figure, steps: Sequence[int]) -> Iterator[int]:
@@ -121,12 +124,16 @@ class Frames:
             self._draw(figure, step, points[index], limits)
             yield int(step)
 
+    def _panels(self) -> int:
+        """Axes of one frame: the view's, ξ's when stored, the loss curve's when recorded."""
+        return self.view.panels + (self.sequences is not None) + (self.loss is not None)
+
     def _draw(self, figure: Figure, step: int, points: np.ndarray, limits: Any) -> None:
-        panels = 2 + (self.sequences is not None) + (self.loss is not None)
+        panels = self._panels()
         axes = [figure.add_subplot(1, panels, i + 1) for i in range(panels)]
-        self.view.draw(axes[0], axes[1], points, limits)
+        used = self.view.panels
+        self.view.draw(axes[:used], points, limits)
         figure.suptitle(f"{Path(self.store.path).name}: step {step}")
-        used = 2
         if self.sequences is not None:
             ax = axes[used]
             used += 1

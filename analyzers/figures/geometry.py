@@ -3,7 +3,9 @@
 Clustering and Alignment plots the token embeddings E_a and their pair sums E_a + E_b coloured by
 the class (a + b) mod N; Clustering Head plots the sequence embeddings ξ coloured by the target.
 Tables wider than 2 columns are shown on their two leading principal components at the last
-checkpoint (one projection for all steps, so that frames are comparable).
+checkpoint (one projection for all steps, so that frames are comparable). Pair sums are drawn up to
+:data:`~ckpt.analyzers.figures.tokens.PAIR_SUM_MAX_TOKENS` residues; a larger table (a language
+model's vocabulary) is shown as its most frequent tokens (:mod:`ckpt.analyzers.figures.tokens`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.figures import COLORS, new_figure, step_axis
+from ckpt.analyzers.figures.tokens import (
+    PAIR_SUM_MAX_TOKENS,
+    FrequentTokensView,
+    bounds,
+    principal_plane,
+    table_rows,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -39,22 +48,27 @@ class EmbeddingView:
         N: the rows shown, and the classes of the pair sums.
     """
 
+    panels = 2
+    """Axes one checkpoint is drawn on: the residues, their pair sums."""
+
     def __init__(self, store: Any, tensor: str, modulus: int) -> None:
+        if modulus > PAIR_SUM_MAX_TOKENS:  # a programming error: embedding_view chooses the view
+            msg = f"{modulus} residues have too many pair sums to draw (at most {PAIR_SUM_MAX_TOKENS})"
+            raise ValueError(msg)
         self.store, self.tensor, self.modulus = store, tensor, modulus
-        last = store.read_tensor(tensor, [int(store.steps[-1])])[0][:modulus].astype(np.float64)
-        self.projection: np.ndarray | None = None
-        if last.shape[1] > 2:  # the last checkpoint's top-2 principal directions
-            _, _, right = np.linalg.svd(last - last.mean(axis=0), full_matrices=False)
-            self.projection = right[:2].T
+        last = table_rows(store, tensor, [int(store.steps[-1])], slice(modulus))[0]
+        self.projection = principal_plane(last)  # the last checkpoint's top-2 principal directions
         self.axis_names = ("PC 1", "PC 2") if self.projection is not None else ("dim 0", "dim 1")
+        self.title = f"{tensor}: residues 0..{modulus - 1} and their pair sums"
 
     def points(self, steps: Sequence[int]) -> np.ndarray:
         """``[step, residue, 2]``: the rows at ``steps``, projected when the table is wider than 2."""
-        table = self.store.read_tensor(self.tensor, [int(s) for s in steps])[:, : self.modulus].astype(np.float64)
+        table = table_rows(self.store, self.tensor, steps, slice(self.modulus))
         return table @ self.projection if self.projection is not None else table[..., :2]
 
-    def draw(self, embed_axes: Axes, sums_axes: Axes, points: np.ndarray, limits: tuple[Any, Any] | None) -> None:
-        """Draw one checkpoint: residues (numbered) on ``embed_axes``, pair sums by class on ``sums_axes``."""
+    def draw(self, axes: Sequence[Axes], points: np.ndarray, limits: tuple[Any, Any] | None) -> None:
+        """Draw one checkpoint: residues (numbered) on ``axes[0]``, pair sums by class on ``axes[1]``."""
+        embed_axes, sums_axes = axes
         n = self.modulus
         residues = np.arange(n)
         embed_axes.scatter(
@@ -88,20 +102,27 @@ class EmbeddingView:
     @staticmethod
     def limits(points: np.ndarray) -> tuple[Any, Any]:
         """Axis limits that hold every frame of ``points`` (``[step, residue, 2]``) and of its pair sums."""
-
-        def bounds(values: np.ndarray) -> tuple[tuple[float, float], tuple[float, float]]:
-            low, high = values.reshape(-1, 2).min(axis=0), values.reshape(-1, 2).max(axis=0)
-            pad = 0.08 * np.maximum(high - low, 1e-9)
-            return (low[0] - pad[0], high[0] + pad[0]), (low[1] - pad[1], high[1] + pad[1])
-
         first, second = np.triu_indices(points.shape[1])
         return bounds(points), bounds(points[:, first] + points[:, second])
 
 
-def default_view(store: Any) -> EmbeddingView | None:
+def embedding_view(store: Any, tensor: str, modulus: int) -> EmbeddingView | FrequentTokensView:
+    """Rows ``0..modulus-1`` of ``tensor`` with their pair sums, or its most frequent tokens above the bound.
+
+    Pair sums up to :data:`~ckpt.analyzers.figures.tokens.PAIR_SUM_MAX_TOKENS` residues (every
+    modular task); above, a table is a vocabulary, shown as its most frequent tokens among ids
+    below ``modulus``: never a number of points or bytes that grows with ``modulus``².
+    """
+    if modulus <= PAIR_SUM_MAX_TOKENS:
+        return EmbeddingView(store, tensor, modulus)
+    return FrequentTokensView(store, tensor, rows=modulus)
+
+
+def default_view(store: Any) -> EmbeddingView | FrequentTokensView | None:
     """The view of the store's token embedding (``embedding-geometry``'s default table), or None.
 
-    N is the run's ``p`` when its config records one (modular addition), else every row.
+    N is the run's ``p`` when its config records one (modular addition), else every row; see
+    :func:`embedding_view` for the view of a large N.
     """
     from ckpt.analyzers.embedding_geometry import default_embedding
 
@@ -111,7 +132,7 @@ def default_view(store: Any) -> EmbeddingView | None:
     config = store.attrs.get("config") if isinstance(store.attrs.get("config"), dict) else {}
     rows = int(store.schema[name].shape[0])
     modulus = int(config.get("p", rows)) if 2 <= int(config.get("p", rows)) <= rows else rows
-    return EmbeddingView(store, name, modulus)
+    return embedding_view(store, name, modulus)
 
 
 def snapshot_steps(steps: Sequence[int], count: int) -> list[int]:
@@ -121,23 +142,27 @@ def snapshot_steps(steps: Sequence[int], count: int) -> list[int]:
 
 
 def figures(result: xr.Dataset, store: Any, tensor: str, modulus: int) -> dict[str, Figure]:
-    """``embeddings`` (the table and its pair sums at a few checkpoints, and ξ when stored) and ``geometry``."""
+    """``embeddings`` (the table and its pair sums at a few checkpoints, and ξ when stored) and ``geometry``.
+
+    A table of more than :data:`~ckpt.analyzers.figures.tokens.PAIR_SUM_MAX_TOKENS` residues is
+    drawn as its most frequent tokens instead (:func:`embedding_view`).
+    """
     result = result.load()
     steps = [int(s) for s in result["step"].values]
-    view = EmbeddingView(store, tensor, modulus)
+    view = embedding_view(store, tensor, modulus)
     chosen = snapshot_steps(steps, SNAPSHOTS)
     points = view.points(chosen)
     limits = view.limits(points)
     sequences = "sequence_embedding" in result
-    rows = 3 if sequences else 2
+    rows = view.panels + sequences
     embeddings = new_figure(rows * len(chosen), columns=len(chosen), width=3.3, height=3.1)
     for column, step in enumerate(chosen):
-        top, middle = embeddings.axes[column], embeddings.axes[len(chosen) + column]
-        view.draw(top, middle, points[column], limits)
-        top.set_title(f"step {step}: " + top.get_title(), fontsize="small")
+        panels = [embeddings.axes[row * len(chosen) + column] for row in range(view.panels)]
+        view.draw(panels, points[column], limits)
+        panels[0].set_title(f"step {step}: " + panels[0].get_title(), fontsize="small")
         if sequences:
-            _sequence_panel(embeddings.axes[2 * len(chosen) + column], result.sel(step=step))
-    embeddings.suptitle(f"{tensor}: residues 0..{modulus - 1} and their pair sums")
+            _sequence_panel(embeddings.axes[view.panels * len(chosen) + column], result.sel(step=step))
+    embeddings.suptitle(view.title)
     geometry = new_figure(3, width=4.2)
     imperfection, circle, agreement = geometry.axes
     imperfection.plot(steps, result["grid_imperfection"].values, color=COLORS[0])

@@ -110,7 +110,7 @@ def _slider(store: Any) -> str:
     payload = json.dumps(rendered).replace("</", "<\\/")
     return (
         "<h2>Embeddings over training</h2>"
-        f"<p>{html.escape(frames.view.tensor)}: drag the slider through {len(steps)} checkpoints "
+        f"<p>{html.escape(frames.view.title)}: drag the slider through {len(steps)} checkpoints "
         "(<code>ckpt animate</code> writes every checkpoint as a GIF or MP4).</p>"
         f'<input type="range" id="slider" min="0" max="{len(steps) - 1}" value="{len(steps) - 1}" step="1"> '
         '<span id="frame-step"></span>'
