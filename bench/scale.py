@@ -259,7 +259,7 @@ def measure(command: list[str], logs: Path, timeout: float, memory_limit: float 
                 break
             elapsed = time.perf_counter() - began
             if not killed and elapsed > timeout:
-                killed = f"not done after {timeout:.0f} s"
+                killed = f"not done after {timeout:g} s"
             elif not killed and memory_limit and (rss := tree_rss(child.pid)) > memory_limit:
                 killed = f"killed at the memory limit ({rss / 2**30:.1f} GiB RSS) after {elapsed:.0f} s"
             if killed:
