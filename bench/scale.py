@@ -5,6 +5,7 @@ Run by hand (not a test), from the repository root::
     python bench/scale.py --sizes S,M --memory-limit 6 --timeout 300   # this 2-core, 24 GiB machine
     python bench/scale.py --sizes L --device cuda                      # a GPU machine
     python bench/scale.py --sizes S --only loss,grad-norms --keep      # reuse the runs built before
+    python bench/scale.py --print bench/out/scale/scale-S-M-cpu.json   # the tables of an earlier run
 
 What it builds (issue 29): for each size a Hugging Face Trainer-style output folder
 (``checkpoint-N/`` holding ``config.json``, ``model.safetensors`` and
@@ -383,8 +384,9 @@ def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
 # -- printing -------------------------------------------------------------------------------------------------
 
 
-def ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}x" if a and b else "-"
+def ratio(a: float | None, b: float | None, at_least: bool = False) -> str:
+    """``a / b``; ``at_least``: ``a`` is what a killed step had reached, so the ratio is a lower bound."""
+    return f"{'>=' if at_least else ''}{a / b:.2f}x" if a and b else "-"
 
 
 def agreement(step: dict[str, Any], base: dict[str, Any]) -> str:
@@ -406,28 +408,32 @@ def table(size: str, figures: dict[str, Any], device: str) -> str:
     gpu = device.startswith("cuda")
     header = f"  {'step':<14} {'wall s':>8} {'peak RSS':>9}"
     header += f" {'GPU peak':>9}" if gpu else ""
-    header += f"  {'baseline':<9} {'wall s':>7} {'peak RSS':>9}  {'time':>6} {'memory':>6}  notes"
+    header += f"  {'baseline':<9} {'wall s':>7} {'peak RSS':>9}  {'time':>7} {'memory':>7}  notes"
     lines.append(header)
     for name, step in figures["steps"].items():
         base = figures["baselines"].get(BASELINE_OF.get(name, ""), {})
+        killed = step["status"] in ("timeout", "memory")
         row = f"  {name:<14} {step['seconds']:8.1f} {step['peak_rss'] / 2**30:8.2f}G"
         if gpu:
             row += f" {step['gpu_peak'] / 2**30:8.2f}G" if step.get("gpu_peak") else f" {'-':>9}"
         notes = [step["detail"]] if step["detail"] else []
+        if base:
+            # on CUDA the GPU memory is the one that runs out; on a CPU (or without a GPU figure) the RSS
+            memory = ratio(step.get("gpu_peak"), base.get("gpu_peak"), killed) if gpu else "-"
+            memory = memory if memory != "-" else ratio(step["peak_rss"], base["peak_rss"], killed)
+            row += f"  {BASELINE_OF[name]:<9} {base['seconds']:7.1f} {base['peak_rss'] / 2**30:8.2f}G"
         if base and name == "hessian-basis":
-            # per Hessian-vector product: its share of the wall time against one forward + backward
+            # per Hessian-vector product (its share of the wall time) against one forward + backward
             matvecs = step.get("result", {}).get("matvecs")
             per_pass = base.get("result", {}).get("fwd_bwd_s")
             per_product = step["seconds"] / matvecs if matvecs else None
-            row += f"  {'fwd+bwd':<9} {per_pass or 0:7.3f} {base['peak_rss'] / 2**30:8.2f}G"
-            row += f"  {ratio(per_product, per_pass):>6} {ratio(step['peak_rss'], base['peak_rss']):>6}"
+            row += f"  {ratio(per_product, per_pass):>7} {memory:>7}"
             if per_product:
                 notes.append(f"{matvecs} products, <= {per_product:.3f} s each (wall / products)")
+            if per_pass:
+                notes.append(f"one fwd+bwd on the {HESSIAN_SAMPLES} samples {per_pass:.3f} s")
         elif base:
-            memory = ratio(step.get("gpu_peak"), base.get("gpu_peak")) if gpu else ""
-            memory = memory or ratio(step["peak_rss"], base["peak_rss"])
-            row += f"  {BASELINE_OF[name]:<9} {base['seconds']:7.1f} {base['peak_rss'] / 2**30:8.2f}G"
-            row += f"  {ratio(step['seconds'], base['seconds']):>6} {memory:>6}"
+            row += f"  {ratio(step['seconds'], base['seconds'], killed):>7} {memory:>7}"
             notes += [agreement(step, base)] if step["status"] == "ok" else []
             if name == "polca":
                 k = figures["steps"].get("random-basis", {}).get("result", {}).get("vectors")
@@ -451,6 +457,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--build-timeout", type=float, default=3600.0, help="seconds to build one run")
     parser.add_argument("--memory-limit", type=float, default=None, help="GiB of RSS per step before it is killed")
     parser.add_argument("--keep", action="store_true", help="reuse the runs a previous invocation built")
+    parser.add_argument("--print", type=Path, metavar="JSON", help="print the tables of a figures file, run nothing")
     # the children's modes
     parser.add_argument("--build", choices=list(SIZES), help=argparse.SUPPRESS)
     parser.add_argument("--baseline", help=argparse.SUPPRESS)
@@ -473,6 +480,9 @@ def main() -> None:
     if args.baseline:
         print(json.dumps(baseline(args.baseline, args.run, args.device, args.k)))
         return
+    if args.print:
+        print_tables(json.loads(args.print.read_text()))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     everything: dict[str, Any] = {
         "device": args.device,
@@ -490,11 +500,19 @@ def main() -> None:
     for size in args.sizes:
         everything["sizes"][size] = bench_size(size, args)
         path.write_text(json.dumps(everything, indent=2))  # after every size: a later crash keeps these
+    print_tables(everything)
+    print(f"\nfigures: {path}")
+
+
+def print_tables(everything: dict[str, Any]) -> None:
     print(f"\n{everything['machine']}, torch {everything['torch']}; wall = whole process, ratio = ckpt / baseline")
+    limits = f"time limit {everything['timeout_s']:g} s per step"
+    if everything.get("memory_limit_gib"):
+        limits += f", memory limit {everything['memory_limit_gib']:g} GiB RSS"
+    print(limits)
     for size, figures in everything["sizes"].items():
         print()
-        print(table(size, figures, args.device))
-    print(f"\nfigures: {path}")
+        print(table(size, figures, everything["device"]))
 
 
 if __name__ == "__main__":
