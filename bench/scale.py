@@ -1,0 +1,519 @@
+"""Benchmark of ckpt on real model sizes: GPT-2 runs of three sizes, every step through the real CLI.
+
+Run by hand (not a test), from the repository root::
+
+    python bench/scale.py --sizes S,M --memory-limit 6 --timeout 300   # this 2-core, 24 GiB machine
+    python bench/scale.py --sizes L --device cuda                      # a GPU machine
+    python bench/scale.py --sizes S --only loss,grad-norms --keep      # reuse the runs built before
+    python bench/scale.py --print bench/out/scale/scale-S-M-cpu.json   # the tables of an earlier run
+
+What it builds (issue 29): for each size a Hugging Face Trainer-style output folder
+(``checkpoint-N/`` holding ``config.json``, ``model.safetensors`` and
+``trainer_state.json``) of a randomly initialised, seeded ``GPT2LMHeadModel``
+trained by AdamW, two steps between checkpoints, 4 checkpoints; and 32 eval
+sequences of 128 random token ids (seeded). Sizes (context 128 everywhere):
+
+    S  4 layers, d 256, vocab  8,192   (~5.3M parameters)
+    M  6 layers, d 512, vocab 16,384   (~27.4M)
+    L  GPT-2 small: 12 layers, d 768, vocab 50,257  (~123.8M)
+
+What it measures, each step in a fresh subprocess: ``ckpt import``, ``ckpt data
+add``, ``ckpt verify``, ``ckpt analyze loss``, ``grad-norms``, ``hessian-basis
+--samples 8``, ``random-basis`` + ``polca --basis random-basis --second-order
+none`` (first order only) and ``ckpt report``; for each its wall time (the whole
+process: start-up, imports, reading the store, computing, saving) and peak
+resident memory. Peak RSS is the child's ``ru_maxrss`` from ``os.wait4`` on that
+one child: exact (no polling gap), per child (``RUSAGE_CHILDREN`` would give the
+largest child of the whole run so far), and the largest of the child and any
+processes it waited for. With ``--device cuda`` the analyzers get ``--device cuda``
+and each ckpt process writes ``torch.cuda.max_memory_allocated()`` at exit (a
+small wrapper around ckpt's own CLI entry point registers the hook; a process
+killed by a signal reports none).
+
+Baselines, measured in the same run, each in its own subprocess, plain PyTorch on
+the same Trainer folders through ``transformers``:
+
+- ``loss``: per-token loss of every eval sequence at every checkpoint (no_grad);
+- ``backward``: one backward pass of the mean loss at every checkpoint, gradient norms;
+- ``fwd+bwd``: one forward + backward over the Hessian sample (8 sequences), median
+  of 5 after a warm-up: what one Hessian-vector product is compared with
+  (ckpt's seconds per product ~ hessian-basis's wall time / its ``matvecs``, an
+  upper bound: start-up and building the graphs count too);
+- ``floor``: K forward passes over the eval data at every checkpoint, K the
+  random basis's vector count: POLCA's floor.
+
+Ratios are ckpt / baseline, wall time and peak memory (RSS; GPU with ``--device
+cuda``). A step that passes ``--timeout`` is killed and reported "not done after
+N s"; one over ``--memory-limit`` (the RSS of its process tree, polled every
+0.1 s) is killed and reported so; one that fails is reported with its exit status
+or signal and the last line of its stderr; the script goes on. Every step's
+stdout and stderr are kept under ``--out``; the figures go to
+``--out/scale-<sizes>-<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONTEXT = 128
+EVAL_SEQUENCES = 32
+CHECKPOINTS = 4
+STEPS_BETWEEN = 2  # AdamW steps between checkpoints
+TRAIN_BATCH = 8
+HESSIAN_SAMPLES = 8
+SIZES = {
+    "S": {"n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 8192},
+    "M": {"n_layer": 6, "n_embd": 512, "n_head": 8, "vocab_size": 16384},
+    "L": {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257},
+}
+ANALYZERS = ("loss", "grad-norms", "hessian-basis", "polca", "report")
+"""What ``--only`` selects; import, data add and verify always run (the analyzers need the store)."""
+BASELINE_OF = {"loss": "loss", "grad-norms": "backward", "hessian-basis": "fwd+bwd", "polca": "floor"}
+
+# Runs ckpt's own CLI entry point (what the `ckpt` console script calls) after registering an exit
+# hook that records the process's peak CUDA memory, if it used CUDA: no change to ckpt needed.
+CLI_WRAPPER = """\
+import atexit, os, sys
+def _peak():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        with open(os.environ["CKPT_BENCH_GPU_PEAK"], "w") as f:
+            f.write(str(torch.cuda.max_memory_allocated()))
+atexit.register(_peak)
+sys.argv[0] = "ckpt"
+from ckpt.cli.main import main
+main()
+"""
+
+
+# -- building the runs ----------------------------------------------------------------------------------------
+
+
+def build_run(folder: Path, config: dict[str, int], seed: int = 0) -> dict[str, Any]:
+    """A Trainer-style output folder: ``checkpoint-N/`` every ``STEPS_BETWEEN`` AdamW steps, and the eval ids.
+
+    Writes ``folder/trainer-out/checkpoint-N/{config.json, model.safetensors, trainer_state.json}``
+    (what ``ckpt import`` reads of a Trainer folder) and ``folder/eval_ids.npy`` ([32, 128] int64).
+    Returns the parameter count and the seconds it took.
+    """
+    import numpy as np
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    began = time.perf_counter()
+    torch.manual_seed(seed)
+    vocab = config["vocab_size"]
+    # GPT-2's end-of-text token is its last one (50256 at L); the smaller vocabularies keep that place
+    special = {"bos_token_id": vocab - 1, "eos_token_id": vocab - 1}
+    model = GPT2LMHeadModel(GPT2Config(n_positions=CONTEXT, **special, **config))
+    rng = np.random.default_rng(seed)
+    train = torch.as_tensor(rng.integers(0, vocab, (CHECKPOINTS * STEPS_BETWEEN, TRAIN_BATCH, CONTEXT)))
+    out = folder / "trainer-out"
+    shutil.rmtree(out, ignore_errors=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    history: list[dict[str, float]] = []
+    model.train()
+    for step in range(1, CHECKPOINTS * STEPS_BETWEEN + 1):
+        ids = train[step - 1]
+        loss = model(ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+        optimizer.step()
+        history.append({"loss": loss.item(), "grad_norm": norm.item(), "learning_rate": 1e-3, "step": step})
+        if step % STEPS_BETWEEN == 0:
+            checkpoint = out / f"checkpoint-{step}"
+            model.save_pretrained(checkpoint)  # config.json + model.safetensors, as the Trainer saves them
+            state = {"global_step": step, "max_steps": CHECKPOINTS * STEPS_BETWEEN, "log_history": history}
+            (checkpoint / "trainer_state.json").write_text(json.dumps(state, indent=2))
+    eval_ids = np.random.default_rng(seed + 1).integers(0, vocab, (EVAL_SEQUENCES, CONTEXT), dtype=np.int64)
+    np.save(folder / "eval_ids.npy", eval_ids)
+    info = {"parameters": sum(p.numel() for p in model.parameters()), "build_s": time.perf_counter() - began}
+    (folder / "run.json").write_text(json.dumps({**info, "config": config, "seed": seed}))
+    return info
+
+
+def checkpoint_folders(folder: Path) -> list[Path]:
+    return sorted((folder / "trainer-out").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+
+
+# -- the baselines (run in a child: python bench/scale.py --baseline NAME --run DIR) ----------------------------
+
+
+def baseline(name: str, folder: Path, device: str, k: int) -> dict[str, Any]:
+    """One plain-PyTorch baseline over the run in ``folder``; figures for the parent, as a dict."""
+    import numpy as np
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    ids = torch.as_tensor(np.load(folder / "eval_ids.npy")).to(device)
+
+    def token_losses(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        # causal LM: the logits at t predict the token at t+1 (every token but the first is a datapoint)
+        logits = model(batch).logits[:, :-1]
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="none")
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    out: dict[str, Any] = {}
+    began = time.perf_counter()
+    for checkpoint in checkpoint_folders(folder):
+        model = GPT2LMHeadModel.from_pretrained(checkpoint).to(device).eval()  # eval mode, as ckpt's models run
+        step = checkpoint.name.split("-")[1]
+        if name == "loss":
+            with torch.no_grad():
+                out.setdefault("mean_loss", {})[step] = float(token_losses(model, ids).double().mean())
+        elif name == "backward":
+            token_losses(model, ids).mean().backward()
+            squares = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None)
+            out.setdefault("total_grad_norm", {})[step] = squares**0.5
+        elif name == "floor":
+            with torch.no_grad():
+                for _ in range(k):
+                    token_losses(model, ids)
+        elif name == "fwd+bwd":
+            sample = ids[:HESSIAN_SAMPLES]
+            token_losses(model, sample).mean().backward()  # warm-up: allocator, kernels
+            times = []
+            for _ in range(5):
+                model.zero_grad()
+                sync()
+                t0 = time.perf_counter()
+                token_losses(model, sample).mean().backward()
+                sync()
+                times.append(time.perf_counter() - t0)
+            out["fwd_bwd_s"] = statistics.median(times)
+            break  # one checkpoint is enough for the time of one pass
+        else:
+            raise SystemExit(f"unknown baseline {name!r}")
+    sync()
+    out["compute_s"] = time.perf_counter() - began
+    if device.startswith("cuda"):
+        out["gpu_peak"] = torch.cuda.max_memory_allocated()
+    return out
+
+
+# -- measuring one subprocess ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What one measured subprocess did."""
+
+    command: list[str]
+    status: str  # ok | timeout | memory | failed
+    seconds: float
+    peak_rss: int  # bytes
+    gpu_peak: int | None = None
+    detail: str = ""
+    result: dict[str, Any] = field(default_factory=dict)  # a baseline's JSON, or figures read from the store
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (Dask may start worker processes)."""
+    import psutil  # a dependency of dask.distributed, hence of ckpt
+
+    try:
+        root = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+    except psutil.Error:  # exited between the listing and the reading
+        return 0
+
+
+def measure(command: list[str], logs: Path, timeout: float, memory_limit: float | None) -> Outcome:
+    """Run ``command`` to its end, ``timeout`` or ``memory_limit`` (bytes), and say what it cost.
+
+    The child gets its own session, so that a kill reaches every process it started.
+    """
+    logs.parent.mkdir(parents=True, exist_ok=True)
+    gpu_file = logs.with_suffix(".gpu")
+    gpu_file.unlink(missing_ok=True)
+    env = {**os.environ, "CKPT_BENCH_GPU_PEAK": str(gpu_file), "PYTHONWARNINGS": "ignore"}
+    with open(logs.with_suffix(".out"), "w") as stdout, open(logs.with_suffix(".err"), "w") as stderr:
+        began = time.perf_counter()
+        child = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
+        killed = ""
+        while True:
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            elapsed = time.perf_counter() - began
+            if not killed and elapsed > timeout:
+                killed = f"not done after {timeout:g} s"
+            elif not killed and memory_limit and (rss := tree_rss(child.pid)) > memory_limit:
+                killed = f"killed at the memory limit ({rss / 2**30:.1f} GiB RSS) after {elapsed:.0f} s"
+            if killed:
+                os.killpg(child.pid, signal.SIGKILL)
+                pid, status, usage = os.wait4(child.pid, 0)
+                break
+            time.sleep(0.1)
+        seconds = time.perf_counter() - began
+    child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    outcome = Outcome(command, "ok", seconds, usage.ru_maxrss * 1024)  # ru_maxrss is in KiB on Linux
+    if gpu_file.exists():
+        outcome.gpu_peak = int(gpu_file.read_text())
+    if killed:
+        outcome.status = "timeout" if killed.startswith("not done") else "memory"
+        outcome.detail = killed
+    elif child.returncode != 0:
+        outcome.status = "failed"
+        lines = [line for line in logs.with_suffix(".err").read_text().splitlines() if line.strip()]
+        how = f"signal {signal.Signals(-child.returncode).name}" if child.returncode < 0 else "exit"
+        outcome.detail = f"{how} {child.returncode}: {lines[-1] if lines else '(no stderr)'}"
+        if child.returncode == -signal.SIGKILL:
+            outcome.detail += " (SIGKILL we did not send: likely the kernel's OOM killer)"
+    return outcome
+
+
+def ckpt_command(*args: str) -> list[str]:
+    return [sys.executable, "-c", CLI_WRAPPER, *args]
+
+
+# -- one size -------------------------------------------------------------------------------------------------
+
+
+def ckpt_steps(store: Path, folder: Path, args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """The measured ckpt commands of one size, in order, as (name, command)."""
+    analyze = ("--no-progress", "--device", args.device)
+    steps = [
+        ("import", ckpt_command("import", str(folder / "trainer-out"), str(store), "--overwrite")),
+        ("data add", ckpt_command("data", "add", str(store), "eval", "--inputs", str(folder / "eval_ids.npy"))),
+        ("verify", ckpt_command("verify", str(store))),
+        ("loss", ckpt_command("analyze", "loss", str(store), *analyze)),
+        ("grad-norms", ckpt_command("analyze", "grad-norms", str(store), *analyze)),
+        (
+            "hessian-basis",
+            ckpt_command("analyze", "hessian-basis", str(store), "--samples", str(HESSIAN_SAMPLES), *analyze),
+        ),
+        # the random basis is computed on its own first, so that polca's time is POLCA's alone
+        ("random-basis", ckpt_command("analyze", "random-basis", str(store), *analyze)),
+        (
+            "polca",
+            ckpt_command("analyze", "polca", str(store), "--basis", "random-basis", "--second-order", "none", *analyze),
+        ),
+        ("report", ckpt_command("report", str(store), "--out", str(folder / "report.html"))),
+    ]
+    wanted = set(args.only)
+    if "polca" in wanted:
+        wanted.add("random-basis")
+    return [(name, command) for name, command in steps if name in ("import", "data add", "verify") or name in wanted]
+
+
+def stored_figures(store: Path, name: str) -> dict[str, Any]:
+    """What the baselines and ratios need from a stored result: means to compare, matvecs, K."""
+    import ckpt
+
+    result = ckpt.open(store).analysis(name)
+    if name == "loss":
+        values = result["mean_loss"].values
+        return {"mean_loss": {str(int(s)): float(v) for s, v in zip(result.step.values, values, strict=True)}}
+    if name == "grad-norms":
+        values = result["total_grad_norm"].values
+        return {"total_grad_norm": {str(int(s)): float(v) for s, v in zip(result.step.values, values, strict=True)}}
+    if name == "hessian-basis":
+        return {"matvecs": int(result["matvecs"].values.sum()), "vectors": int(result.sizes["basis"])}
+    if name == "random-basis":
+        return {"vectors": int(result.sizes["basis"])}
+    return {}
+
+
+def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
+    folder = args.out / size
+    folder.mkdir(parents=True, exist_ok=True)
+    store = folder / "run.zarr"
+    limit = args.memory_limit * 2**30 if args.memory_limit else None
+    figures: dict[str, Any] = {"config": SIZES[size], "steps": {}, "baselines": {}}
+    built = folder / "run.json"
+    if args.keep and built.exists() and len(checkpoint_folders(folder)) == CHECKPOINTS:
+        figures["run"] = json.loads(built.read_text())
+        print(f"{size}: reusing the run in {folder}", flush=True)
+    else:
+        print(f"{size}: building the run in {folder} ...", flush=True)
+        command = [sys.executable, __file__, "--build", size, "--run", str(folder)]
+        done = measure(command, folder / "logs" / "build", args.build_timeout, limit)
+        figures["run"] = {**json.loads(built.read_text()), "outcome": asdict(done)} if done.ok else asdict(done)
+        if not done.ok:
+            print(f"{size}: building the run failed: {done.detail}", flush=True)
+            return figures
+    for name, command in ckpt_steps(store, folder, args):
+        print(f"{size}: ckpt {name} ...", end=" ", flush=True)
+        done = measure(command, folder / "logs" / name.replace(" ", "-"), args.timeout, limit)
+        if done.ok and name in ("loss", "grad-norms", "hessian-basis", "random-basis"):
+            done.result = stored_figures(store, name)
+        print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
+        figures["steps"][name] = asdict(done)
+        if name in ("import", "data add") and not done.ok:
+            break  # nothing after can run
+    vectors = figures["steps"].get("random-basis", {}).get("result", {}).get("vectors")
+    for analyzer, name in BASELINE_OF.items():
+        if analyzer not in figures["steps"] or (name == "floor" and not vectors):
+            continue
+        print(f"{size}: baseline {name} ...", end=" ", flush=True)
+        command = [sys.executable, __file__, "--baseline", name, "--run", str(folder), "--device", args.device]
+        command += ["--k", str(vectors or 0)]
+        done = measure(command, folder / "logs" / f"baseline-{name}", args.timeout, limit)
+        if done.ok:
+            done.result = json.loads(Path(folder / "logs" / f"baseline-{name}.out").read_text().splitlines()[-1])
+            done.gpu_peak = done.result.get("gpu_peak")
+        print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
+        figures["baselines"][name] = asdict(done)
+    return figures
+
+
+# -- printing -------------------------------------------------------------------------------------------------
+
+
+def ratio(a: float | None, b: float | None, at_least: bool = False) -> str:
+    """``a / b``; ``at_least``: ``a`` is what a killed step had reached, so the ratio is a lower bound."""
+    return f"{'>=' if at_least else ''}{a / b:.2f}x" if a and b else "-"
+
+
+def agreement(step: dict[str, Any], base: dict[str, Any]) -> str:
+    """Largest relative difference of ckpt's per-checkpoint means / norms from the baseline's."""
+    for key in ("mean_loss", "total_grad_norm"):
+        ours, theirs = step.get("result", {}).get(key), base.get("result", {}).get(key)
+        if ours and theirs:
+            worst = max(abs(ours[s] - theirs[s]) / abs(theirs[s]) for s in theirs if s in ours)
+            return f"{key} equal to plain PyTorch's within {worst:.1e} (relative)"
+    return ""
+
+
+def table(size: str, figures: dict[str, Any], device: str) -> str:
+    run = figures.get("run", {})
+    lines = [
+        f"{size}: {figures['config']} -> {run.get('parameters', 0):,} parameters, {CHECKPOINTS} checkpoints, "
+        f"{EVAL_SEQUENCES} x {CONTEXT} eval tokens, {device}"
+    ]
+    gpu = device.startswith("cuda")
+    header = f"  {'step':<14} {'wall s':>8} {'peak RSS':>9}"
+    header += f" {'GPU peak':>9}" if gpu else ""
+    header += f"  {'baseline':<9} {'wall s':>7} {'peak RSS':>9}  {'time':>7} {'memory':>7}  notes"
+    lines.append(header)
+    for name, step in figures["steps"].items():
+        base = figures["baselines"].get(BASELINE_OF.get(name, ""), {})
+        killed = step["status"] in ("timeout", "memory")
+        row = f"  {name:<14} {step['seconds']:8.1f} {step['peak_rss'] / 2**30:8.2f}G"
+        if gpu:
+            row += f" {step['gpu_peak'] / 2**30:8.2f}G" if step.get("gpu_peak") else f" {'-':>9}"
+        notes = [step["detail"]] if step["detail"] else []
+        if base:
+            # on CUDA the GPU memory is the one that runs out; on a CPU (or without a GPU figure) the RSS
+            memory = ratio(step.get("gpu_peak"), base.get("gpu_peak"), killed) if gpu else "-"
+            memory = memory if memory != "-" else ratio(step["peak_rss"], base["peak_rss"], killed)
+            row += f"  {BASELINE_OF[name]:<9} {base['seconds']:7.1f} {base['peak_rss'] / 2**30:8.2f}G"
+        if base and name == "hessian-basis":
+            # per Hessian-vector product (its share of the wall time) against one forward + backward
+            matvecs = step.get("result", {}).get("matvecs")
+            per_pass = base.get("result", {}).get("fwd_bwd_s")
+            per_product = step["seconds"] / matvecs if matvecs else None
+            row += f"  {ratio(per_product, per_pass):>7} {memory:>7}"
+            if per_product:
+                notes.append(f"{matvecs} products, <= {per_product:.3f} s each (wall / products)")
+            if per_pass:
+                notes.append(f"one fwd+bwd on the {HESSIAN_SAMPLES} samples {per_pass:.3f} s")
+        elif base:
+            row += f"  {ratio(step['seconds'], base['seconds'], killed):>7} {memory:>7}"
+            notes += [agreement(step, base)] if step["status"] == "ok" else []
+            if name == "polca":
+                k = figures["steps"].get("random-basis", {}).get("result", {}).get("vectors")
+                notes.append(f"floor: {k} forward passes x {CHECKPOINTS} checkpoints")
+        if base and base.get("status") != "ok":
+            notes.append(f"baseline {base['status']}: {base['detail']}")
+        lines.append(row + ("  " + "; ".join(n for n in notes if n) if notes else ""))
+    return "\n".join(lines)
+
+
+# -- main -----------------------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="S,M,L", help="comma-separated, of S, M, L")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scale")
+    parser.add_argument("--only", default=",".join(ANALYZERS), help=f"comma-separated, of {', '.join(ANALYZERS)}")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per step before it is killed")
+    parser.add_argument("--build-timeout", type=float, default=3600.0, help="seconds to build one run")
+    parser.add_argument("--memory-limit", type=float, default=None, help="GiB of RSS per step before it is killed")
+    parser.add_argument("--keep", action="store_true", help="reuse the runs a previous invocation built")
+    parser.add_argument("--print", type=Path, metavar="JSON", help="print the tables of a figures file, run nothing")
+    # the children's modes
+    parser.add_argument("--build", choices=list(SIZES), help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", help=argparse.SUPPRESS)
+    parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--k", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    args.only = [a.strip() for a in args.only.split(",") if a.strip()]
+    for value, allowed, option in ((args.sizes, SIZES, "--sizes"), (args.only, ANALYZERS, "--only")):
+        if unknown := set(value) - set(allowed):
+            parser.error(f"{option}: unknown {', '.join(sorted(unknown))}; choose from {', '.join(allowed)}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.build:
+        print(json.dumps(build_run(args.run, SIZES[args.build])))
+        return
+    if args.baseline:
+        print(json.dumps(baseline(args.baseline, args.run, args.device, args.k)))
+        return
+    if args.print:
+        print_tables(json.loads(args.print.read_text()))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    everything: dict[str, Any] = {
+        "device": args.device,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
+        "torch": importlib.metadata.version("torch"),
+        "timeout_s": args.timeout,
+        "memory_limit_gib": args.memory_limit,
+        "sizes": {},
+    }
+    if args.device == "cuda":  # the parent only orchestrates: torch is imported for the GPU's name alone
+        import torch
+
+        everything["gpu"] = torch.cuda.get_device_name(0)
+    path = args.out / f"scale-{'-'.join(args.sizes)}-{args.device}.json"
+    for size in args.sizes:
+        everything["sizes"][size] = bench_size(size, args)
+        path.write_text(json.dumps(everything, indent=2))  # after every size: a later crash keeps these
+    print_tables(everything)
+    print(f"\nfigures: {path}")
+
+
+def print_tables(everything: dict[str, Any]) -> None:
+    print(f"\n{everything['machine']}, torch {everything['torch']}; wall = whole process, ratio = ckpt / baseline")
+    limits = f"time limit {everything['timeout_s']:g} s per step"
+    if everything.get("memory_limit_gib"):
+        limits += f", memory limit {everything['memory_limit_gib']:g} GiB RSS"
+    print(limits)
+    for size, figures in everything["sizes"].items():
+        print()
+        print(table(size, figures, everything["device"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""bench/scale.py's own parts, on a tiny GPT-2: the run it builds imports, and a step's failures are reported."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import ckpt.store as ckptstore
+from tests.conftest import run_ckpt
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "scale.py"
+
+
+@pytest.fixture(scope="module")
+def scale():
+    spec = importlib.util.spec_from_file_location("bench_scale", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_the_built_run_is_a_trainer_folder_ckpt_imports(scale, tmp_path: Path) -> None:
+    info = scale.build_run(tmp_path, {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 256})
+    assert info["parameters"] > 0
+    folders = scale.checkpoint_folders(tmp_path)
+    assert [f.name for f in folders] == [f"checkpoint-{2 * i}" for i in range(1, scale.CHECKPOINTS + 1)]
+    assert json.loads((folders[-1] / "trainer_state.json").read_text())["global_step"] == 2 * scale.CHECKPOINTS
+    imported = run_ckpt("import", str(tmp_path / "trainer-out"), str(tmp_path / "run.zarr"))
+    assert imported.returncode == 0, imported.stderr
+    store = ckptstore.open(tmp_path / "run.zarr")
+    assert [int(s) for s in store.steps] == [2, 4, 6, 8]
+    assert store.objective == "causal-lm"
+    assert list(store.metrics["loss"].values) == [
+        e["loss"] for e in json.loads((folders[-1] / "trainer_state.json").read_text())["log_history"][1::2]
+    ]
+    added = run_ckpt("data", "add", str(tmp_path / "run.zarr"), "eval", "--inputs", str(tmp_path / "eval_ids.npy"))
+    assert added.returncode == 0, added.stderr
+
+
+def test_a_failing_or_slow_step_is_reported_and_killed(scale, tmp_path: Path) -> None:
+    failing = [sys.executable, "-c", "import sys; print('Error: no such thing', file=sys.stderr); sys.exit(3)"]
+    done = scale.measure(failing, tmp_path / "logs" / "failing", timeout=60, memory_limit=None)
+    assert done.status == "failed" and done.detail == "exit 3: Error: no such thing"
+    done = scale.measure([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "slow", 0.5, None)
+    assert done.status == "timeout" and done.detail == "not done after 0.5 s" and done.seconds < 30
+    hungry = [sys.executable, "-c", "import time; x = bytearray(300 * 2**20); time.sleep(60)"]
+    done = scale.measure(hungry, tmp_path / "hungry", timeout=60, memory_limit=200 * 2**20)
+    assert done.status == "memory" and done.detail.startswith("killed at the memory limit")
+    done = scale.measure([sys.executable, "-c", "x = bytearray(100 * 2**20)"], tmp_path / "fine", 60, None)
+    assert done.ok and done.peak_rss >= 100 * 2**20
