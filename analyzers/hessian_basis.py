@@ -123,7 +123,7 @@ def plan_memory(
     vector = dimension * itemsize
     # the checkpoint's tensors (cached by the worker), θ as leaves, the summed gradient, the product's
     # flatten/unflatten copies, and the basis found so far
-    fixed = 5 * vector + earlier * vector
+    fixed = 8 * vector + earlier * vector
     constant, per_example = graph
     smallest = min(limit, k + MIN_VECTORS_BEYOND_K)
     preferred = min(limit, k + PREFERRED_EXTRA_VECTORS)

@@ -35,7 +35,7 @@ import numpy as np
 
 from ckpt.errors import AnalysisError
 
-DOT_BLOCK_BYTES = 64 * 2**20
+DOT_BLOCK_BYTES = 16 * 2**20
 """Float64 scratch of one block of a chunked dot product or update (bounded whatever D is)."""
 MIN_VECTORS_BEYOND_K = 4
 """A thick restart keeps k Ritz vectors and needs room to grow past them. With k + 2 vectors the top
@@ -66,8 +66,9 @@ def product_limit(free: int, k: int) -> int:
 
 def lanczos_bytes(dimension: int, vectors: int, itemsize: int = 4) -> int:
     """Bytes of a search that keeps ``vectors`` Lanczos vectors: those, the residual, the product and scratch."""
-    scratch = min(DOT_BLOCK_BYTES, vectors * dimension * 8) + 3 * min(DOT_BLOCK_BYTES, dimension * 8)
-    return (vectors + 2) * dimension * itemsize + scratch
+    width = min(dimension, _column_blocks(vectors, dimension).step)
+    # one block of rows in float64, and the block of x, of the update and of the result
+    return (vectors + 2) * dimension * itemsize + 8 * width * (vectors + 3)
 
 
 def _column_blocks(rows: int, dimension: int) -> range:
@@ -210,7 +211,10 @@ def top_eigenpairs(
         return v
 
     def random_unit(against: Any) -> Any:
-        v = torch.from_numpy(rng.standard_normal(dimension)).to(device=device, dtype=dtype)
+        v = torch.empty(dimension, dtype=dtype, device=device)
+        step = _column_blocks(1, dimension).step  # drawn by blocks: never a float64 vector of size D
+        for start in range(0, dimension, step):
+            v[start : start + step] = torch.from_numpy(rng.standard_normal(min(step, dimension - start)))
         for _ in range(2):  # twice is enough (Parlett): orthogonal to working precision
             _subtract(v, against, _dots(against, v))
             project(v)

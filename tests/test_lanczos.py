@@ -115,3 +115,55 @@ def test_no_convergence_and_no_room_are_errors() -> None:
     basis = torch.eye(2000, dtype=torch.float64)[:1999]
     with pytest.raises(AnalysisError, match="cannot find 1 more eigenvectors in a 1-dimensional complement"):
         top_eigenpairs(hvp, 2000, 1, basis=basis)
+
+
+def test_a_bounded_search_restarts_and_finds_what_the_unbounded_one_finds() -> None:
+    """Issue 29: at most ``max_vectors`` Lanczos vectors; thick restarts keep the best Ritz pairs."""
+    values = np.concatenate([[9.0, 8.8, 8.5, -12.0], np.linspace(-3, 3, 296)])
+    matrix = symmetric(values, seed=6)
+    calls, hvp = counted(matrix)
+    unbounded = top_eigenpairs(hvp, 300, 3, tol=1e-10, dtype=torch.float64)
+    assert unbounded.restarts == 0
+    unbounded_products = calls[0]
+    calls[0] = 0
+    bounded = top_eigenpairs(hvp, 300, 3, tol=1e-10, dtype=torch.float64, max_vectors=8)
+    assert bounded.restarts > 0 and bounded.matvecs == calls[0]
+    assert bounded.matvecs > unbounded_products  # restarts cost products, never accuracy
+    np.testing.assert_allclose(bounded.values, [9.0, 8.8, 8.5], rtol=1e-10)
+    vectors = torch.from_numpy(bounded.vectors)
+    _, exact_vectors = torch.linalg.eigh(matrix)
+    overlaps = (vectors * exact_vectors.flip(1)[:, :3].T).sum(1).abs()
+    np.testing.assert_allclose(overlaps.numpy(), 1.0, atol=1e-9)
+    np.testing.assert_allclose((vectors @ vectors.T).numpy(), np.eye(3), atol=1e-12)
+    fresh = torch.linalg.vector_norm(vectors @ matrix - torch.from_numpy(bounded.values)[:, None] * vectors, dim=1)
+    np.testing.assert_allclose(bounded.residuals, fresh.numpy(), atol=1e-11)  # the Lanczos relation holds
+
+
+def test_a_bounded_float32_search_at_model_size_keeps_float64_accuracy() -> None:
+    """Float32 vectors, float64 dot products: D = 100,000 with 6 vectors kept, as accurate as unbounded."""
+    dimension = 100_000
+    rng = np.random.default_rng(1)
+    values = torch.from_numpy(np.concatenate([[40.0], np.abs(rng.normal(0, 4, dimension - 1))])).float()
+    u = torch.from_numpy(rng.standard_normal(dimension)).float()
+    u /= torch.linalg.vector_norm(u)
+
+    def hvp(v: torch.Tensor) -> torch.Tensor:
+        reflected = v - 2 * u * (u @ v)
+        scaled = values * reflected
+        return scaled - 2 * u * (u @ scaled)
+
+    found = top_eigenpairs(hvp, dimension, 1, tol=1e-6, dtype=torch.float32, max_vectors=6)
+    assert found.restarts > 0
+    np.testing.assert_allclose(found.values, [40.0], rtol=1e-7)
+    exact = (u * (-2 * u[0])).numpy()  # R e_0 = e_0 - 2 u u_0, the eigenvector of 40
+    exact[0] += 1.0
+    assert abs(float(found.vectors[0] @ exact)) > 1 - 1e-6
+
+
+def test_too_little_room_is_an_error_naming_the_budget() -> None:
+    matrix = symmetric(np.linspace(0.0, 1.0, 50), seed=7)
+    _, hvp = counted(matrix)
+    with pytest.raises(
+        AnalysisError, match=r"room for at least 6 vectors .* budget leaves room for 4: raise --max-memory"
+    ):
+        top_eigenpairs(hvp, 50, 2, dtype=torch.float64, max_vectors=4)

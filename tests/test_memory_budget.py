@@ -1,0 +1,141 @@
+"""The memory budget (issue 29): ``--max-memory`` sizes hessian-basis, and what cannot fit is one Error line.
+
+A real GPT-2 (1.7M parameters, 4,096-token vocabulary) imported from ``save_pretrained``
+folders; the analyses run in a child whose address space is limited (tests/memory_child.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckpt.store as ckptstore
+from ckpt.analyzers.hessian_basis import MemoryPlan, plan_memory
+from ckpt.plugins import AnalysisError, lanczos_bytes, parse_size
+from tests.conftest import run_ckpt, tree_digest
+
+CHILD = Path(__file__).with_name("memory_child.py")
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def gpt2_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One checkpoint of a 1.7M-parameter GPT-2 after two AdamW steps, and 16 eval sequences of 24 tokens."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path_factory.mktemp("gpt2")
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_head=4, n_embd=192, vocab_size=4096, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    model = GPT2LMHeadModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 4096, (8, 32), generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        loss = model(ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(folder / "run" / "checkpoint-1")
+    np.save(folder / "ids.npy", np.random.default_rng(2).integers(0, 4096, (16, 24)))
+    store = folder / "run.zarr"
+    assert run_ckpt("import", str(folder / "run"), str(store)).returncode == 0
+    added = run_ckpt("data", "add", str(store), "eval", "--inputs", str(folder / "ids.npy"))
+    assert added.returncode == 0, added.stderr
+    return store
+
+
+def limited(extra: int, *args: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Run ``ckpt ARGS`` in a child limited to its address space after imports plus ``extra`` bytes."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": root, "MALLOC_ARENA_MAX": "2"}
+    env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = "1"  # thread pools reserve address space per core
+    done = subprocess.run(
+        [sys.executable, str(CHILD), str(extra), *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    peak = int(done.stderr.strip().splitlines()[-1].split()[-1])
+    return done, peak
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("Error:")]
+
+
+def test_the_budget_is_honoured_under_an_address_space_limit(gpt2_store: Path) -> None:
+    """256 MiB of budget fits a 650 MiB limit; the same run told it may use 100 GiB does not."""
+    args = ("analyze", "hessian-basis", str(gpt2_store), "--samples", "16", "--scheduler", "sync", "--no-progress")
+    before = tree_digest(gpt2_store)
+    ignored, _ = limited(650 * MiB, *args, "--max-memory", "100GiB")
+    assert ignored.returncode != 0
+    lines = error_lines(ignored.stderr)
+    assert len(lines) == 1, ignored.stderr
+    assert "ran out of memory" in lines[0] and "nothing was committed" in lines[0] and "--max-memory" in lines[0]
+    assert "Traceback" not in ignored.stderr
+    assert tree_digest(gpt2_store) == before
+
+    honoured, _ = limited(650 * MiB, *args, "--max-memory", "256MiB")
+    assert honoured.returncode == 0, honoured.stderr
+    bounded = ckptstore.open(gpt2_store).analysis("hessian-basis").load()
+    # the same search with room to spare (no limit, kept graphs, no restarts) finds the same eigenpair
+    free = run_ckpt(*args, "--force", "--max-memory", "8GiB", timeout=600)
+    assert free.returncode == 0, free.stderr
+    unbounded = ckptstore.open(gpt2_store).analysis("hessian-basis").load()
+    np.testing.assert_allclose(bounded["eigenvalue"].values, unbounded["eigenvalue"].values, rtol=1e-5)
+    assert int(bounded["matvecs"][0]) > int(unbounded["matvecs"][0])  # restarts: more products, less memory
+    names = [n for n in unbounded.data_vars if n.startswith("transformer.")]
+    overlap = sum(float((bounded[n].values * unbounded[n].values).sum()) for n in names)
+    assert abs(overlap) > 1 - 1e-3
+
+
+def test_an_impossible_budget_is_one_error_line_naming_the_knob(gpt2_store: Path) -> None:
+    before = tree_digest(gpt2_store)
+    for budget, expected in (
+        ("1MiB", "hessian-basis needs at least"),
+        ("lots", "--max-memory must be a size such as 8GiB"),
+    ):
+        done = run_ckpt("analyze", "hessian-basis", str(gpt2_store), "--max-memory", budget, "--no-progress")
+        assert done.returncode != 0
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error:") and expected in lines[0], done.stderr
+        assert "--max-memory" in lines[0]
+    assert tree_digest(gpt2_store) == before
+
+
+def test_sizes_are_parsed_as_people_write_them() -> None:
+    assert parse_size("12GiB") == 12 * 2**30
+    assert parse_size("500MB") == 500 * 10**6
+    assert parse_size("1.5g") == int(1.5e9)
+    assert parse_size(4096) == 4096
+    for bad in ("", "-1GiB", "0", "12 parsecs"):
+        with pytest.raises(AnalysisError, match="--max-memory"):
+            parse_size(bad)
+
+
+PLAN = {"dimension": 1_700_000, "k": 1, "earlier": 2, "examples": 64, "batch_size": 32, "itemsize": 4}
+GRAPH = (4 * MiB, 1.5 * MiB)  # constant and per-example bytes of one block's graph
+
+
+@pytest.mark.parametrize("budget_mib", [160, 400, 2000, 100_000])
+def test_every_plan_fits_its_budget(budget_mib: int) -> None:
+    """Kept graphs while they fit, then rebuilt blocks; never an estimate above the budget."""
+    budget = budget_mib * MiB
+    plan = plan_memory(budget, graph=GRAPH, limit=100, **PLAN)
+    assert isinstance(plan, MemoryPlan) and plan.estimate <= budget
+    assert plan.vectors >= 5  # k + 4: thick restarts converge
+    kept_graphs = 1.25 * 2 * (4 * MiB + 32 * 1.5 * MiB)
+    if budget_mib >= 2000:
+        assert plan.keep_graphs and plan.vectors == 100  # room for every product: no restart
+    if budget_mib == 160:  # the kept graphs (130 MiB) leave no room: rebuilt blocks, fewer examples each
+        assert not plan.keep_graphs and plan.block_examples < 32
+    assert plan.estimate >= lanczos_bytes(1_700_000, plan.vectors) + (kept_graphs if plan.keep_graphs else 0)
+
+
+def test_a_plan_that_cannot_fit_names_the_knobs() -> None:
+    with pytest.raises(AnalysisError, match=r"needs at least .* the memory budget is 64 MiB: raise --max-memory"):
+        plan_memory(64 * MiB, graph=GRAPH, limit=100, **PLAN)
