@@ -577,7 +577,10 @@ def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Datas
         ``scheduler`` (``"threads"``, ``"processes"``, ``"sync"``), ``address``
         (a ``distributed`` scheduler), ``workers`` (a ``LocalCluster`` of that
         many processes), ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``),
-        ``force`` (recompute), ``progress`` (show a bar), ``save_as`` (keep the result
+        ``force`` (recompute), ``progress`` (show a bar), ``max_memory`` (bytes or a
+        size such as ``"12GiB"`` the run may use on this machine, shared by its parallel
+        tasks; default: a share of what is free, see :mod:`ckpt.plugins._memory`),
+        ``save_as`` (keep the result
         under ``analyses/<save_as>`` instead of ``analyses/<name>``, e.g. several
         ``clusters`` results side by side; reused by provenance like any other).
 
