@@ -38,6 +38,10 @@ PINNED = {
     "MKL_CBWR": "AVX2",
     # oneDNN (used by some ops) limited to the same instruction set
     "ONEDNN_MAX_CPU_ISA": "AVX2",
+    # and MKL's dispatch too: on an Intel Xeon with AVX-512 (2026-11-25), MKL_CBWR=AVX2 did not stop a
+    # user's MKL_ENABLE_INSTRUCTIONS=AVX512 from changing the pinned weights (30 steps: 1926a7f0e094
+    # against 7669f23f5f00); on the AMD EPYC where the pin was first measured it had not mattered
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
 }
 """Environment settings that make torch's CPU arithmetic the same on every x86-64 CPU."""
 
