@@ -123,3 +123,39 @@ def test_the_worker_model_holds_no_copy_of_the_weights(lm_store: Path) -> None:
             torch.testing.assert_close(worker.outputs(worker.params(3), ids), reference(ids), rtol=0, atol=0)
     finally:
         clear_cache()
+
+
+def test_token_cross_entropy_in_blocks_equals_one_call_bit_for_bit() -> None:
+    import torch.nn.functional as F
+
+    from ckpt.plugins._objectives import _per_token_cross_entropy
+
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        logits, labels = torch.randn(5, 7, 11, dtype=dtype), torch.randint(0, 11, (5, 7))
+        whole = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(5, 7)
+        with torch.no_grad():
+            for block in (1, 77, 2 * 77 + 5, 10**6):  # one sequence per call, two, the whole batch
+                assert torch.equal(_per_token_cross_entropy(logits, labels, block), whole), (dtype, block)
+        logits.requires_grad_()
+        chunked = _per_token_cross_entropy(logits, labels, 1)  # with autograd: one call, whatever the block
+        assert torch.equal(chunked.detach(), whole)
+        assert chunked.grad_fn is not None
+
+
+def test_losses_computed_in_blocks_equal_a_plain_loop(lm_store: Path) -> None:
+    import torch.nn.functional as F
+
+    import ckpt
+    from tests.models import tiny_lm
+
+    result = ckpt.analyze("loss", lm_store, force=True, progress=False)  # 8,192 x 127 logits a sequence: 2 blocks
+    store = ckptstore.open(lm_store)
+    ids = torch.from_numpy(store.data("eval")["inputs"].values)
+    model = tiny_lm(**CONFIG).eval()
+    for step in store.steps:
+        model.load_state_dict(store.tensors(int(step), framework="torch"))
+        with torch.no_grad():
+            logits = model(ids)[:, :-1]
+            expected = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+        np.testing.assert_array_equal(result["loss"].sel(step=step).values, expected.double().numpy())
