@@ -93,10 +93,11 @@ def concurrent_computations(device: str) -> int:
     (``cpu_count // torch.get_num_threads()``, at least 1): more would not be
     faster, only hold more activations. Measured on a GPT-2 run (6 layers, d 512,
     vocabulary 16,384; 32 sequences of 128 tokens) on 2 cores with torch's
-    default 2 threads, two checkpoints at once peaked at 2,453 MiB for ``loss``
-    and 5,945 MiB for ``grad-norms``, against 1,557 and 3,513 for a plain
-    PyTorch loop, in the same time (``bench/loss_memory.py``). Processes started
-    with ``OMP_NUM_THREADS=1`` keep one computation per core. On a GPU, one.
+    default 2 threads (``bench/loss_memory.py --size M``): two checkpoints at once
+    peaked at 2,770 MiB for ``loss`` and 6,094 MiB for ``grad-norms``, against
+    1,565 and 3,480 for a plain PyTorch loop, and took 1.18x and 1.01x its time;
+    one at a time, 1.03x and 1.04x. Processes started with ``OMP_NUM_THREADS=1``
+    keep one computation per core. On a GPU, one.
     """
     if device != "cpu":
         return 1
