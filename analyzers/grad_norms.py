@@ -331,27 +331,29 @@ def _gradient_squares(
     space = ParamSpace(tuple(trainable), tuple(tuple(params[k].shape) for k in trainable))
     n = len(worker.data(split)["inputs"])
     rows_squares, batch_losses = [], []
-    for group in minibatches(n, batch_size, seed):
-        primal = {k: v.detach().requires_grad_() for k, v in trainable_tensors(params, space, dtype).items()}
-        total = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in primal.items()}
-        loss_sum, count = 0.0, 0
-        for part in chunks(len(group), chunk_size):
-            f = loss_function(
-                worker, params, space, split=split, examples=group[part], objective=objective, dtype=dtype
-            )
-            with torch.enable_grad():
-                values = f(primal)
-                grads = torch.autograd.grad(values.sum(), list(primal.values()), allow_unused=True)
-            for name, grad in zip(primal, grads, strict=True):
-                if grad is not None:
-                    total[name] += grad.double()
-            loss_sum += float(values.detach().double().sum())
-            count += int(values.numel())
-        if count == 0:
-            msg = f"split {split!r} has no datapoints under the objective; pass another --split"
-            raise AnalysisError(msg)
-        rows_squares.append([float((total[k] / count).pow(2).sum()) for k in trainable])
-        batch_losses.append(loss_sum / count)
+    # the parameters are loaded above, outside the slot: another thread reads while this one computes
+    with worker.computing():
+        for group in minibatches(n, batch_size, seed):
+            primal = {k: v.detach().requires_grad_() for k, v in trainable_tensors(params, space, dtype).items()}
+            total = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in primal.items()}
+            loss_sum, count = 0.0, 0
+            for part in chunks(len(group), chunk_size):
+                f = loss_function(
+                    worker, params, space, split=split, examples=group[part], objective=objective, dtype=dtype
+                )
+                with torch.enable_grad():
+                    values = f(primal)
+                    grads = torch.autograd.grad(values.sum(), list(primal.values()), allow_unused=True)
+                for name, grad in zip(primal, grads, strict=True):
+                    if grad is not None:
+                        total[name] += grad.double()
+                loss_sum += float(values.detach().double().sum())
+                count += int(values.numel())
+            if count == 0:
+                msg = f"split {split!r} has no datapoints under the objective; pass another --split"
+                raise AnalysisError(msg)
+            rows_squares.append([float((total[k] / count).pow(2).sum()) for k in trainable])
+            batch_losses.append(loss_sum / count)
     return np.array(rows_squares, dtype=np.float64), float(np.mean(batch_losses))
 
 

@@ -10,6 +10,7 @@ every per-datapoint result can carry the coordinates ``example`` and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,37 @@ def _at_least_float32(outputs: Any) -> Any:
     return outputs if outputs.dtype == torch.float64 else outputs.float()
 
 
+LOGITS_BLOCK = 1 << 24
+"""Logits (16 Mi floats, 64 MiB in float32) that one cross-entropy call of a token objective takes without autograd.
+
+Cross-entropy copies the logits it is given ([B, T-1, V], a slice, copied to be
+flattened) and makes its log-softmax, two more tensors of the logits' size:
+2 x 266 MB at vocabulary 16,384 for 32 x 128 tokens, 2 x 823 MB at GPT-2's
+50,257. Without autograd (the ``loss`` analyzer) they are made for blocks of
+whole sequences of at most this many logits, with the same values bit for bit
+(log-softmax works row by row). With autograd the whole batch goes in one call:
+slices of the logits would each back-propagate a logits-sized gradient.
+"""
+
+
+def _per_token_cross_entropy(logits: Any, labels: Any, block: int = LOGITS_BLOCK) -> Any:
+    """``cross_entropy(logits[b, t], labels[b, t])`` for [B, T, V] logits and [B, T] labels, as [B, T].
+
+    Without autograd, in calls of whole sequences of at most ``block`` logits (see :data:`LOGITS_BLOCK`).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    def of(rows: slice) -> Any:
+        return F.cross_entropy(logits[rows].flatten(0, 1), labels[rows].flatten(), reduction="none")
+
+    per_sequence = max(1, math.prod(logits.shape[1:]))
+    rows = max(1, block // per_sequence)
+    if torch.is_grad_enabled() or rows >= len(logits):
+        return of(slice(None)).view(labels.shape)
+    return torch.cat([of(slice(i, i + rows)) for i in range(0, len(logits), rows)]).view(labels.shape)
+
+
 def _cross_entropy(outputs: Any, targets: Any, mask: Any) -> Any:
     import torch.nn.functional as F
 
@@ -80,24 +112,19 @@ def _token_datapoints(targets: np.ndarray, mask: np.ndarray | None) -> tuple[np.
 
 
 def _token_cross_entropy(outputs: Any, targets: Any, mask: Any) -> Any:
-    import torch.nn.functional as F
-
     logits = _at_least_float32(logits_of(outputs))
-    per_token = F.cross_entropy(logits.flatten(0, 1), targets.long().flatten(), reduction="none")
-    per_token = per_token.view(targets.shape[:2])
+    per_token = _per_token_cross_entropy(logits, targets.long())
     return per_token.flatten() if mask is None else per_token[mask.bool()]
 
 
 def _causal_lm(outputs: Any, targets: Any, mask: Any) -> Any:
-    import torch.nn.functional as F
-
     logits = _at_least_float32(logits_of(outputs))[:, :-1]  # position t predicts token t + 1
     labels = targets.long()[:, 1:]
-    per_token = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none")
+    per_token = _per_token_cross_entropy(logits, labels.clamp(min=0))
     selected = labels != IGNORE_INDEX
     if mask is not None:
         selected = selected & mask.bool()[:, 1:]
-    return per_token.view(labels.shape)[selected]
+    return per_token[selected]
 
 
 def _causal_lm_datapoints(targets: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
