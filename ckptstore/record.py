@@ -23,6 +23,7 @@ import numpy as np
 from ckpt.errors import CorruptRecordError, NotAStoreError, UnsupportedFormatError
 from ckpt.store.format import (
     CHECKPOINTS,
+    DATA,
     DIGESTS,
     ENCODED_DTYPES,
     FACTORY_RE,
@@ -219,10 +220,23 @@ def validate_nodes(nodes: Any, where: str) -> dict[str, dict[str, Any]]:
             and not (isinstance(steps, list) and all(_is_int(s) for s in steps))
         ):
             _fail(where, f"the steps of result {path!r}", steps, "a list of steps (integers)")
+        if path.count("/") == 1 and path.startswith(f"{DATA}/"):
+            _validate_split(path, provenance, where)
         if node["node_type"] == "array":
             _validate_array(path, node, where)
     _validate_checkpoints(nodes, where)
     return nodes
+
+
+def _validate_split(path: str, attrs: dict[str, Any], where: str) -> None:
+    """A data split's summary: label names, and counts of examples and datapoints."""
+    labels = attrs.get("labels", [])
+    if not isinstance(labels, list) or any(name_problem(label, "label") is not None for label in labels):
+        _fail(where, f"the labels of split {path!r}", labels, "a list of label names")
+    for count in ("examples", "datapoints"):
+        value = attrs.get(count)
+        if value is not None and not (_is_int(value) and value >= 0):
+            _fail(where, f"the {count} of split {path!r}", value, "a non-negative integer")
 
 
 def _validate_array(path: str, node: dict[str, Any], where: str) -> None:

@@ -66,6 +66,10 @@ MUTATIONS: dict[str, tuple[Callable[[dict], None], str]] = {
         lambda d: d["attributes"]["ckpt"]["digests"].update({"abc": d["attributes"]["ckpt"]["digests"]["0"]}),
         "a key of digests is 'abc', expected a step",
     ),
+    "split labels not names": (  # found by the fuzzer: `ckpt info` joined them as strings
+        lambda d: d["consolidated_metadata"]["metadata"]["data/eval"]["attributes"]["ckpt"].update(labels=[7]),
+        "the labels of split 'data/eval'",
+    ),
     "format_version true": (
         lambda d: d["attributes"]["ckpt"].update(format_version=True),
         "format_version is True, expected an integer",
