@@ -208,8 +208,9 @@ def demo(
     every figure. Offline; about 5 minutes on a 2-core CPU.
 
     On the CPU it pins torch's kernels and thread count (portable kernels, MKL's
-    reproducible mode, 2 threads), so that any x86-64 CPU trains the same
-    weights and prints the same figures; --fast-kernels lifts that.
+    reproducible mode, 2 threads), so that the weights do not depend on the
+    CPU's instruction set; an AMD and an Intel CPU still train different
+    weights (docs/sandboxes.md has both's figures). --fast-kernels lifts the pin.
     """
     if not fast_kernels and device in ("auto", "cpu"):
         from ckpt.sandboxes.reproducible import pin_cpu_kernels

@@ -1,4 +1,4 @@
-"""Pinning torch's CPU kernels, so that a run trains the same weights on any x86-64 CPU with AVX2.
+"""Pinning torch's CPU kernels, so that a run's weights do not depend on the CPU's instruction set.
 
 torch picks its CPU kernels by the instruction set of the machine (AVX-512,
 AVX2 or the portable default) and MKL picks its own code path the same way;
@@ -16,9 +16,13 @@ Measured on the 2-core AMD EPYC (AVX-512) machine, 100 steps of the
 - pinned on one thread instead of two: other weights, since the thread count
   splits the sums; so the thread count is pinned too.
 
-(The hashes and the pinned figures are in docs/sandboxes.md.) What stays
-different: x86-64 CPUs without AVX2 (MKL's pinned path needs it), other CPU
-architectures (ARM has neither these kernels nor MKL), other torch or MKL
+(The hashes and the pinned figures are in docs/sandboxes.md.) On a 2-core
+Intel Xeon with AVX-512 (2026-11-25) the pin held against the instruction sets
+too (once it pinned MKL's dispatch as well), but its pinned weights differ from
+the AMD EPYC's: 100 steps ``ef856b454ac0`` against ``1f69ae6d258b``, and the
+demo's seed 0 prints other figures; which kernel differs between the vendors
+was not found. What stays different: AMD against Intel CPUs, x86-64 CPUs without
+AVX2 (MKL's pinned path needs it), other CPU architectures (ARM has neither these kernels nor MKL), other torch or MKL
 versions, and GPUs. The settings are read when torch
 first runs an operation, so they must be set before that, in a fresh process.
 """
@@ -73,5 +77,5 @@ def kernel_description() -> str:
 
     capability = torch.backends.cpu.get_cpu_capability()
     pinned = all(os.environ.get(key) == value for key, value in PINNED.items()) and capability == "DEFAULT"
-    state = "pinned, the same arithmetic on any x86-64 CPU with AVX2" if pinned else "this CPU's fastest, not pinned"
+    state = "pinned: the same arithmetic whatever the instruction set" if pinned else "this CPU's fastest, not pinned"
     return f"CPU kernels: {capability} ({state}), {torch.get_num_threads()} torch threads"
