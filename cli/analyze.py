@@ -13,18 +13,6 @@ from typing import Any
 
 import click
 
-ENGINE_OPTIONS = (
-    "scheduler",
-    "address",
-    "workers",
-    "device",
-    "force",
-    "progress",
-    "block_steps",
-    "max_memory",
-    "save_as",
-)
-
 _warned = False
 
 
@@ -153,11 +141,12 @@ def expand_stores(patterns: tuple[str, ...]) -> list[str]:
 
 def _make_command(name: str, analyzer: Any) -> click.Command:
     def callback(stores: tuple[str, ...], **values: Any) -> None:
+        from ckpt.plugins import ENGINE_SETTINGS  # analyzer options never take these names
         from ckpt.plugins._engine import run
         from ckpt.store import allow
 
         allow(*values.pop("trust_factory"))
-        engine = {k: values.pop(k) for k in ENGINE_OPTIONS}
+        engine = {k: values.pop(k) for k in ENGINE_SETTINGS if k in values}
         options = {k: v for k, v in values.items() if v is not None}
         if engine["address"] is not None:
             import logging
