@@ -121,9 +121,9 @@ def plan_memory(
         When even one example's graph and k + 4 Lanczos vectors do not fit.
     """
     vector = dimension * itemsize
-    # the checkpoint's tensors (cached by the worker), θ as leaves, the summed gradient, the product's
-    # flatten/unflatten copies, and the basis found so far
-    fixed = 8 * vector + earlier * vector
+    # the checkpoint's tensors (cached by the worker; θ's leaves share them), the summed gradient, a
+    # product, its flat copy and the Lanczos residual made from it, one spare; and the basis so far
+    fixed = 6 * vector + earlier * vector
     constant, per_example = graph
     smallest = min(limit, k + MIN_VECTORS_BEYOND_K)
     preferred = min(limit, k + PREFERRED_EXTRA_VECTORS)

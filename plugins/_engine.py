@@ -39,7 +39,7 @@ from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
 from ckpt.plugins._memory import default_budget, format_size, parse_size
-from ckpt.plugins._runtime import TaskSpec, resolve_device
+from ckpt.plugins._runtime import TaskSpec, concurrent_computations, resolve_device
 from ckpt.store._zarr import local_path
 from ckpt.store.results import result_lock, write_analysis
 
@@ -425,7 +425,7 @@ def _compute(
         engine["storage_options"],
         generation,
         max_memory=engine["max_memory"],
-        tasks=parallel_tasks(engine["scheduler"], engine["address"], engine["workers"]),
+        tasks=parallel_tasks(engine["scheduler"], engine["address"], engine["workers"], engine["device"]),
         progress=bool(engine["progress"]),
     )
     context = AnalysisContext(store, missing, spec, results, analyzer=analyzer.name)
@@ -478,14 +478,19 @@ def _compute(
                     size = max(count, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
 
 
-def parallel_tasks(scheduler: str, address: str | None, workers: int | None) -> int:
-    """Tasks :func:`compute_settings` runs at once on one machine, which share its memory budget.
+def parallel_tasks(scheduler: str, address: str | None, workers: int | None, device: str = "cpu") -> int:
+    """Computations :func:`compute_settings` runs at once on one machine, which share its memory budget.
 
-    A remote cluster (``address``) counts 1: each of its machines resolves its own budget.
+    Threads of one process compute at most :func:`concurrent_computations` at a time (the others
+    read their next checkpoint); processes and LocalCluster workers each compute. A remote
+    cluster (``address``) counts 1: each of its machines resolves its own budget.
     """
     if address is not None or scheduler == "sync":
         return 1
-    return workers or os.cpu_count() or 1
+    count = workers or os.cpu_count() or 1
+    if scheduler == "threads" and workers is None:
+        return min(count, concurrent_computations(device))
+    return count
 
 
 def _allocation_failure(exc: BaseException) -> str | None:
