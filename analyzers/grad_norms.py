@@ -354,6 +354,9 @@ def _gradient_squares(
                 raise AnalysisError(msg)
             rows_squares.append([float((total[k] / count).pow(2).sum()) for k in trainable])
             batch_losses.append(loss_sum / count)
+        # dropped inside the slot, so that its release of freed memory runs after them, before the next
+        # thread computes (once, beside a 16 GB job, grad-norms peaked at 1.34x a plain loop, not 0.9x)
+        primal = total = grads = values = f = None
     return np.array(rows_squares, dtype=np.float64), float(np.mean(batch_losses))
 
 

@@ -94,7 +94,7 @@ def _engine_options() -> list[click.Option]:
             ["--max-memory"],
             metavar="SIZE",
             help="Memory the run may use on this machine, shared by its parallel tasks (e.g. 12GiB); analyzers "
-            "size their blocks to it and say which knob to turn when even the smallest cannot fit. Default: 60% "
+            "size their blocks to it and say which knob to turn when even the smallest cannot fit. Default: 50% "
             "of the RAM available at the start (80% of free GPU memory with --device cuda).",
         ),
         click.Option(["--force"], is_flag=True, help="Recompute even when a stored result matches."),
