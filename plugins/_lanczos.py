@@ -66,14 +66,14 @@ def product_limit(free: int, k: int) -> int:
 
 def lanczos_bytes(dimension: int, vectors: int, itemsize: int = 4) -> int:
     """Bytes of a search that keeps ``vectors`` Lanczos vectors: those, the residual, the product and scratch."""
-    width = min(dimension, _column_blocks(vectors, dimension).step)
+    width = _block_width(vectors, dimension)
     # one block of rows in float64, and the block of x, of the update and of the result
     return (vectors + 2) * dimension * itemsize + 8 * width * (vectors + 3)
 
 
-def _column_blocks(rows: int, dimension: int) -> range:
-    width = max(1, DOT_BLOCK_BYTES // (8 * max(rows, 1)))
-    return range(0, dimension, width)
+def _block_width(rows: int, dimension: int) -> int:
+    """Columns per block, so that ``rows`` of them in float64 take at most :data:`DOT_BLOCK_BYTES`."""
+    return min(dimension, max(1, DOT_BLOCK_BYTES // (8 * max(rows, 1))))
 
 
 def _dots(rows: Any, x: Any) -> Any:
@@ -83,7 +83,7 @@ def _dots(rows: Any, x: Any) -> Any:
     out = torch.zeros(rows.shape[0], dtype=torch.float64, device=x.device)
     if rows.shape[0] == 0:
         return out
-    width = _column_blocks(rows.shape[0], x.shape[0]).step
+    width = _block_width(rows.shape[0], x.shape[0])
     for start in range(0, x.shape[0], width):
         block = slice(start, start + width)
         out += rows[:, block].to(torch.float64) @ x[block].to(torch.float64)
@@ -96,7 +96,7 @@ def _subtract(x: Any, rows: Any, coefficients: Any) -> None:
 
     if rows.shape[0] == 0:
         return
-    width = _column_blocks(rows.shape[0], x.shape[0]).step
+    width = _block_width(rows.shape[0], x.shape[0])
     for start in range(0, x.shape[0], width):
         block = slice(start, start + width)
         update = coefficients @ rows[:, block].to(torch.float64)
@@ -108,7 +108,7 @@ def _combine_in_place(rows: Any, combination: Any) -> None:
     import torch
 
     kept = combination.shape[1]
-    width = _column_blocks(rows.shape[0], rows.shape[1]).step
+    width = _block_width(rows.shape[0], rows.shape[1])
     for start in range(0, rows.shape[1], width):
         block = slice(start, start + width)
         rows[:kept, block] = (combination.T @ rows[:, block].to(torch.float64)).to(rows.dtype)
@@ -212,7 +212,7 @@ def top_eigenpairs(
 
     def random_unit(against: Any) -> Any:
         v = torch.empty(dimension, dtype=dtype, device=device)
-        step = _column_blocks(1, dimension).step  # drawn by blocks: never a float64 vector of size D
+        step = _block_width(1, dimension)  # drawn by blocks: never a float64 vector of size D
         for start in range(0, dimension, step):
             v[start : start + step] = torch.from_numpy(rng.standard_normal(min(step, dimension - start)))
         for _ in range(2):  # twice is enough (Parlett): orthogonal to working precision
@@ -271,7 +271,7 @@ def top_eigenpairs(
                 continue
             # thick restart: A (V S) = (V S) Θ + r (e_lastᵀ S) keeps the best Ritz pairs exactly; the rest
             # of the room lets the recurrence grow again from the residual
-            keep = max(k, min(room - MIN_VECTORS_BEYOND_K + 1, (room + k) // 2))
+            keep = max(k, min(room - 1, (room + k) // 2))  # at least one slot free to grow into
             order = np.argsort(theta)[::-1][:keep]
             _combine_in_place(vectors, torch.as_tensor(ritz[:, order].copy(), device=device))
             projected[:] = 0.0
@@ -290,9 +290,9 @@ def top_eigenpairs(
     values = theta[top]
     combination = torch.as_tensor(ritz[:, top].T.copy(), device=device)  # [k, used]
     found = torch.empty(k, dimension, dtype=dtype, device=device)
-    blocks = _column_blocks(used, dimension)
-    for start in blocks:
-        block = slice(start, start + blocks.step)
+    width = _block_width(used, dimension)
+    for start in range(0, dimension, width):
+        block = slice(start, start + width)
         found[:, block] = (combination @ vectors[:used, block].to(torch.float64)).to(dtype)
     del vectors
     return Eigenpairs(values, found.cpu().numpy(), estimates.astype(np.float64), products, restarts)

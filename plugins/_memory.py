@@ -14,7 +14,7 @@ import re
 
 from ckpt.errors import AnalysisError
 
-__all__ = ["DEFAULT_SHARE", "GPU_SHARE", "default_budget", "format_size", "parse_size", "resolve_budget"]
+__all__ = ["DEFAULT_SHARE", "GPU_SHARE", "default_budget", "format_size", "parse_size"]
 
 DEFAULT_SHARE = 0.5
 """Share of the RAM available when a run starts that it may use by default: the rest is left to the
@@ -86,9 +86,3 @@ def default_budget(device: str = "cpu") -> int:
     import psutil
 
     return int(DEFAULT_SHARE * psutil.virtual_memory().available)
-
-
-def resolve_budget(max_memory: str | int | float | None, device: str, tasks: int = 1) -> int:
-    """Bytes one task may use: ``max_memory`` (or :func:`default_budget`) shared by ``tasks`` at a time."""
-    total = default_budget(device) if max_memory is None else parse_size(max_memory)
-    return max(1, total // max(1, tasks))
