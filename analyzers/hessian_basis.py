@@ -20,7 +20,7 @@ basis checkpoint.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from ckpt.plugins import (
     PER_RUN,
     AnalysisContext,
     Analyzer,
+    Journal,
     MeanLossHessian,
     Option,
     ParamSpace,
@@ -174,8 +175,16 @@ def eigenvectors_at(
     seed: int,
     batch_size: int,
     dtype: str,
+    journal: Journal | None = None,
+    keys: Sequence[Any] = (),
+    found_at: Sequence[int] = (),
 ) -> dict[str, np.ndarray]:
-    """Top-k eigenpairs of P H_step P against the vectors found at earlier checkpoints (on a worker)."""
+    """Top-k eigenpairs of P H_step P against the vectors found at earlier checkpoints (on a worker).
+
+    With a ``journal``, the piece is committed to it before it is returned (``keys``: the
+    journal keys of this and every earlier piece; ``found_at``: their steps), so that a
+    run killed later resumes after it.
+    """
     import torch
 
     precision = torch_dtype(dtype)
@@ -240,12 +249,56 @@ def eigenvectors_at(
             )
             msg = f"hessian-basis at the checkpoint of step {step}: {exc}; {cause}"
             raise AnalysisError(msg) from None
-    return {
+    piece = {
         "vectors": pairs.vectors,
         "eigenvalue": pairs.values.astype(np.float64),
         "residual": pairs.residuals.astype(np.float64),
         "matvecs": np.full(k, pairs.matvecs, np.int64),
     }
+    if journal is not None:
+        journal.append(basis_dataset(piece, space, found_at[-1:], first=(len(found_at) - 1) * k), "basis", keys)
+    return piece
+
+
+def basis_dataset(piece: Mapping[str, Any], space: ParamSpace, steps: Sequence[int], first: int = 0) -> xr.Dataset:
+    """Basis vectors split back into their tensors, with eigenvalues, residuals and products, along ``basis``.
+
+    ``piece``'s arrays (numpy or dask) hold the vectors found at ``steps``, k per step, in
+    order; ``first`` is the index of its first vector in the whole basis.
+    """
+    import xarray as xr
+
+    vectors = piece["vectors"]
+    count = vectors.shape[0]
+    variables: dict[str, Any] = {}
+    for name, shape, start, length in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True):
+        variables[name] = (basis_dims(name, len(shape)), vectors[:, start : start + length].reshape(-1, *shape))
+    for name in ("eigenvalue", "residual", "matvecs"):
+        variables[name] = ("basis", piece[name])
+    found_at = np.repeat(np.asarray(steps, np.int64), count // max(len(steps), 1))
+    result = xr.Dataset(
+        variables, coords={"basis": np.arange(first, first + count), "found_at_step": ("basis", found_at)}
+    )
+    result["eigenvalue"].attrs["description"] = (
+        "eigenvalue of P H P at found_at_step (P: complement of earlier vectors)"
+    )
+    result["residual"].attrs["description"] = "||P H P v - eigenvalue v||"
+    return result
+
+
+def saved_eigenpairs(
+    worker: Worker, journal: Journal, keys: Sequence[Any], index: int, *, space: ParamSpace, k: int, dtype: str
+) -> dict[str, np.ndarray]:
+    """Piece ``index`` of the basis as an interrupted run committed it to ``journal`` (on a worker)."""
+    loaded = journal.load(keys)
+    if loaded is None or len(loaded[1]) <= index:
+        msg = f"the pieces of {journal.partial} changed while this run read them (another run?); rerun the command"
+        raise AnalysisError(msg)
+    rows = loaded[0].isel(basis=slice(index * k, (index + 1) * k))
+    vectors = np.empty((k, space.size), np.dtype(dtype))
+    for name, start, length in zip(space.names, space.offsets, space.sizes, strict=True):
+        vectors[:, start : start + length] = rows[name].values.reshape(k, length)
+    return {name: rows[name].values for name in ("eigenvalue", "residual", "matvecs")} | {"vectors": vectors}
 
 
 @contextlib.contextmanager
@@ -290,7 +343,6 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """A chain of one Dask task per basis checkpoint; the vectors split back into tensors."""
         import dask.array as da
-        import xarray as xr
 
         store = ctx.store
         space = parameter_space(store)
@@ -304,9 +356,16 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
             msg = f"{store.path} has no data split {split!r}; its splits: {', '.join(store.splits) or '(none)'}"
             raise AnalysisError(msg)
         examples = sample_examples(store.data(split).sizes["example"], self.samples, self.seed)
-        numpy_dtype = np.dtype(self.dtype)
+        keys = [[step, store.checkpoint_digest(step)] for step in steps]
+        resumed = self._resumable(ctx, keys, space, steps)
+        ctx.resumed = steps[:resumed]
         pieces: list[Any] = []
-        for step in steps:
+        for index, step in enumerate(steps):
+            if index < resumed:
+                pieces.append(
+                    ctx.delayed(saved_eigenpairs, ctx.journal, keys, index, space=space, k=self.k, dtype=self.dtype)
+                )
+                continue
             pieces.append(
                 ctx.delayed(
                     eigenvectors_at,
@@ -321,6 +380,9 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
                     seed=self.seed,
                     batch_size=self.batch_size,
                     dtype=self.dtype,
+                    journal=ctx.journal,
+                    keys=keys[: index + 1],
+                    found_at=steps[: index + 1],
                 )
             )
         k, size = self.k, space.size
@@ -328,21 +390,41 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
         def column(key: str, shape: tuple[int, ...], dtype: Any) -> Any:
             return da.concatenate([da.from_delayed(p[key], shape=shape, dtype=dtype) for p in pieces])
 
-        vectors = column("vectors", (k, size), numpy_dtype)
-        variables: dict[str, Any] = {}
-        for name, shape, start, length in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True):
-            variables[name] = (basis_dims(name, len(shape)), vectors[:, start : start + length].reshape(-1, *shape))
-        variables["eigenvalue"] = ("basis", column("eigenvalue", (k,), np.float64))
-        variables["residual"] = ("basis", column("residual", (k,), np.float64))
-        variables["matvecs"] = ("basis", column("matvecs", (k,), np.int64))
-        found_at = np.repeat(np.asarray(steps, np.int64), k)
-        result = xr.Dataset(variables, coords={"basis": np.arange(len(found_at)), "found_at_step": ("basis", found_at)})
-        result["eigenvalue"].attrs["description"] = (
-            "eigenvalue of P H P at found_at_step (P: complement of earlier vectors)"
-        )
-        result["residual"].attrs["description"] = "||P H P v - eigenvalue v||"
+        columns = {
+            "vectors": column("vectors", (k, size), np.dtype(self.dtype)),
+            "eigenvalue": column("eigenvalue", (k,), np.float64),
+            "residual": column("residual", (k,), np.float64),
+            "matvecs": column("matvecs", (k,), np.int64),
+        }
+        result = basis_dataset(columns, space, steps)
         result.attrs["hessian_split"] = split
         return result
+
+    def _resumable(self, ctx: AnalysisContext, keys: list[Any], space: ParamSpace, steps: list[int]) -> int:
+        """How many pieces an interrupted run of this request committed that this one can take.
+
+        A journal of another request, or one whose content does not have the layout this
+        request would write, is discarded: nothing is taken from it.
+        """
+        journal = ctx.journal
+        if journal is None:
+            return 0
+        loaded = journal.load(keys)
+        if loaded is None:
+            journal.discard()
+            return 0
+        saved, held = loaded
+        count = len(held) * self.k
+        expected = {name: (count, *shape) for name, shape in zip(space.names, space.shapes, strict=True)}
+        expected |= {name: (count,) for name in ("eigenvalue", "residual", "matvecs")}
+        found_at = saved["found_at_step"].values.tolist() if "found_at_step" in saved.coords else None
+        if (
+            any(name not in saved or saved[name].shape != shape for name, shape in expected.items())
+            or found_at != np.repeat(steps[: len(held)], self.k).tolist()
+        ):
+            journal.discard()
+            return 0
+        return len(held)
 
     def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
         """``eigenvalues``: eigenvalue and residual of each vector against the step it was found at."""

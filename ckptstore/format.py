@@ -33,6 +33,9 @@ ANALYSES = "analyses"
 LABELS = "labels"
 STEP = "step"
 TOP_LEVEL_GROUPS = (CHECKPOINTS, METRICS, DATA, ANALYSES)
+PARTIAL_SUFFIX = ".partial"
+"""``analyses/<name>.partial``: the pieces an unfinished run of result ``<name>`` committed (a killed
+``hessian-basis``), which a rerun of the same request resumes from (docs/store-format.md)."""
 
 RENAMED_FACTORIES: dict[str, str] = {
     f"sandboxes.{module}:build_model": f"ckpt.sandboxes.{module}:build_model"

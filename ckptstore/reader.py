@@ -8,7 +8,9 @@ commit record). It never sees a checkpoint that is still being written, and
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -493,6 +495,18 @@ class Store:
                 with _zarr.translated_read_errors(f"tensor {name!r} at step {step}"):
                     values.append(sync(array.getitem(index)))
         return [np.asarray(v) for v in values]
+
+    def checkpoint_digest(self, step: int) -> str | None:
+        """One digest of checkpoint ``step``'s tensors, from the commit record (None in a format-v1 store).
+
+        Two stores, or one store at two times, hold the same weights at ``step`` when the
+        digests agree: what a resumed computation checks before it takes earlier pieces.
+        """
+        index = self._index_of(int(step))
+        if self._digests is None:
+            return None
+        recorded = self._digests.get(int(self._steps[index]))
+        return hashlib.sha256(json.dumps(recorded).encode()).hexdigest()
 
     def nonfinite(self, step: int) -> dict[str, tuple[int, int]]:
         """The tensors of checkpoint ``step`` holding NaN or inf: name -> (NaN count, inf count)."""

@@ -187,7 +187,10 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
 
 def _report_line(report: Any) -> str:
     computed, reused = report.computed_steps, report.reused_steps
-    return f"{report.name}: computed {len(computed)} step(s), reused {len(reused)} stored"
+    line = f"{report.name}: computed {len(computed)} step(s), reused {len(reused)} stored"
+    if report.resumed:
+        line += f"; resumed {len(report.resumed)} step(s) of an interrupted run"
+    return line
 
 
 class AnalyzeGroup(click.Group):

@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from ckpt.store.format import PARTIAL_SUFFIX
+
 
 def _size(nbytes: int) -> str:
     value = float(nbytes)
@@ -63,7 +65,14 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     else:
         row("data", "-")
     named = info.get("analyzers", {})
-    listed = [n if named.get(n, n) == n else f"{n} ({named[n]})" for n in info["analyses"]]
+    listed = [
+        f"{n} (unfinished {named[n]}: rerun it to resume)"
+        if n.endswith(PARTIAL_SUFFIX) and named.get(n) != n
+        else n
+        if named.get(n, n) == n
+        else f"{n} ({named[n]})"
+        for n in info["analyses"]
+    ]
     row("analyses", ", ".join(listed) or "-")
     return "\n".join(lines)
 

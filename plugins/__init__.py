@@ -51,6 +51,7 @@ from ckpt.plugins._lanczos import MIN_VECTORS_BEYOND_K, Eigenpairs, lanczos_byte
 from ckpt.plugins._manager import PluginWarning, Provider, Registry, load_registry, registry, reset_registry
 from ckpt.plugins._memory import format_size, parse_size
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
+from ckpt.plugins._resume import Journal
 from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
 from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
 from ckpt.plugins.hookspecs import hookimpl, hookspec
@@ -127,6 +128,7 @@ __all__ = [
     "Dataset",
     "Eigenpairs",
     "Importer",
+    "Journal",
     "LazyTask",
     "MeanLossHessian",
     "Objective",

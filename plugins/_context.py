@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.errors import AnalysisError
+from ckpt.plugins._resume import Journal
 from ckpt.plugins._runtime import TaskSpec, datapoint_index, worker_for
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,6 +88,7 @@ class AnalysisContext:
         spec: TaskSpec,
         results: Mapping[str, xr.Dataset],
         analyzer: str = "",
+        journal: Journal | None = None,
     ) -> None:
         self.analyzer = analyzer
         """Name of the analyzer computing (named in errors)."""
@@ -95,6 +97,11 @@ class AnalysisContext:
         self.spec = spec
         self.device = spec.device
         self._results = dict(results)
+        self.journal = journal
+        """Where a ``per="run"`` analyzer commits its pieces as it finds them, so that a killed run
+        resumes (:class:`ckpt.plugins.Journal`); None for other analyzers."""
+        self.resumed: list[int] = []
+        """Steps whose pieces the analyzer took from the journal (the engine reports them)."""
 
     def result(self, name: str) -> xr.Dataset:
         """The stored result of a required analyzer (lazy)."""

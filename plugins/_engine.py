@@ -39,6 +39,7 @@ from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
 from ckpt.plugins._memory import default_budget, format_size, parse_size
+from ckpt.plugins._resume import Journal
 from ckpt.plugins._runtime import TaskSpec, concurrent_computations, resolve_device
 from ckpt.store._zarr import local_path
 from ckpt.store.results import result_lock, write_analysis
@@ -60,6 +61,8 @@ class RunReport:
     dependencies: list[RunReport] = field(default_factory=list)
     dataset: xr.Dataset | None = None
     """The complete stored result (lazy)."""
+    resumed: list[int] = field(default_factory=list)
+    """Steps whose pieces of a per-run result an interrupted run had committed (taken, not computed)."""
 
 
 def _now() -> str:
@@ -334,12 +337,29 @@ def run(
         if covered and missing and min(missing) < max(covered):
             covered, missing = [], wanted  # a hole in the middle: never expected, but never wrong to redo
         report.reused_steps = [s for s in wanted if s in set(covered)]
+        journal = _journal(analyzer, target, where, provenance, storage_options)
+        if journal is not None and force:
+            journal.discard()
         if missing or (not covered and analyzer.per == PER_RUN):
-            _compute(analyzer, target, where, opened, missing, covered, provenance, results, engine)
+            report.resumed = _compute(
+                analyzer, target, where, opened, missing, covered, provenance, results, engine, journal
+            )
             report.computed_steps = missing
             _warn_if_nonfinite(opened, target, missing)
     report.dataset = ckptstore.open(where, storage_options=storage_options).analysis(target)
     return report
+
+
+def _journal(
+    analyzer: Analyzer, target: str, where: str, provenance: Mapping[str, Any], storage_options: Any
+) -> Journal | None:
+    """Where a per-run result's pieces are committed as they are found (None for other analyzers)."""
+    from ckpt.store.format import PARTIAL_SUFFIX, check_name
+
+    if analyzer.per != PER_RUN or check_name(f"{target}{PARTIAL_SUFFIX}", "analysis") is not None:
+        return None
+    identity = hashlib.sha256(json.dumps(_identity(provenance), sort_keys=True, default=str).encode()).hexdigest()
+    return Journal(where, target, analyzer.name, identity, storage_options)
 
 
 def _warn_if_nonfinite(store: ckptstore.Store, target: str, steps: list[int]) -> None:
@@ -414,7 +434,9 @@ def _compute(
     provenance: dict[str, Any],
     results: dict[str, xr.Dataset],
     engine: dict[str, Any],
-) -> None:
+    journal: Journal | None = None,
+) -> list[int]:
+    """Compute ``missing`` and commit it; the steps of pieces resumed from ``journal``."""
     from tqdm import tqdm
 
     local = local_path(where)  # a replaced local store is a new folder (a new inode), even within one second
@@ -428,7 +450,7 @@ def _compute(
         tasks=parallel_tasks(engine["scheduler"], engine["address"], engine["workers"], engine["device"]),
         progress=bool(engine["progress"]),
     )
-    context = AnalysisContext(store, missing, spec, results, analyzer=analyzer.name)
+    context = AnalysisContext(store, missing, spec, results, analyzer=analyzer.name, journal=journal)
     dataset = analyzer.compute(context)
     _check_lazy(analyzer.name, dataset)
     _check_contract(analyzer, dataset, missing)
@@ -443,7 +465,9 @@ def _compute(
             attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
             attrs["ckpt"]["created"] = _now()
             write_analysis(where, target, computed, attrs=attrs, storage_options=engine["storage_options"])
-            return
+            if journal is not None:  # the whole result is committed: its pieces are not needed any more
+                journal.discard()
+            return list(context.resumed)
         # Blocks of steps, each committed when done, so that a killed run resumes
         # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
         # commit costs ~50-70 ms, so committing every block of a few steps
@@ -476,6 +500,7 @@ def _compute(
                 if not engine["block_steps"]:
                     per_step = (time.perf_counter() - began) / len(steps)
                     size = max(count, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
+    return []
 
 
 def parallel_tasks(scheduler: str, address: str | None, workers: int | None, device: str = "cpu") -> int:

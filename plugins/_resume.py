@@ -1,0 +1,152 @@
+"""Pieces of a per-run result committed as they are found, so that a killed run resumes (:class:`Journal`).
+
+The engine commits a per-checkpoint result block by block; a per-run result (a basis grown
+checkpoint by checkpoint) is one value, written when the whole run is done, so a run killed
+after hours kept nothing. Its analyzer can commit each piece, as soon as it is found, to
+``analyses/<name>.partial``: an ordinary committed result (crash-safe, checksummed like any
+other) whose provenance says it is partial, which request it belongs to and which pieces
+it holds, in order. A rerun of the same request takes the pieces whose keys are a prefix of
+what it would compute, and computes only the rest; the engine removes the journal once the
+whole result is committed. A journal of another request (other options, data, model or
+checkpoints) is never read: it is discarded and everything is computed anew.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ckpt.errors import CkptError
+from ckpt.store.format import PARTIAL_SUFFIX
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
+
+
+@dataclass(frozen=True)
+class Journal:
+    """Where the pieces of one request's result are committed (cheap to ship to workers).
+
+    Attributes
+    ----------
+    where
+        The store.
+    name
+        The result's name (``analyses/<name>``; ``--as`` included).
+    analyzer
+        The analyzer computing it.
+    identity
+        A digest of the request (analyzer, version, options, data, model, requirements):
+        pieces of any other request are never read.
+    """
+
+    where: str
+    name: str
+    analyzer: str
+    identity: str
+    storage_options: dict[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def partial(self) -> str:
+        """The journal's result name, ``<name>.partial``."""
+        return f"{self.name}{PARTIAL_SUFFIX}"
+
+    def _open(self) -> Any:
+        import ckpt.store as ckptstore
+
+        return ckptstore.open(self.where, storage_options=self.storage_options)
+
+    def _opened(self, store: Any) -> tuple[xr.Dataset, dict[str, Any]] | None:
+        """The journal (lazy) and its record, or None when there is none or it cannot be read."""
+        if self.partial not in store.analyses:
+            return None
+        try:
+            journal = store.analysis(self.partial)
+        except CkptError:  # damaged or deleted by hand: never read
+            return None
+        attrs = journal.attrs.get("ckpt")
+        record = attrs.get("partial") if isinstance(attrs, dict) else None
+        return (journal, record) if isinstance(record, dict) and record.get("of") == self.name else None
+
+    def _keys(self, store: Any) -> list[Any] | None:
+        """The keys of the pieces the journal of this request holds, or None."""
+        opened = self._opened(store)
+        if opened is None or opened[1].get("identity") != self.identity:
+            return None
+        keys = opened[1].get("keys")
+        return keys if isinstance(keys, list) else None
+
+    def load(self, keys: Sequence[Any]) -> tuple[xr.Dataset, list[Any]] | None:
+        """The committed pieces of an interrupted run of this request, if they are a prefix of ``keys``.
+
+        Parameters
+        ----------
+        keys
+            JSON values naming the pieces this run would compute, in order.
+
+        Returns
+        -------
+        (xarray.Dataset, list) or None
+            The journal (lazy) and the keys of the pieces it holds; None when there is
+            none, or it belongs to another request, or its keys are not a prefix of ``keys``,
+            or it cannot be read (then it is simply computed again).
+        """
+        store = self._open()
+        saved = self._keys(store)
+        if not saved or saved != _json(list(keys))[: len(saved)]:
+            return None
+        return store.analysis(self.partial), saved
+
+    def append(self, piece: xr.Dataset, dim: str, keys: Sequence[Any]) -> None:
+        """Commit ``piece`` as the last of the pieces named by ``keys`` (along ``dim``).
+
+        The journal must hold exactly the pieces of ``keys[:-1]`` (the first piece starts a new one).
+        """
+        from ckpt.store.results import write_analysis
+
+        keys = _json(list(keys))
+        if len(keys) > 1:
+            held = self._keys(self._open())
+            if held != keys[:-1]:
+                msg = (
+                    f"the journal {self.partial} holds pieces {held}, not {keys[:-1]}: another run of "
+                    f"{self.analyzer!r} wrote it meanwhile; rerun the command"
+                )
+                raise CkptError(msg)
+        now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        record = {"of": self.name, "identity": self.identity, "keys": keys}
+        attrs = {"ckpt": {"analyzer": self.analyzer, "partial": record, "created": now}}
+        write_analysis(
+            self.where,
+            self.partial,
+            piece,
+            append_dim=dim if len(keys) > 1 else None,
+            attrs=attrs,
+            storage_options=self.storage_options,
+        )
+
+    def discard(self) -> None:
+        """Remove the journal of result ``name`` (of any request), if there is one."""
+        from ckpt.store.results import delete_analysis
+
+        store = self._open()
+        if self.partial not in store.analyses or store.analyzer_of(self.partial) != self.analyzer:
+            return
+        try:
+            attrs = store.analysis(self.partial).attrs.get("ckpt")
+        except CkptError:  # a damaged journal of this analyzer: nothing in it can be used
+            attrs = {"partial": None}
+        if isinstance(attrs, dict) and "partial" in attrs:  # not a result a user saved under that name
+            delete_analysis(self.where, self.partial, storage_options=self.storage_options)
+
+
+def _json(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists), for comparisons with stored keys."""
+    import json
+
+    return json.loads(json.dumps(value))
+
+
+__all__ = ["PARTIAL_SUFFIX", "Journal"]

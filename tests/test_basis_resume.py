@@ -1,0 +1,95 @@
+"""A killed hessian-basis resumes at the next basis checkpoint (issue: Real models, item 2).
+
+The basis is one per-run result, written when the run ends; each basis checkpoint's vectors
+are also committed to ``analyses/hessian-basis.partial`` as they are found, and a rerun of the
+same request takes them instead of computing them again.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckpt.store as ckptstore
+from ckpt.plugins._engine import run
+from tests.conftest import run_ckpt, write_mlp_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STEPS = 30
+OPTIONS = ("--every", "1", "-k", "1", "--dtype", "float64", "--tol", "1e-10")
+JOURNAL = "hessian-basis.partial"
+
+
+def journal_steps(path: Path) -> list[int]:
+    """Steps of the pieces the journal holds now ([] when there is none)."""
+    store = ckptstore.open(path)
+    if JOURNAL not in store.analyses:
+        return []
+    return [key[0] for key in store.analysis(JOURNAL).attrs["ckpt"]["partial"]["keys"]]
+
+
+def killed_mid_run(path: Path, pieces: int = 3) -> list[int]:
+    """Run ``ckpt analyze hessian-basis`` and SIGKILL it once the journal holds ``pieces`` pieces."""
+    command = [sys.executable, "-m", "ckpt.cli", "analyze", "hessian-basis", str(path), "--scheduler", "sync"]
+    process = subprocess.Popen([*command, *OPTIONS], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None and len(journal_steps(path)) < pieces:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    _, stderr = process.communicate()
+    saved = journal_steps(path)
+    assert pieces <= len(saved) < STEPS, f"the kill should land mid-run ({len(saved)} of {STEPS}): {stderr[-500:]!r}"
+    assert "hessian-basis" not in ckptstore.open(path).analyses, "the whole basis was never committed"
+    return saved
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return write_mlp_run(tmp_path / "run.zarr", steps=STEPS, examples=200)
+
+
+def test_a_killed_run_resumes_at_the_next_basis_checkpoint(store: Path) -> None:
+    saved = killed_mid_run(store)
+    options = {"every": 1, "k": 1, "dtype": "float64", "tol": 1e-10}
+    resumed = run("hessian-basis", store, scheduler="sync", **options)
+    assert resumed.resumed == saved, "every committed piece is taken, none computed again"
+    assert JOURNAL not in ckptstore.open(store).analyses, "the journal goes once the whole basis is committed"
+    got = resumed.dataset.load()
+    fresh = run("hessian-basis", store, scheduler="sync", force=True, **options).dataset.load()
+    assert got["found_at_step"].values.tolist() == list(range(STEPS))
+    for name in fresh.data_vars:  # the same computation: the same numbers, to the bit
+        np.testing.assert_array_equal(got[name].values, fresh[name].values, err_msg=name)
+
+
+def test_the_cli_says_what_it_resumed(store: Path) -> None:
+    saved = killed_mid_run(store)
+    done = run_ckpt("analyze", "hessian-basis", str(store), "--scheduler", "sync", *OPTIONS)
+    assert done.returncode == 0, done.stderr
+    assert f"resumed {len(saved)} step(s) of an interrupted run" in done.stdout
+
+
+def test_pieces_of_another_request_are_never_taken(store: Path) -> None:
+    saved = killed_mid_run(store)
+    other = run("hessian-basis", store, scheduler="sync", every=1, k=1, dtype="float64", tol=1e-10, seed=1)
+    assert other.resumed == [], "another seed is another request"
+    assert JOURNAL not in ckptstore.open(store).analyses
+    assert saved
+
+
+def test_new_data_or_force_compute_everything_again(store: Path) -> None:
+    killed_mid_run(store)
+    with ckptstore.open(store, mode="a") as writer:  # the Hessian's split is unchanged, but the data hash is not
+        writer.add_data("extra", inputs=np.zeros((2, 3), np.float32), targets=np.zeros(2, np.int64))
+    assert run("hessian-basis", store, scheduler="sync", every=1, k=1, dtype="float64", tol=1e-10).resumed == []
+    assert run_ckpt("rm", str(store), "hessian-basis").returncode == 0
+    killed_mid_run(store)
+    forced = run("hessian-basis", store, scheduler="sync", force=True, every=1, k=1, dtype="float64", tol=1e-10)
+    assert forced.resumed == []
+    assert JOURNAL not in ckptstore.open(store).analyses
