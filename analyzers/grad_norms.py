@@ -335,9 +335,17 @@ def _gradient_squares(
     with worker.computing():
         for group in minibatches(n, batch_size, seed):
             primal = {k: v.detach().requires_grad_() for k, v in trainable_tensors(params, space, dtype).items()}
-            total = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in primal.items()}
+            parts = list(chunks(len(group), chunk_size))
+            # one pass needs no accumulator: its gradient is already the sum over its examples. Several
+            # are summed in float64, in place (no float64 copy of each gradient). At GPT-2 small the
+            # accumulator alone was 0.93 GiB of grad-norms' 1.39x of a plain backward loop's memory.
+            total: dict[str, Any] = (
+                {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in primal.items()}
+                if len(parts) > 1
+                else {}
+            )
             loss_sum, count = 0.0, 0
-            for part in chunks(len(group), chunk_size):
+            for part in parts:
                 f = loss_function(
                     worker, params, space, split=split, examples=group[part], objective=objective, dtype=dtype
                 )
@@ -345,19 +353,30 @@ def _gradient_squares(
                     values = f(primal)
                     grads = torch.autograd.grad(values.sum(), list(primal.values()), allow_unused=True)
                 for name, grad in zip(primal, grads, strict=True):
-                    if grad is not None:
-                        total[name] += grad.double()
+                    if grad is None:
+                        continue
+                    if len(parts) > 1:
+                        total[name].add_(grad)
+                    else:
+                        total[name] = grad
                 loss_sum += float(values.detach().double().sum())
                 count += int(values.numel())
+                values = grads = f = None  # before the next pass allocates its own
             if count == 0:
                 msg = f"split {split!r} has no datapoints under the objective; pass another --split"
                 raise AnalysisError(msg)
-            rows_squares.append([float((total[k] / count).pow(2).sum()) for k in trainable])
+            rows_squares.append([_squared_norm(total[k], count) if k in total else 0.0 for k in trainable])
             batch_losses.append(loss_sum / count)
         # dropped inside the slot, so that its release of freed memory runs after them, before the next
         # thread computes (once, beside a 16 GB job, grad-norms peaked at 1.34x a plain loop, not 0.9x)
-        primal = total = grads = values = f = None
+        primal = total = None
     return np.array(rows_squares, dtype=np.float64), float(np.mean(batch_losses))
+
+
+def _squared_norm(summed: Any, count: int, block: int = 1 << 22) -> float:
+    """``||summed / count||²`` in float64, a block of entries at a time (no float64 copy of the whole tensor)."""
+    flat = summed.reshape(-1)
+    return float(sum((flat[i : i + block].double() / count).pow(2).sum() for i in range(0, flat.numel(), block)))
 
 
 # -- the analyzers ------------------------------------------------------------------------------------
