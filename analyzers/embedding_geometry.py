@@ -64,7 +64,10 @@ when ``E_a = c + a u``); minimising over labelings makes it independent of how
 the grid is laid out. ``grid_offset``, ``grid_generator`` and ``grid_row_length``
 name the best lattice (ties go to the line, then to the smallest row length).
 The search has ``N * phi(N) * (N - 1)`` labelings, so it is skipped (NaN) above
-``--grid-max-tokens`` residues (default 64).
+``--grid-max-tokens`` residues (default 64). The pair-sum metrics are skipped (NaN) above
+``--pair-sum-max-tokens`` residues (default 256, the figures' limit): a language model's table
+has ``N (N+1) / 2`` = 1.26 billion pair sums at GPT-2's vocabulary and no residues to group them
+by; circularity and the radii stay O(N d).
 
 **Sequence embeddings** (``--sequence on``, or ``auto`` on stores trained by the
 ``sparse-modular-addition`` sandbox). The probe set is every one of the ``p^k``
@@ -101,6 +104,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.analyzers.figures.tokens import PAIR_SUM_MAX_TOKENS
 from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -374,6 +378,7 @@ def embedding_geometry(
     modulus: int,
     grid_max_tokens: int,
     probes: dict[str, np.ndarray] | None,
+    pair_sum_max_tokens: int = PAIR_SUM_MAX_TOKENS,
     module: str | None,
     tolerance: float,
     ideal: int,
@@ -381,7 +386,11 @@ def embedding_geometry(
     """Every metric of the module docstring at ``step`` (runs on a worker)."""
     table = worker.tensors(step, [tensor])[tensor].astype(np.float64)[:modulus]
     share, frequency = circularity(table)
-    sums, classes = pair_sums(table, modulus)
+    if modulus <= pair_sum_max_tokens:
+        sums, classes = pair_sums(table, modulus)
+        pair_metrics = (within_share(sums, classes), silhouette(sums, classes), neighbor_agreement(sums, classes))
+    else:  # N (N+1) / 2 pair sums: 1.26 billion at GPT-2's vocabulary, and no residues to group them by
+        pair_metrics = (math.nan, math.nan, math.nan)
     if modulus <= grid_max_tokens:
         imperfection, (offset, generator, rows) = grid_imperfection(table)
     else:
@@ -391,9 +400,9 @@ def embedding_geometry(
         "circle_frequency": np.array(frequency, dtype=np.int64),
         "frequency_share": fourier_spectrum(table),
         "radial_cv": np.array(radial_cv(table)),
-        "pair_sum_within_share": np.array(within_share(sums, classes)),
-        "pair_sum_silhouette": np.array(silhouette(sums, classes)),
-        "pair_sum_neighbor_agreement": np.array(neighbor_agreement(sums, classes)),
+        "pair_sum_within_share": np.array(pair_metrics[0]),
+        "pair_sum_silhouette": np.array(pair_metrics[1]),
+        "pair_sum_neighbor_agreement": np.array(pair_metrics[2]),
         "grid_imperfection": np.array(imperfection),
         "grid_offset": np.array(offset, dtype=np.int64),
         "grid_generator": np.array(generator, dtype=np.int64),
@@ -457,6 +466,12 @@ class EmbeddingGeometry(Analyzer):
         int, None, "Residues N: rows 0..N-1 of the table, pair sums grouped mod N (default: all rows).", minimum=2
     )
     grid_max_tokens = Option(int, 64, "Skip the grid search (NaN) above this many residues.", minimum=1)
+    pair_sum_max_tokens = Option(
+        int,
+        PAIR_SUM_MAX_TOKENS,
+        "Skip the pair-sum metrics (NaN) above this many residues: N(N+1)/2 pair sums.",
+        minimum=2,
+    )
     sequence = Option(
         str,
         "auto",
@@ -563,6 +578,7 @@ class EmbeddingGeometry(Analyzer):
             tensor=name,
             modulus=modulus,
             grid_max_tokens=self.grid_max_tokens,
+            pair_sum_max_tokens=self.pair_sum_max_tokens,
             probes=probes,
             module=self.module,
             tolerance=self.cluster_tolerance,
@@ -626,6 +642,12 @@ class EmbeddingGeometry(Analyzer):
                 line += f"  {clusters:>9}  {float(row['suffix_share']):>7.3f}  {float(row['multiset_share']):>8.3f}"
             rows.append(line)
         intro = f"  tensor {tensor}, residues N={modulus}, {len(steps)} checkpoints"
+        most = int(options.get("pair_sum_max_tokens") or PAIR_SUM_MAX_TOKENS)
+        if modulus is not None and int(modulus) > most:
+            intro += (
+                f"\n  pair sums and grid not measured (NaN): {int(modulus):,} residues is over {most}; "
+                "pass --modulus N when the first N tokens are the residues"
+            )
         legend = [
             "  circ: circularity (best frequency); radial cv: std/mean of the radii",
             "  within: pair-sum within-class share (constant at odd N); silh: pair-sum silhouette",

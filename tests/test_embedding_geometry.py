@@ -376,3 +376,29 @@ class TestEmbeddingGeometryConformance(AnalyzerTests):
 
     def make_store(self, tmp_path: Path) -> Path:
         return sparse_store(tmp_path / "run.zarr")  # token and sequence metrics both
+
+
+def test_a_language_model_vocabulary_is_measured_without_its_pair_sums(tmp_path: Path, registry: Any) -> None:
+    """50k tokens would make 1.26 billion pair sums: above --pair-sum-max-tokens they are NaN, named in the summary."""
+    path = tmp_path / "vocab.zarr"
+    rng = np.random.default_rng(0)
+    tables = {step: rng.standard_normal((4000, 16)).astype(np.float32) for step in (0, 1)}
+    with ckptstore.create(path) as writer:
+        for step, table in tables.items():
+            writer.write(step, {"wte.embed.weight": table})
+    result = run(NAME, path, registry=registry).dataset.load()  # before: 8 million pair sums, a silhouette of them
+    for variable in (
+        "pair_sum_within_share",
+        "pair_sum_silhouette",
+        "pair_sum_neighbor_agreement",
+        "grid_imperfection",
+    ):
+        assert np.isnan(result[variable].values).all(), variable
+    for step, table in tables.items():  # the per-token metrics are still those of the whole table
+        assert float(result["circularity"].sel(step=step)) == pytest.approx(eg.circularity(table.astype(np.float64))[0])
+        assert float(result["radial_cv"].sel(step=step)) == pytest.approx(eg.radial_cv(table))
+    summary = registry.analyzers[NAME]().summarize(result)
+    assert "pair sums and grid not measured (NaN): 4,000 residues is over 256" in summary
+    small = run(NAME, path, registry=registry, modulus=12).dataset.load()  # the first 12 tokens as residues
+    sums, classes = eg.pair_sums(tables[1].astype(np.float64)[:12], 12)
+    assert float(small["pair_sum_silhouette"].sel(step=1)) == pytest.approx(eg.silhouette(sums, classes))
