@@ -70,7 +70,8 @@ ACTIVATION_TYPE_NAMES: tuple[str, ...] = (
     "GLU",
 )
 """Names of the ``torch.nn`` classes counted as activation functions (elementwise nonlinearities;
-``Softmax`` and attention modules are not)."""
+``Softmax`` and attention modules are not). Parameterless modules whose class name ends in
+``Activation`` count too (Hugging Face's ``NewGELUActivation`` and friends)."""
 
 
 def activation_types() -> tuple[type, ...]:
@@ -101,7 +102,20 @@ def activation_modules(model: Any) -> list[str]:
         hook can see.
     """
     types = activation_types()
-    return [name for name, module in model.named_modules() if name and isinstance(module, types)]
+    return [
+        name
+        for name, module in model.named_modules()
+        if name and (isinstance(module, types) or _library_activation(module))
+    ]
+
+
+def _library_activation(module: Any) -> bool:
+    """A parameterless module whose class says it is an activation function (``*Activation``).
+
+    Hugging Face models wrap their nonlinearities in such classes (GPT-2's ``NewGELUActivation``
+    as ``mlp.act``, ``GELUActivation``, ``SiLUActivation``) instead of ``torch.nn``'s.
+    """
+    return type(module).__name__.endswith("Activation") and not any(True for _ in module.parameters())
 
 
 def parse_globs(patterns: str | Sequence[str] | None) -> list[str]:

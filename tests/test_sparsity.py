@@ -136,6 +136,17 @@ def test_bad_input_is_an_analysis_error(tmp_path: Path, registry: Any) -> None:
     assert "sparsity" not in ckptstore.open(path).analyses  # bad input writes nothing
 
 
+def test_a_hugging_face_models_activation_modules_are_found() -> None:
+    """GPT-2 applies its GELU through ``NewGELUActivation`` modules, not ``nn.GELU``: they count."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=8, n_head=2, vocab_size=16, n_positions=8))
+    assert activation_modules(model) == ["transformer.h.0.mlp.act", "transformer.h.1.mlp.act"]
+    with_weights = nn.Sequential(nn.Linear(2, 2))
+    with_weights.__class__ = type("LearnedActivation", (nn.Sequential,), {})  # parameters: not a function
+    assert activation_modules(nn.Sequential(with_weights)) == []
+
+
 def test_selection_and_hooks() -> None:
     model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(inplace=True), nn.Sequential(nn.Linear(5, 5), nn.GELU()))
     assert activation_modules(model) == ["1", "2.1"]
