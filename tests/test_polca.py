@@ -321,6 +321,32 @@ def test_random_basis_is_orthonormal_and_seeded(store: Path) -> None:
     np.testing.assert_array_equal(basis_matrix(again, names).numpy(), vectors.numpy())
 
 
+def test_random_basis_by_blocks_is_the_qr_of_its_gaussian() -> None:
+    """Cholesky QR over blocks of coordinates gives Householder QR's Q (positive diagonal) of the same Gaussian."""
+    from ckpt.analyzers.random_basis import gaussian_block, orthonormal_rows
+
+    for count, size in ((7, 3000), (5, 8), (3, 1)):  # tall (blocks), nearly square (Householder), one coordinate
+        count = min(count, size)
+        got = orthonormal_rows(None, count, size, seed=4, block_rows=512)["vectors"]
+        gaussian = np.concatenate(
+            [gaussian_block(4, i, min(512, size - start), count) for i, start in enumerate(range(0, size, 512))]
+        )
+        q, r = np.linalg.qr(gaussian)
+        np.testing.assert_allclose(got, (q * np.sign(np.diag(r))).T, atol=2e-7)
+        rows = got.astype(np.float64)
+        np.testing.assert_allclose(rows @ rows.T, np.eye(count), atol=1e-6)
+    split = orthonormal_rows(None, 3, 3000, seed=4, block_rows=512)["vectors"]
+    assert not np.array_equal(split, orthonormal_rows(None, 3, 3000, seed=5, block_rows=512)["vectors"])
+
+
+def test_random_basis_larger_than_the_budget_is_one_error_line(store: Path) -> None:
+    done = run_ckpt("analyze", "random-basis", str(store), "--vectors", "60", "--max-memory", "10KiB")
+    assert done.returncode == 1 and done.stderr.startswith("Error: random-basis needs 79.7 KiB for 60 vectors")
+    assert "--max-memory" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "random-basis" not in ckptstore.open(store).analyses
+
+
 # --------------------------------------------------------------------------- baselines
 
 
