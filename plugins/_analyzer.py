@@ -257,6 +257,12 @@ def validate_analyzer(cls: Any) -> None:
     if not isinstance(getattr(cls, "name", None), str) or not cls.name:
         msg = f"analyzer class {cls.__qualname__} has no name"
         raise PluginError(msg)
+    if not isinstance(cls.version, str) or not cls.version:
+        msg = (
+            f'analyzer {cls.name!r}: version must be a non-empty str such as "1", got {cls.version!r} '
+            "(a stored result's version is compared as text)"
+        )
+        raise PluginError(msg)
     if cls.per not in (PER_CHECKPOINT, PER_PAIR, PER_RUN):
         msg = f"analyzer {cls.name!r}: per must be 'checkpoint', 'pair' or 'run', got {cls.per!r}"
         raise PluginError(msg)

@@ -140,6 +140,14 @@ class AnalysisContext:
         import dask
         import dask.array as da
 
+        for name, (dims, _) in outputs.items():
+            unsized = [d for d in dims if d not in sizes and d != block_dim]  # blocks size their own dim
+            if unsized:
+                msg = (
+                    f"analyzer {self.analyzer!r}: output {name!r} has dim {unsized[0]!r} of unknown length; "
+                    f"pass sizes={{{unsized[0]!r}: LENGTH}} to map_checkpoints / map_pairs"
+                )
+                raise AnalysisError(msg)
         columns: dict[str, list[Any]] = {name: [] for name in outputs}
         for step in steps:
             parts: dict[str, list[Any]] = {name: [] for name in outputs}
@@ -198,6 +206,7 @@ class AnalysisContext:
             Passed to ``fn`` (picklable values).
         """
         sizes = dict(sizes or {})
+        self._check_keywords(fn, kwargs, "map_checkpoints", ("sizes", "coords", "datapoint_blocks", "steps"))
         if datapoint_blocks is None:
 
             def task_args(step: int) -> list[tuple[tuple, dict, dict[str, int]]]:
@@ -211,7 +220,7 @@ class AnalysisContext:
                 ]
 
         steps = self.steps if steps is None else [int(s) for s in steps]
-        arrays = self._stack(fn, outputs, sizes, task_args, "datapoint", steps)
+        arrays = self._stack(fn, outputs, sizes, task_args, None if datapoint_blocks is None else "datapoint", steps)
         return self._dataset(arrays, outputs, coords or {}, steps)
 
     def map_pairs(
@@ -231,6 +240,7 @@ class AnalysisContext:
         every checkpoint but the last).
         """
         sizes = dict(sizes or {})
+        self._check_keywords(fn, kwargs, "map_pairs", ("sizes", "coords", "steps"))
         steps = self.steps if steps is None else [int(s) for s in steps]
 
         def task_args(step: int) -> list[tuple[tuple, dict, dict[str, int]]]:
@@ -238,6 +248,35 @@ class AnalysisContext:
 
         arrays = self._stack(fn, outputs, sizes, task_args, None, steps)
         return self._dataset(arrays, outputs, coords or {}, steps)
+
+    def _check_keywords(
+        self, fn: Callable[..., Any], kwargs: Mapping[str, Any], method: str, own: Sequence[str]
+    ) -> None:
+        """Refuse, naming the analyzer, a task function whose required keywords are not all given.
+
+        A keyword named like one of ``method``'s own arguments (``steps``) is taken by ``method``
+        and never reaches the task: without this check it was a ``TypeError`` inside a Dask task.
+        """
+        import inspect
+
+        try:
+            parameters = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C function: nothing to check
+            return
+        given = set(kwargs) | {"examples"}  # datapoint blocks pass examples=
+        for parameter in parameters:
+            required = parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty
+            if not required or parameter.name in given:
+                continue
+            task = f"task function {getattr(fn, '__qualname__', fn)} of analyzer {self.analyzer!r}"
+            if parameter.name in own:
+                msg = (
+                    f"{task} takes keyword {parameter.name!r}, which {method} keeps as its own argument "
+                    f"({', '.join(own)}): rename that keyword of the task function"
+                )
+            else:
+                msg = f"{task} needs keyword {parameter.name!r}: pass {parameter.name}=... to {method}"
+            raise AnalysisError(msg)
 
     def datapoint_blocks(self, split: str, objective: str, examples_per_block: int) -> list[tuple[slice, int]]:
         """Blocks of whole examples and how many datapoints each holds (for ``map_checkpoints``)."""

@@ -22,6 +22,7 @@ from typing import Any
 
 import pluggy
 
+from ckpt.errors import PluginError
 from ckpt.plugins import hookspecs
 from ckpt.plugins._analyzer import validate_analyzer
 
@@ -149,7 +150,12 @@ def collect(manager: pluggy.PluginManager, providers: dict[str, Provider]) -> Re
             ) -> None:
                 if kind == "analyzers":
                     (item,) = args
-                    validate_analyzer(item)
+                    try:
+                        validate_analyzer(item)
+                    except PluginError as exc:  # skip this one; the plugin's later registrations still count
+                        who = getattr(item, "__qualname__", repr(item))
+                        warnings.warn(f"analyzer {who} of {provider} is skipped: {exc}", PluginWarning, stacklevel=2)
+                        return
                     name = item.name
                 else:
                     name, item = args

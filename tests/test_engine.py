@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import dask
 import numpy as np
@@ -335,3 +336,56 @@ def test_requirements_run_first_and_pairs_grow_incrementally(mlp_store: Path) ->
     assert again.computed_steps == [5], "only the new transition 5 -> 6"
     expected = direct_losses(mlp_store)
     np.testing.assert_allclose(again.dataset["change"].sel(step=5).values, expected[6] - expected[5], rtol=1e-5)
+
+
+def per_row_norm(worker: Any, step: int, *, steps: int) -> dict[str, np.ndarray]:
+    """A task whose keyword ``steps`` collides with ``map_checkpoints(steps=...)``."""
+    return {"norm": np.zeros(steps)}
+
+
+def three_zeros(worker: Any, step: int) -> dict[str, np.ndarray]:
+    return {"norm": np.zeros(3)}
+
+
+def needs_width(worker: Any, step: int, *, width: int) -> dict[str, np.ndarray]:
+    return {"norm": np.zeros(width)}
+
+
+class Misdeclared(ckpt.plugins.Analyzer):
+    """What a plugin author gets wrong first: a dim without its size, a keyword taken by the engine."""
+
+    name = "misdeclared"
+    description = "d"
+    mistake = ckpt.plugins.Option(str, "sizes", "which mistake")
+
+    def compute(self, ctx: ckpt.plugins.AnalysisContext) -> Any:
+        if self.mistake == "sizes":
+            return ctx.map_checkpoints(three_zeros, {"norm": (("i",), np.float64)})
+        if self.mistake == "keyword":
+            return ctx.map_checkpoints(per_row_norm, {"norm": (("i",), np.float64)}, sizes={"i": 3}, steps=ctx.steps)
+        if self.mistake == "missing":
+            return ctx.map_checkpoints(needs_width, {"norm": (("i",), np.float64)}, sizes={"i": 3})
+        return ctx.map_pairs(per_row_norm, {"norm": (("i",), np.float64)}, sizes={"i": 3})
+
+
+class MisdeclaredPlugin:
+    @ckpt.plugins.hookimpl
+    def ckpt_register_analyzers(self, register) -> None:
+        register(Misdeclared)
+
+
+@pytest.mark.parametrize(
+    ("mistake", "message"),
+    [
+        ("sizes", "analyzer 'misdeclared': output 'norm' has dim 'i' of unknown length; pass sizes={'i': LENGTH}"),
+        ("keyword", "takes keyword 'steps', which map_checkpoints keeps as its own argument"),
+        ("missing", "of analyzer 'misdeclared' needs keyword 'width': pass width=... to map_checkpoints"),
+        ("pairs", "takes keyword 'steps', which map_pairs keeps as its own argument"),
+    ],
+)
+def test_an_analyzers_own_declaration_mistakes_name_it_and_the_fix(mlp_store: Path, mistake: str, message: str) -> None:
+    registry = load_registry(extra=[MisdeclaredPlugin()])
+    with pytest.raises(AnalysisError) as caught:
+        run("misdeclared", mlp_store, registry=registry, mistake=mistake)
+    assert message in str(caught.value)
+    assert "misdeclared" not in ckptstore.open(mlp_store).analyses

@@ -6,6 +6,7 @@ import inspect
 import os
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,6 +204,32 @@ def test_an_option_may_not_shadow_an_engine_setting(setting: str) -> None:
         registry = load_registry(entry_points=False, extra=[Plugin()])
     assert "shadowing" not in registry.analyzers
     assert any(f"option '{setting}'" in problem for problem in registry.problems)
+
+
+def test_a_malformed_analyzer_is_skipped_alone_with_its_reason() -> None:
+    """A bad Option default or an int version names the analyzer; the plugin's other analyzers still register."""
+
+    def analyzer(name: str, **attributes: Any) -> type:
+        return type(name.title(), (ckpt.plugins.Analyzer,), {"name": name, "description": "d", **attributes})
+
+    bad_default = analyzer("bad-default", n=ckpt.plugins.Option(int, "3", "a count"))
+    int_version = analyzer("int-version", version=2)
+    fine = analyzer("fine")
+
+    class Plugin:
+        @ckpt.plugins.hookimpl
+        def ckpt_register_analyzers(self, register) -> None:
+            register(bad_default)
+            register(int_version)
+            register(fine)
+
+    with pytest.warns(PluginWarning):
+        registry = load_registry(entry_points=False, extra=[Plugin()])
+    assert "fine" in registry.analyzers, "registered after the bad ones"
+    assert "bad-default" not in registry.analyzers and "int-version" not in registry.analyzers
+    problems = " | ".join(registry.problems)
+    assert "analyzer Bad-Default" in problems and "option 'n' of analyzer 'bad-default': '3' is not a int" in problems
+    assert "analyzer 'int-version': version must be a non-empty str" in problems
 
 
 def test_one_registry_per_process() -> None:
