@@ -117,6 +117,18 @@ class AnalysisContext:
         index = int(np.searchsorted(steps, step))
         return int(steps[index + 1])
 
+    def previous_step(self, step: int) -> int | None:
+        """The checkpoint before ``step``, or None at the run's first checkpoint."""
+        index = int(np.searchsorted(self.store.steps, step))
+        return int(self.store.steps[index - 1]) if index > 0 else None
+
+    @property
+    def first_step(self) -> int:
+        """The run's first checkpoint (e.g. the reference of a distance from initialisation)."""
+        if not len(self.store.steps):
+            raise AnalysisError(f"{self.store.path} has no checkpoints yet")
+        return int(self.store.steps[0])
+
     def delayed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """A ``dask.delayed`` call of ``fn(worker, *args, **kwargs)`` on a worker.
 

@@ -389,3 +389,11 @@ def test_an_analyzers_own_declaration_mistakes_name_it_and_the_fix(mlp_store: Pa
         run("misdeclared", mlp_store, registry=registry, mistake=mistake)
     assert message in str(caught.value)
     assert "misdeclared" not in ckptstore.open(mlp_store).analyses
+
+
+def test_the_context_names_the_previous_and_first_checkpoints(mlp_store: Path) -> None:
+    from ckpt.plugins._runtime import TaskSpec
+
+    context = ckpt.plugins.AnalysisContext(ckptstore.open(mlp_store), [2, 3], TaskSpec(str(mlp_store)), {})
+    assert [context.previous_step(s) for s in (0, 1, 5)] == [None, 0, 4]
+    assert context.first_step == 0 and context.next_step(3) == 4
