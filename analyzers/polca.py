@@ -30,12 +30,15 @@ it; ⟨b, Δ⟩ comes from the two checkpoints' weights in float64.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ckpt.analyzers.basis import BasisReader
+from ckpt.errors import AnalysisError
 from ckpt.plugins import (
     PER_PAIR,
     AnalysisContext,
@@ -47,10 +50,13 @@ from ckpt.plugins import (
     chunks,
     datapoint_index,
     directional_derivatives,
+    format_size,
     hookimpl,
     load_basis,
     loss_function,
     parameter_space,
+    peak_bytes,
+    torch_dtype,
     trainable,
 )
 
@@ -64,6 +70,151 @@ SECOND_ORDER = ("paper", "exact", "none")
 def worker_space(worker: Worker) -> ParamSpace:
     """The parameter space of the worker's store (cached per worker)."""
     return worker.cached(("parameter-space",), lambda: parameter_space(worker.store, worker.model))
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Peak bytes of one forward-mode pass over b examples along k basis vectors: a + b·p + k·w + b·k·q.
+
+    Every tensor of the pass is either the primal's (one per example) or a
+    tangent's (one per example and vector), or belongs to the weights' tangents
+    (one per vector); fitted to passes measured by :func:`ckpt.plugins.peak_bytes`
+    at 2 and 3 examples and 1 and 2 vectors. One example is cheaper than the line
+    through 2 and 3 says (at S 30 MiB against 46 MiB, one vector), so the fit
+    overestimates it and is exact from 2 on (2 to 6 examples, 1 to 4 vectors, to
+    the byte at S).
+    """
+
+    constant: float
+    per_example: float
+    per_vector: float
+    per_example_vector: float
+
+    def __call__(self, examples: int, vectors: int) -> float:
+        """Bytes of a pass over ``examples`` examples along ``vectors`` vectors."""
+        return (
+            self.constant
+            + examples * self.per_example
+            + vectors * self.per_vector
+            + examples * vectors * self.per_example_vector
+        )
+
+    @classmethod
+    def fit(cls, measured: dict[tuple[int, int], int]) -> PassCost:
+        """The cost through ``{(examples, vectors): peak bytes}`` at one or two of each (a flat line where one)."""
+
+        def line(points: list[tuple[int, float]]) -> tuple[float, float]:
+            (x0, y0), (x1, y1) = points[0], points[-1]
+            slope = max((y1 - y0) / (x1 - x0), 0.0) if x1 != x0 else 0.0
+            return y1 - slope * x1, slope
+
+        examples = sorted({b for b, _ in measured})
+        vectors = sorted({k for _, k in measured})
+        # per vector count: a line in the examples; then the intercepts and slopes as lines in the vectors
+        lines = {k: line([(b, measured[b, k]) for b in examples]) for k in vectors}
+        constant, per_vector = line([(k, lines[k][0]) for k in vectors])
+        per_example, per_example_vector = line([(k, lines[k][1]) for k in vectors])
+        return cls(max(constant, 0.0), per_example, per_vector, per_example_vector)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How one checkpoint's forward-mode passes fit the memory budget (:func:`plan_memory`)."""
+
+    block_examples: int
+    """Examples per pass (at most ``--batch-size``)."""
+    vectors: int
+    """Basis vectors per vectorized pass (at most ``--basis-batch``)."""
+    estimate: int
+    """Bytes the plan is expected to peak at."""
+
+
+PASS_PEAK = 1.25
+"""Measured pass bytes (tensors, op by op) to what the process holds: ops' workspaces and the allocator."""
+PREFERRED_EXAMPLES = 8
+"""Examples per pass below which fewer vectors per pass are chosen first: every vector pass repeats the
+primal, but a pass over very few examples (a single row each, for a per-example model) runs at a
+fraction of the speed of a batched one."""
+
+
+def plan_memory(
+    budget: int,
+    fixed: int,
+    cost: PassCost,
+    *,
+    examples: int,
+    vectors: int,
+    batch_size: int,
+    basis_batch: int,
+) -> MemoryPlan:
+    """Fit a checkpoint's passes into ``budget`` bytes, or say which knob to turn.
+
+    As many vectors per pass as ``--basis-batch`` allows while a pass still
+    takes :data:`PREFERRED_EXAMPLES` examples (or all of them, or
+    ``--batch-size``), with as many examples as fit; else the pair of the two
+    that covers the most example-vectors per pass.
+
+    Parameters
+    ----------
+    budget
+        Bytes the task may use (``--max-memory`` shared by parallel tasks).
+    fixed
+        Bytes held outside the passes: the checkpoint's tensors and the basis.
+    cost
+        Bytes of one pass (:class:`PassCost`), before the :data:`PASS_PEAK` margin.
+    examples, vectors
+        Examples of the task and basis vectors K.
+    batch_size, basis_batch
+        The user's upper bounds (``--batch-size``, ``--basis-batch``).
+
+    Raises
+    ------
+    AnalysisError
+        When even one example along one vector does not fit.
+    """
+    room = (budget - fixed) / PASS_PEAK
+    most = min(batch_size, examples)
+
+    def block(k: int) -> int:
+        """Most examples (at most ``most``) whose pass along ``k`` vectors fits in the room."""
+        per_example = cost.per_example + k * cost.per_example_vector
+        left = room - cost.constant - k * cost.per_vector
+        if left < per_example:
+            return 0
+        return most if per_example <= 0 else int(min(most, left // per_example))
+
+    options = [(k, block(k)) for k in range(min(basis_batch, vectors), 0, -1)]
+    preferred = [(k, b) for k, b in options if b >= min(most, PREFERRED_EXAMPLES)]
+    fitting = [(k, b) for k, b in options if b >= 1]
+    if preferred or fitting:
+        k, b = preferred[0] if preferred else max(fitting, key=lambda option: option[0] * option[1])
+        return MemoryPlan(b, k, int(fixed + PASS_PEAK * cost(b, k)))
+    need = fixed + PASS_PEAK * cost(1, 1)
+    msg = (
+        f"polca needs at least {format_size(need)} per task (the checkpoint's tensors and {vectors} basis "
+        f"vectors {format_size(fixed)}, a forward-mode pass over one example along one vector "
+        f"{format_size(PASS_PEAK * cost(1, 1))}); the memory budget is {format_size(budget)}: "
+        "raise --max-memory, or use fewer basis vectors"
+    )
+    raise AnalysisError(msg)
+
+
+def measure_passes(
+    f_of: Callable[[slice], Any], examples: int, primal: Mapping[str, Any], directions: Mapping[str, Any], order: int
+) -> PassCost:
+    """The :class:`PassCost` of this model and data, from passes over 2 and 3 examples along 1 and 2 vectors.
+
+    ``f_of(rows)`` is the loss function of the examples ``rows`` (a slice of the ``examples`` there are);
+    with fewer examples or vectors, those there are.
+    """
+    count = next(iter(directions.values())).shape[0]
+    measured = {}
+    for b in sorted({min(2, examples), min(3, examples)}):
+        f = f_of(slice(0, b))
+        for k in sorted({1, min(2, count)}):
+            part = {name: tensor[:k] for name, tensor in directions.items()}
+            measured[b, k] = peak_bytes(lambda f=f, part=part: directional_derivatives(f, primal, part, order=order))
+    return PassCost.fit(measured)
 
 
 def checkpoint_terms(
@@ -86,6 +237,8 @@ def checkpoint_terms(
 
     At the steps of ``first_order_at`` (checkpoints that only end a pair, whose
     curvature no term uses) order 2 is lowered to 1 and bᵀH(x)b is returned as 0.
+    The passes take as many examples and vectors as the task's memory budget
+    allows (:func:`plan_memory`), ``batch_size`` and ``basis_batch`` at most.
     """
     import torch
 
@@ -98,25 +251,68 @@ def checkpoint_terms(
     params = worker.params(step)
     primal = trainable(params, space, dtype)
     start, stop, _ = examples.indices(len(worker.data(split)["inputs"]))
+
+    def f_of(rows: slice) -> Any:
+        begin, end, _ = rows.indices(stop - start)
+        block = slice(start + begin, start + end)
+        return loss_function(worker, params, space, split=split, examples=block, objective=objective, dtype=dtype)
+
+    itemsize = torch_dtype(dtype).itemsize
+    # the worker's two cached checkpoints (widened to float32), the basis, θ in --dtype where it is a copy
+    fixed = space.size * (2 * 4 + count * itemsize + (itemsize if itemsize != 4 else 0))
     losses, firsts, seconds = [], [], []
-    for rows in chunks(stop - start, batch_size):
-        block = slice(start + rows.start, start + rows.stop)
-        f = loss_function(worker, params, space, split=split, examples=block, objective=objective, dtype=dtype)
-        first_parts, second_parts = [], []
-        loss = None
-        for vectors in chunks(count, basis_batch):
-            part = {name: tensor[vectors] for name, tensor in directions.items()}
-            loss, first, second = directional_derivatives(f, primal, part, order=order, compiled=compiled)
-            first_parts.append(first)
-            if second is not None:
-                second_parts.append(second)
-        losses.append(loss)
-        firsts.append(torch.cat(first_parts))
-        if second_parts:
-            seconds.append(torch.cat(second_parts))
+    with worker.computing():
+        # the pass's bytes depend on the shapes only: measured once per worker, order and data
+        cost = worker.cached(
+            ("polca-pass-cost", split, objective, order, dtype, min(3, stop - start), min(2, count)),
+            lambda: measure_passes(f_of, stop - start, primal, directions, order),
+        )
+        plan = plan_memory(
+            worker.memory_budget,
+            fixed,
+            cost,
+            examples=stop - start,
+            vectors=count,
+            batch_size=batch_size,
+            basis_batch=basis_batch,
+        )
+        blocks = list(chunks(stop - start, plan.block_examples))
+        batches = list(chunks(count, plan.vectors))
+        with _pass_progress(worker, step, plan, len(blocks) * len(batches)) as bar:
+            for rows in blocks:
+                f = f_of(rows)
+                first_parts, second_parts = [], []
+                loss = None
+                for vectors in batches:
+                    part = {name: tensor[vectors] for name, tensor in directions.items()}
+                    loss, first, second = directional_derivatives(f, primal, part, order=order, compiled=compiled)
+                    first_parts.append(first)
+                    if second is not None:
+                        second_parts.append(second)
+                    bar.update(1)
+                losses.append(loss)
+                firsts.append(torch.cat(first_parts))
+                if second_parts:
+                    seconds.append(torch.cat(second_parts))
     first_all = torch.cat(firsts, dim=1).double().cpu().numpy()
     second_all = torch.cat(seconds, dim=1).double().cpu().numpy() if seconds else np.zeros_like(first_all)
     return {"loss": torch.cat(losses).double().cpu().numpy(), "first": first_all, "second": second_all}
+
+
+@contextlib.contextmanager
+def _pass_progress(worker: Worker, step: int, plan: MemoryPlan, total: int) -> Iterator[Any]:
+    """A bar of one checkpoint's forward-mode passes (``--progress``), with the memory plan."""
+    from tqdm import tqdm
+
+    with tqdm(
+        total=total,
+        desc=f"polca step {step}",
+        unit="pass",
+        disable=not worker.spec.progress,
+        leave=False,
+        postfix=f"{plan.block_examples} examples x {plan.vectors} vectors a pass, ~{format_size(plan.estimate)}",
+    ) as bar:
+        yield bar
 
 
 def recent_checkpoint_terms(worker: Worker, step: int, **options: object) -> dict[str, np.ndarray]:

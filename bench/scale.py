@@ -20,7 +20,8 @@ sequences of 128 random token ids (seeded). Sizes (context 128 everywhere):
 What it measures, each step in a fresh subprocess: ``ckpt import``, ``ckpt data
 add``, ``ckpt verify``, ``ckpt analyze loss``, ``grad-norms``, ``hessian-basis
 --samples 8``, ``random-basis`` + ``polca --basis random-basis --second-order
-none`` (first order only) and ``ckpt report``; for each its wall time (the whole
+none`` (first order only; ``--second-order exact,paper`` measures those too, as ``polca exact`` ...) and
+``ckpt report``; for each its wall time (the whole
 process: start-up, imports, reading the store, computing, saving) and peak
 resident memory. Peak RSS is the child's ``ru_maxrss`` from ``os.wait4`` on that
 one child: exact (no polling gap), per child (``RUSAGE_CHILDREN`` would give the
@@ -308,16 +309,22 @@ def ckpt_steps(store: Path, folder: Path, args: argparse.Namespace) -> list[tupl
         ),
         # the random basis is computed on its own first, so that polca's time is POLCA's alone
         ("random-basis", ckpt_command("analyze", "random-basis", str(store), *analyze)),
-        (
-            "polca",
-            ckpt_command("analyze", "polca", str(store), "--basis", "random-basis", "--second-order", "none", *analyze),
+        *(
+            (
+                "polca" if order == "none" else f"polca {order}",
+                ckpt_command(
+                    "analyze", "polca", str(store), "--basis", "random-basis", "--second-order", order, *analyze
+                ),
+            )
+            for order in args.second_order
         ),
         ("report", ckpt_command("report", str(store), "--out", str(folder / "report.html"))),
     ]
     wanted = set(args.only)
     if "polca" in wanted:
         wanted.add("random-basis")
-    return [(name, command) for name, command in steps if name in ("import", "data add", "verify") or name in wanted]
+    always = ("import", "data add", "verify")
+    return [(name, command) for name, command in steps if name in always or name.split()[0] in wanted]
 
 
 def stored_figures(store: Path, name: str) -> dict[str, Any]:
@@ -456,6 +463,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per step before it is killed")
     parser.add_argument("--build-timeout", type=float, default=3600.0, help="seconds to build one run")
     parser.add_argument("--memory-limit", type=float, default=None, help="GiB of RSS per step before it is killed")
+    parser.add_argument(
+        "--second-order",
+        default="none",
+        help="comma-separated polca --second-order values to measure, of none, paper, exact (default: none)",
+    )
     parser.add_argument("--keep", action="store_true", help="reuse the runs a previous invocation built")
     parser.add_argument("--print", type=Path, metavar="JSON", help="print the tables of a figures file, run nothing")
     # the children's modes
@@ -466,7 +478,13 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     args.only = [a.strip() for a in args.only.split(",") if a.strip()]
-    for value, allowed, option in ((args.sizes, SIZES, "--sizes"), (args.only, ANALYZERS, "--only")):
+    args.second_order = [o.strip() for o in args.second_order.split(",") if o.strip()]
+    orders = ("none", "paper", "exact")
+    for value, allowed, option in (
+        (args.sizes, SIZES, "--sizes"),
+        (args.only, ANALYZERS, "--only"),
+        (args.second_order, orders, "--second-order"),
+    ):
         if unknown := set(value) - set(allowed):
             parser.error(f"{option}: unknown {', '.join(sorted(unknown))}; choose from {', '.join(allowed)}")
     return args
@@ -496,7 +514,8 @@ def main() -> None:
         import torch
 
         everything["gpu"] = torch.cuda.get_device_name(0)
-    path = args.out / f"scale-{'-'.join(args.sizes)}-{args.device}.json"
+    orders = "" if args.second_order == ["none"] else "-polca-" + "-".join(args.second_order)
+    path = args.out / f"scale-{'-'.join(args.sizes)}-{args.device}{orders}.json"
     for size in args.sizes:
         everything["sizes"][size] = bench_size(size, args)
         path.write_text(json.dumps(everything, indent=2))  # after every size: a later crash keeps these

@@ -49,7 +49,7 @@ from ckpt.plugins._derivatives import (
 from ckpt.plugins._importers import Importer
 from ckpt.plugins._lanczos import MIN_VECTORS_BEYOND_K, Eigenpairs, lanczos_bytes, product_limit, top_eigenpairs
 from ckpt.plugins._manager import PluginWarning, Provider, Registry, load_registry, registry, reset_registry
-from ckpt.plugins._memory import format_size, parse_size
+from ckpt.plugins._memory import format_size, parse_size, peak_bytes
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
 from ckpt.plugins._resume import Journal
 from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
@@ -166,6 +166,7 @@ __all__ = [
     "objective_for",
     "parameter_space",
     "parse_size",
+    "peak_bytes",
     "product_limit",
     "registry",
     "reset_registry",

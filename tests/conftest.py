@@ -92,6 +92,38 @@ def small_store(tmp_path: Path) -> Path:
     return path
 
 
+def write_gpt2_run(folder: Path, checkpoints: int = 1, sequences: int = 16, length: int = 24) -> Path:
+    """``folder/run.zarr``: a 1.7M-parameter GPT-2 (vocabulary 4,096) imported from ``save_pretrained`` folders.
+
+    A checkpoint every two AdamW steps on 8 random sequences of 32 tokens, and an eval split of
+    ``sequences`` random sequences of ``length`` tokens (seeded).
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_head=4, n_embd=192, vocab_size=4096, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    model = GPT2LMHeadModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 4096, (8, 32), generator=torch.Generator().manual_seed(1))
+    for checkpoint in range(1, checkpoints + 1):
+        for _ in range(2):
+            loss = model(ids, labels=ids).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.save_pretrained(folder / "run" / f"checkpoint-{checkpoint}")
+    np.save(folder / "ids.npy", np.random.default_rng(2).integers(0, 4096, (sequences, length)))
+    store = folder / "run.zarr"
+    imported = run_ckpt("import", str(folder / "run"), str(store))
+    assert imported.returncode == 0, imported.stderr
+    added = run_ckpt("data", "add", str(store), "eval", "--inputs", str(folder / "ids.npy"))
+    assert added.returncode == 0, added.stderr
+    return store
+
+
 def write_mlp_run(
     path: Path,
     steps: int = 6,

@@ -17,7 +17,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.analyzers.hessian_basis import MemoryPlan, plan_memory
 from ckpt.plugins import AnalysisError, lanczos_bytes, parse_size
-from tests.conftest import run_ckpt, tree_digest
+from tests.conftest import run_ckpt, tree_digest, write_gpt2_run
 
 CHILD = Path(__file__).with_name("memory_child.py")
 MiB = 2**20
@@ -26,29 +26,7 @@ MiB = 2**20
 @pytest.fixture(scope="module")
 def gpt2_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One checkpoint of a 1.7M-parameter GPT-2 after two AdamW steps, and 16 eval sequences of 24 tokens."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    folder = tmp_path_factory.mktemp("gpt2")
-    torch.manual_seed(0)
-    config = GPT2Config(
-        n_layer=2, n_head=4, n_embd=192, vocab_size=4096, n_positions=64, bos_token_id=0, eos_token_id=0
-    )
-    model = GPT2LMHeadModel(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 4096, (8, 32), generator=torch.Generator().manual_seed(1))
-    for _ in range(2):
-        loss = model(ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.save_pretrained(folder / "run" / "checkpoint-1")
-    np.save(folder / "ids.npy", np.random.default_rng(2).integers(0, 4096, (16, 24)))
-    store = folder / "run.zarr"
-    assert run_ckpt("import", str(folder / "run"), str(store)).returncode == 0
-    added = run_ckpt("data", "add", str(store), "eval", "--inputs", str(folder / "ids.npy"))
-    assert added.returncode == 0, added.stderr
-    return store
+    return write_gpt2_run(tmp_path_factory.mktemp("gpt2"))
 
 
 def limited(extra: int, *args: str) -> tuple[subprocess.CompletedProcess[str], int]:

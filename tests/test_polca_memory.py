@@ -1,0 +1,141 @@
+"""POLCA within the memory budget (issue 29): passes sized from ``--max-memory``, the same numbers in any size.
+
+A real GPT-2 (1.7M parameters, vocabulary 4,096) with two checkpoints and 32 eval sequences
+of 48 tokens: one second-order pass over all of them along 8 vectors, what ``--batch-size 256
+--basis-batch 8`` gave before, does not fit in 900 MiB beside the process.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckpt.store as ckptstore
+from ckpt.analyzers.polca import PASS_PEAK, PassCost, plan_memory
+from ckpt.plugins import AnalysisError, peak_bytes
+from tests.conftest import run_ckpt, tree_digest, write_gpt2_run
+from tests.test_memory_budget import error_lines, limited
+
+MiB = 2**20
+VECTORS = 8
+POLCA = ("--basis", "random-basis", "--second-order", "exact", "--scheduler", "sync")
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two checkpoints, 32 eval sequences of 48 tokens and a stored random basis of 8 vectors."""
+    store = write_gpt2_run(tmp_path_factory.mktemp("gpt2-polca"), checkpoints=2, sequences=32, length=48)
+    done = run_ckpt("analyze", "random-basis", str(store), "--vectors", str(VECTORS), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    return store
+
+
+@pytest.fixture
+def gpt2_store(gpt2_run: Path, tmp_path: Path) -> Path:
+    """A private copy of the run (analyses write into the store)."""
+    path = tmp_path / "run.zarr"
+    shutil.copytree(gpt2_run, path)
+    return path
+
+
+def planned_passes(stderr: str) -> set[tuple[int, int]]:
+    """The (examples, vectors) of every checkpoint's plan that ``--progress`` showed."""
+    return {(int(b), int(k)) for b, k in re.findall(r"(\d+) examples x (\d+) vectors a pass", stderr)}
+
+
+def test_a_small_budget_gives_the_same_numbers_in_smaller_passes(gpt2_store: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.zarr"
+    shutil.copytree(gpt2_store, other)
+    # first order: the second order's passes run the same code, at three times the cost
+    first = (*POLCA, "--second-order", "none", "--progress")
+    roomy = run_ckpt("analyze", "polca", str(gpt2_store), *first, "--max-memory", "16GiB", timeout=300)
+    assert roomy.returncode == 0, roomy.stderr
+    assert planned_passes(roomy.stderr) == {(32, VECTORS)}  # one pass a checkpoint, as before the budget
+    tight = run_ckpt("analyze", "polca", str(other), *first, "--max-memory", "250MiB", timeout=300)
+    assert tight.returncode == 0, tight.stderr
+    plans = planned_passes(tight.stderr)
+    assert plans and all(b * k <= 32 * VECTORS / 4 for b, k in plans), plans
+    unbounded = ckptstore.open(gpt2_store).analysis("polca").load()
+    bounded = ckptstore.open(other).analysis("polca").load()
+    for name in ("polca", "first_order", "loss_change", "step_projection"):
+        scale = float(np.abs(unbounded[name].values).max())
+        np.testing.assert_allclose(bounded[name].values, unbounded[name].values, rtol=1e-4, atol=1e-6 * scale)
+
+
+def test_the_planned_passes_fit_where_one_pass_does_not(gpt2_store: Path) -> None:
+    """Under an address-space limit the old block sizes (a 100 GiB budget) run out; 200 MiB fits."""
+    args = ("analyze", "polca", str(gpt2_store), *POLCA, "--no-progress")
+    before = tree_digest(gpt2_store)
+    ignored, _ = limited(900 * MiB, *args, "--max-memory", "100GiB")
+    assert ignored.returncode != 0
+    lines = error_lines(ignored.stderr)
+    assert len(lines) == 1 and "ran out of memory" in lines[0] and "--max-memory" in lines[0], ignored.stderr
+    assert tree_digest(gpt2_store) == before
+
+    honoured, _ = limited(900 * MiB, *args, "--max-memory", "200MiB")
+    assert honoured.returncode == 0, honoured.stderr
+    assert ckptstore.open(gpt2_store).analysis("polca").sizes["basis"] == VECTORS
+
+
+def test_an_impossible_budget_is_one_error_line_naming_the_knob(gpt2_store: Path) -> None:
+    before = tree_digest(gpt2_store)
+    done = run_ckpt("analyze", "polca", str(gpt2_store), *POLCA, "--max-memory", "20MiB", "--no-progress")
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), done.stderr
+    assert "polca needs at least" in lines[0] and "the memory budget is 20 MiB: raise --max-memory" in lines[0]
+    assert tree_digest(gpt2_store) == before
+
+
+def test_the_pass_cost_is_exact_at_the_points_it_was_fitted_to() -> None:
+    """A bilinear cost is recovered exactly; a flat line where only one size was measured."""
+    truth = PassCost(5e6, 3e6, 2e6, 1e6)
+    measured = {(b, k): int(truth(b, k)) for b in (2, 3) for k in (1, 2)}
+    assert PassCost.fit(measured) == truth
+    single = PassCost.fit({(1, 1): 100, (1, 2): 150})
+    assert (single.per_example, single.per_example_vector, single(1, 4)) == (0.0, 0.0, 250.0)
+
+
+def test_peak_bytes_counts_what_is_held_at_once_not_what_was_allocated() -> None:
+    import torch
+
+    x = torch.ones(1000)
+
+    def run() -> None:
+        for _ in range(5):
+            y = x * 2  # 4,000 bytes, freed before the next
+            del y
+        held = [x + 1, x + 2]  # 8,000 bytes at once
+        del held
+
+    assert peak_bytes(run) == 8000
+    assert peak_bytes(lambda: x.view(10, 100).add_(0)) == 0  # views and in-place ops allocate nothing
+
+
+COST = PassCost(10 * MiB, 8 * MiB, 4 * MiB, 5 * MiB)
+
+
+@pytest.mark.parametrize("budget_mib", [60, 120, 400, 10_000])
+def test_every_plan_fits_its_budget(budget_mib: int) -> None:
+    """All vectors a pass while 8 examples fit beside them; then fewer vectors; never above the budget."""
+    budget, fixed = budget_mib * MiB, 20 * MiB
+    plan = plan_memory(budget, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8)
+    assert plan.estimate <= budget
+    assert plan.estimate == int(fixed + PASS_PEAK * COST(plan.block_examples, plan.vectors))
+    if budget_mib == 10_000:
+        assert (plan.block_examples, plan.vectors) == (48, 8)
+    if budget_mib == 400:  # 304 MiB of room: 5 examples fit beside 8 vectors, 8 examples beside 5
+        assert (plan.block_examples, plan.vectors) == (8, 5)
+    if budget_mib == 60:  # 32 MiB of room: one example along one vector (27 MiB) is all that fits
+        assert (plan.block_examples, plan.vectors) == (1, 1)
+    small = plan_memory(budget, fixed, COST, examples=48, vectors=8, batch_size=4, basis_batch=2)
+    assert small.block_examples <= 4 and small.vectors <= 2  # the user's sizes stay upper bounds
+
+
+def test_a_plan_that_cannot_fit_names_the_knobs() -> None:
+    with pytest.raises(AnalysisError, match=r"polca needs at least .* the memory budget is 40 MiB: raise --max-memory"):
+        plan_memory(40 * MiB, 20 * MiB, COST, examples=48, vectors=8, batch_size=256, basis_batch=8)
