@@ -17,12 +17,13 @@ the result is recomputed whole when checkpoints are added (``per = "run"``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ckpt.analyzers.basis import ComputeOptions
-from ckpt.analyzers.polca import worker_space
+from ckpt.analyzers.polca import measure_passes, plan_memory, worker_space
 from ckpt.plugins import (
     PER_RUN,
     AnalysisContext,
@@ -36,6 +37,7 @@ from ckpt.plugins import (
     hookimpl,
     loss_function,
     parameter_space,
+    torch_dtype,
     trainable,
 )
 
@@ -65,27 +67,55 @@ def allocate(
     midpoint = {name: (start_point[name] + end_point[name]) / 2 for name in space.names}
     delta = space.flatten({n: after[n].double() - before[n].double() for n in space.names})[selected]
     examples = len(worker.data(split)["inputs"])
-    gradients = {"start": [], "middle": [], "end": []}
-    for rows in chunks(examples, batch_size):
-        per_point = {key: [] for key in gradients}
-        # buffers (the tensors held fixed) from θ_t for the start and the midpoint, from θ_t+1 at the end
-        f_before = loss_function(worker, before, space, split=split, examples=rows, objective=objective, dtype=dtype)
-        f_after = loss_function(worker, after, space, split=split, examples=rows, objective=objective, dtype=dtype)
-        for columns in chunks(len(selected), basis_batch):
-            flat = torch.zeros(
-                columns.stop - columns.start, space.size, dtype=start_point[space.names[0]].dtype, device=worker.device
-            )
-            flat[torch.arange(flat.shape[0]), torch.as_tensor(selected[columns])] = 1.0
-            directions = space.unflatten(flat)
-            for key, point, f in (
-                ("start", start_point, f_before),
-                ("middle", midpoint, f_before),
-                ("end", end_point, f_after),
-            ):
-                _, first, _ = directional_derivatives(f, point, directions, order=1)
-                per_point[key].append(first)
-        for key in gradients:
-            gradients[key].append(torch.cat(per_point[key]))
+    precision = start_point[space.names[0]].dtype
+
+    def one_hot(columns: slice) -> dict[str, Any]:
+        """Coordinate directions e_i of the selected parameters in ``columns`` (dense: a JVP's tangents)."""
+        flat = torch.zeros(columns.stop - columns.start, space.size, dtype=precision, device=worker.device)
+        flat[torch.arange(flat.shape[0]), torch.as_tensor(selected[columns])] = 1.0
+        return space.unflatten(flat)
+
+    def f_of(rows: slice) -> Any:
+        return loss_function(worker, before, space, split=split, examples=rows, objective=objective, dtype=dtype)
+
+    gradients: dict[str, list[Any]] = {"start": [], "middle": [], "end": []}
+    with worker.computing():
+        # the same plan as polca's passes; each vector also brings its dense one-hot direction
+        cost = worker.cached(
+            ("lca-pass-cost", split, objective, dtype, min(3, examples), min(2, len(selected))),
+            lambda: measure_passes(f_of, examples, start_point, one_hot(slice(0, min(2, len(selected)))), 1),
+        )
+        cost = replace(cost, per_vector=cost.per_vector + space.size * precision.itemsize)
+        itemsize = torch_dtype(dtype).itemsize
+        # the worker's two cached checkpoints (float32), the three points θ_t, midpoint, θ_t+1 in --dtype
+        fixed = space.size * (2 * 4 + 3 * itemsize)
+        plan = plan_memory(
+            worker.memory_budget,
+            fixed,
+            cost,
+            examples=examples,
+            vectors=len(selected),
+            batch_size=batch_size,
+            basis_batch=basis_batch,
+            who="lca",
+        )
+        for rows in chunks(examples, plan.block_examples):
+            per_point: dict[str, list[Any]] = {key: [] for key in gradients}
+            # buffers (the tensors held fixed) from θ_t for the start and the midpoint, from θ_t+1 at the end
+            f_before = f_of(rows)
+            f_after = loss_function(worker, after, space, split=split, examples=rows, objective=objective, dtype=dtype)
+            for columns in chunks(len(selected), plan.vectors):
+                directions = one_hot(columns)
+                for key, point, f in (
+                    ("start", start_point, f_before),
+                    ("middle", midpoint, f_before),
+                    ("end", end_point, f_after),
+                ):
+                    _, first, _ = directional_derivatives(f, point, directions, order=1)
+                    per_point[key].append(first)
+                directions = None
+            for key in gradients:
+                gradients[key].append(torch.cat(per_point[key]))
     g = {key: torch.cat(parts, dim=1).double().cpu() for key, parts in gradients.items()}
     scale = delta.cpu().unsqueeze(1)
     simpson = (g["start"] + 4 * g["middle"] + g["end"]) / 6

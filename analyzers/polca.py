@@ -146,6 +146,7 @@ def plan_memory(
     vectors: int,
     batch_size: int,
     basis_batch: int,
+    who: str = "polca",
 ) -> MemoryPlan:
     """Fit a checkpoint's passes into ``budget`` bytes, or say which knob to turn.
 
@@ -191,10 +192,10 @@ def plan_memory(
         return MemoryPlan(b, k, int(fixed + PASS_PEAK * cost(b, k)))
     need = fixed + PASS_PEAK * cost(1, 1)
     msg = (
-        f"polca needs at least {format_size(need)} per task (the checkpoint's tensors and {vectors} basis "
-        f"vectors {format_size(fixed)}, a forward-mode pass over one example along one vector "
+        f"{who} needs at least {format_size(need)} per task ({format_size(fixed)} held beside its passes: "
+        f"checkpoints and {vectors} directions; a forward-mode pass over one example along one direction "
         f"{format_size(PASS_PEAK * cost(1, 1))}); the memory budget is {format_size(budget)}: "
-        "raise --max-memory, or use fewer basis vectors"
+        "raise --max-memory, or use fewer basis vectors" + (" (--parameters)" if who == "lca" else "")
     )
     raise AnalysisError(msg)
 
@@ -333,21 +334,31 @@ def recent_checkpoint_terms(worker: Worker, step: int, **options: object) -> dic
     return worker.recent(key, lambda: checkpoint_terms(worker, step, **options))  # type: ignore[arg-type]
 
 
+PROJECTION_BLOCK = 1 << 22
+"""Parameters per block of ⟨Δ, b⟩: the float64 copies are K·32 MiB at most, not K·8·D bytes (at GPT-2
+small, 4 vectors of the 38.6M-entry embedding were 1.2 GB of float64 copies beside a running pass)."""
+
+
 def step_projections(
     worker: Worker, step: int, next_step: int, *, basis: str, created: str, dtype: str
 ) -> dict[str, np.ndarray]:
     """⟨θ_next - θ_step, b⟩ for every basis vector, accumulated in float64 (on a worker)."""
+    import torch
+
     space = worker_space(worker)
     directions = load_basis(worker, basis, created, space, dtype)
     before, after = worker.params(step), worker.params(next_step)
-    total = None
-    for name in space.names:
-        # in float64, where the difference of two float32 weights is exact (a float32
-        # difference was off by up to 6e-8 relative on the tiny MLP of the tests)
-        delta = (after[name].double() - before[name].double()).reshape(-1)
-        term = directions[name].double().reshape(directions[name].shape[0], -1) @ delta
-        total = term if total is None else total + term
-    assert total is not None
+    count = next(iter(directions.values())).shape[0]
+    total = torch.zeros(count, dtype=torch.float64, device=worker.device)
+    with worker.computing():  # its copies are not made while another thread's pass holds its peak
+        for name in space.names:
+            vectors = directions[name].reshape(count, -1)
+            start_flat, end_flat = before[name].reshape(-1), after[name].reshape(-1)
+            for block in chunks(len(start_flat), PROJECTION_BLOCK):
+                # in float64, where the difference of two float32 weights is exact (a float32
+                # difference was off by up to 6e-8 relative on the tiny MLP of the tests)
+                delta = end_flat[block].double() - start_flat[block].double()
+                total += vectors[:, block].double() @ delta.to(total.device)
     return {"delta": total.cpu().numpy()}
 
 

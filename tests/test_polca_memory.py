@@ -91,6 +91,28 @@ def test_an_impossible_budget_is_one_error_line_naming_the_knob(gpt2_store: Path
     assert tree_digest(gpt2_store) == before
 
 
+def test_lca_plans_its_passes_with_its_dense_directions(gpt2_store: Path, tmp_path: Path) -> None:
+    """LCA's one-hot directions are D numbers each: a tight budget takes fewer a pass, with the same numbers."""
+    other = tmp_path / "other.zarr"
+    shutil.copytree(gpt2_store, other)
+    lca = ("--parameters", "6", "--scheduler", "sync", "--no-progress")
+    assert run_ckpt("analyze", "lca", str(gpt2_store), *lca, "--max-memory", "16GiB", timeout=300).returncode == 0
+    tight = run_ckpt("analyze", "lca", str(other), *lca, "--max-memory", "150MiB", timeout=300)
+    assert tight.returncode == 0, tight.stderr
+    roomy, bounded = (ckptstore.open(p).analysis("lca").load() for p in (gpt2_store, other))
+    for name in ("first_order", "lca"):
+        scale = float(np.abs(roomy[name].values).max())
+        np.testing.assert_allclose(bounded[name].values, roomy[name].values, rtol=1e-4, atol=1e-6 * scale)
+    before = tree_digest(other)
+    done = run_ckpt("analyze", "lca", str(other), *lca, "--max-memory", "20MiB", "--force")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert (
+        lines[0].startswith("Error: lca needs at least") and "--max-memory" in lines[0] and "--parameters" in lines[0]
+    )
+    assert tree_digest(other) == before
+
+
 def test_the_pass_cost_is_exact_at_the_points_it_was_fitted_to() -> None:
     """A bilinear cost is recovered exactly; a flat line where only one size was measured."""
     truth = PassCost(5e6, 3e6, 2e6, 1e6)
