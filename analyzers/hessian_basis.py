@@ -304,16 +304,9 @@ def saved_eigenpairs(
 @contextlib.contextmanager
 def _product_progress(worker: Worker, step: int, tol: float, plan: MemoryPlan) -> Iterator[Any]:
     """A bar of Hessian-vector products for one basis checkpoint (``--progress``), with the worst residual."""
-    from tqdm import tqdm
-
     graphs = "kept graphs" if plan.keep_graphs else f"graphs rebuilt per product, blocks of {plan.block_examples}"
-    with tqdm(
-        desc=f"hessian-basis step {step}",
-        unit="product",
-        disable=not worker.spec.progress,
-        leave=True,
-        postfix=f"{graphs}, {plan.vectors} vectors, ~{format_size(plan.estimate)}",
-    ) as bar:
+    postfix = f"{graphs}, {plan.vectors} vectors, ~{format_size(plan.estimate)}"
+    with worker.progress_bar(f"hessian-basis step {step}", unit="product", postfix=postfix) as bar:
 
         def progress(products: int, worst: float) -> None:
             bar.update(1)

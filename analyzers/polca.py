@@ -303,16 +303,8 @@ def checkpoint_terms(
 @contextlib.contextmanager
 def _pass_progress(worker: Worker, step: int, plan: MemoryPlan, total: int) -> Iterator[Any]:
     """A bar of one checkpoint's forward-mode passes (``--progress``), with the memory plan."""
-    from tqdm import tqdm
-
-    with tqdm(
-        total=total,
-        desc=f"polca step {step}",
-        unit="pass",
-        disable=not worker.spec.progress,
-        leave=False,
-        postfix=f"{plan.block_examples} examples x {plan.vectors} vectors a pass, ~{format_size(plan.estimate)}",
-    ) as bar:
+    postfix = f"{plan.block_examples} examples x {plan.vectors} vectors a pass, ~{format_size(plan.estimate)}"
+    with worker.progress_bar(f"polca step {step}", unit="pass", total=total, postfix=postfix) as bar:
         yield bar
 
 

@@ -274,6 +274,16 @@ class Worker:
 
         return self._least_recently_used(self._params, step, load, keep=2)
 
+    def progress_bar(self, description: str, *, unit: str, total: int | None = None, postfix: str = "") -> Any:
+        """A ``tqdm`` bar on stderr for a long task (a context manager), shown only with ``--progress``.
+
+        The bars of one run's tasks say what each task is doing (``hessian-basis step 400``) and
+        how it was planned (``postfix``: its memory plan).
+        """
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=description, unit=unit, disable=not self.spec.progress, postfix=postfix)
+
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
         """Hold one of the process's computation slots of the device while the block runs.
