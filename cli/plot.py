@@ -39,7 +39,7 @@ def _figure_formats() -> set[str]:
 def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int) -> None:
     """Write the figures of the stored result NAME of STORE.
 
-    NAME is a stored result (``ckpt info STORE`` lists them), drawn by the analyzer that
+    NAME is a stored result (ckpt info STORE lists them), drawn by the analyzer that
     computed it. With several stores, NAME must be embedding-geometry: one figure of the final
     grid imperfection against final accuracy, a point per run.
     """

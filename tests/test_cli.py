@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ckpt.plugins
 import ckpt.store as ckptstore
 from tests.conftest import run_ckpt, tree_digest
 
@@ -29,6 +30,22 @@ def test_version_and_help() -> None:
     assert helped.returncode == 0
     for command in ("info", "import", "verify", "repair"):
         assert command in helped.stdout
+
+
+def test_no_help_shows_raw_rst_markup() -> None:
+    """Click prints docstrings as they are: ``double backticks`` would reach the user as such."""
+    from click.testing import CliRunner
+
+    from ckpt.cli.main import cli
+
+    runner = CliRunner()
+    for name in cli.commands:
+        helped = runner.invoke(cli, [name, "--help"])
+        assert helped.exit_code == 0, name
+        assert "``" not in helped.output, f"ckpt {name} --help: {helped.output}"
+    for name in ckpt.plugins.registry().analyzers:
+        helped = runner.invoke(cli, ["analyze", name, "--help"])
+        assert helped.exit_code == 0 and "``" not in helped.output, f"ckpt analyze {name} --help: {helped.output}"
 
 
 def test_info_shows_metadata_tensors_and_data(small_store: Path) -> None:
