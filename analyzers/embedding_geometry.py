@@ -537,6 +537,10 @@ class EmbeddingGeometry(Analyzer):
         probes = probe_sequences(p, k, length, self.suffixes, self.seed)
         return probes, ideal_cluster_count(p, k), _probe_width(store, self.module, probes["tokens"][:1])
 
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """None: computed from the weights alone."""
+        return ()
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """The metrics for ``ctx.steps``, lazily: one Dask task per checkpoint."""
         name, modulus = self._table(ctx.store)

@@ -34,6 +34,10 @@ class Fisher(BasisReader, Analyzer):
     basis_batch = Option(int, 8, "Basis vectors per vectorized JVP pass (bounds memory).", minimum=1)
     block_examples = Option(int, 8192, "Examples per Dask task.", minimum=1)
 
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """Only ``--split``'s data: another split added or replaced leaves the result as it is."""
+        return (str(self.split),)
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One first-order JVP pass per checkpoint and block of examples."""
         import xarray as xr

@@ -404,6 +404,10 @@ class GradNorms(Analyzer):
             return str(self.split)
         return "train" if "train" in store.splits else "eval"
 
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """The split of the loss (none for a store without a model: update norms only)."""
+        return (self.resolved_split(store),) if store.model is not None else ()
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task per checkpoint: gradient norms (when the store has a model) and update norms."""
         store = ctx.store
@@ -544,6 +548,10 @@ class LossSpikes(Analyzer):
                 raise AnalysisError(msg)
         msg = f"{store.path} has no loss metric and no model to evaluate one; pass --metric NAME"
         raise AnalysisError(msg)
+
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """None of its own: the series come from grad-norms (whose provenance covers its split) and the metrics."""
+        return ()
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One Dask task over the whole series (the norms come lazily from ``grad-norms``)."""

@@ -333,6 +333,10 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
             return str(self.options["hessian_split"])
         return "train" if "train" in store.splits else str(self.options["split"])
 
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """Only the Hessian's split."""
+        return (self.hessian_split(store),)
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """A chain of one Dask task per basis checkpoint; the vectors split back into tensors."""
         import dask.array as da

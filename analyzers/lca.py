@@ -137,6 +137,10 @@ class Lca(ComputeOptions, Analyzer):
     )
     basis_batch = Option(int, 8, "Parameters per vectorized JVP pass (bounds memory).", minimum=1)
 
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """Only ``--split``'s data: another split added or replaced leaves the result as it is."""
+        return (str(self.split),)
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Select the parameters (reads the last checkpoint), then one task per checkpoint pair."""
         store = ctx.store

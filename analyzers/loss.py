@@ -40,6 +40,10 @@ class Loss(Analyzer):
     batch_size = Option(int, 1024, "Examples per forward pass.", minimum=1)
     block_examples = Option(int, 8192, "Examples per Dask task (bounds a task's memory).", minimum=1)
 
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """Only ``--split``'s data: another split added or replaced leaves the result as it is."""
+        return (str(self.split),)
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Per-datapoint losses for ``ctx.steps``, lazily."""
         example, position = datapoint_index(ctx.store, self.split, self.objective)

@@ -381,6 +381,10 @@ class Polca(BasisReader, Analyzer):
     )
     block_examples = Option(int, 8192, "Examples per Dask task.", minimum=1)
 
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """Only ``--split``'s data: another split added or replaced leaves the result as it is."""
+        return (str(self.split),)
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Per-checkpoint terms once per checkpoint, combined lazily into per-pair POLCA."""
         import xarray as xr

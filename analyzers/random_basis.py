@@ -87,6 +87,10 @@ class RandomBasis(ScheduleOptions, Analyzer):
         int, 0, "Number of vectors (0: as many as --every/--at-steps/-k give the Hessian basis).", minimum=0
     )
 
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """None: computed from the weights alone."""
+        return ()
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task draws all vectors; the result is split back into tensors."""
         import dask.array as da

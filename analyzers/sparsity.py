@@ -129,6 +129,10 @@ class Sparsity(Analyzer):
     eps_count = Option(int, 50, "Number of log-spaced ε values.", minimum=1)
     batch_size = Option(int, 1024, "Examples per forward pass (bounds memory).", minimum=1)
 
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """Only ``--split``'s data: another split added or replaced leaves the result as it is."""
+        return (str(self.split),)
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task per checkpoint; the modules are resolved on the model built here."""
         store = ctx.store

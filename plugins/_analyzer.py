@@ -187,6 +187,16 @@ class Analyzer:
         """Options to run each required analyzer with (default: their defaults)."""
         return {}
 
+    def data_splits(self, store: Any) -> Sequence[str] | None:
+        """The data splits this result is computed from: only their content decides whether it is reused.
+
+        ``None`` (the default): every split, so any change of the store's data recomputes it. A
+        weights-only analyzer returns ``()``: adding or replacing a split leaves its results
+        alone. An analyzer reading ``--split`` returns ``(self.split,)``. What required analyzers
+        read is covered by their own provenance.
+        """
+        return None
+
     def preflight(self, store: Any) -> None:
         """Check the options against ``store`` before anything, dependencies included, is computed.
 

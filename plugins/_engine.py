@@ -69,9 +69,13 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def data_hash(store: ckptstore.Store) -> str:
-    """One hash over the content hashes of every data split of the store."""
-    digests = {split: store.split_hash(split) for split in store.splits}
+def data_hash(store: ckptstore.Store, splits: Sequence[str] | None = None) -> str:
+    """One hash over the content hashes of the store's data splits ``splits`` (None: every split).
+
+    A split that is named but absent counts as absent, so that adding it later changes the hash.
+    """
+    names = store.splits if splits is None else sorted(set(splits))
+    digests = {split: store.split_hash(split) if split in store.splits else None for split in names}
     return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
 
 
@@ -322,7 +326,7 @@ def run(
         model = model_hash(opened)
         provenance = {
             **analyzer.provenance(),
-            "data_sha256": data_hash(opened),
+            "data_sha256": data_hash(opened, analyzer.data_splits(opened)),
             "model_sha256": model,
             "requires": requirements,
         }

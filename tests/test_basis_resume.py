@@ -85,8 +85,10 @@ def test_pieces_of_another_request_are_never_taken(store: Path) -> None:
 
 def test_new_data_or_force_compute_everything_again(store: Path) -> None:
     killed_mid_run(store)
-    with ckptstore.open(store, mode="a") as writer:  # the Hessian's split is unchanged, but the data hash is not
-        writer.add_data("extra", inputs=np.zeros((2, 3), np.float32), targets=np.zeros(2, np.int64))
+    eval_split = ckptstore.open(store).data("eval")
+    with ckptstore.open(store, mode="a") as writer:  # the Hessian's split replaced (its rows reversed)
+        targets = eval_split["targets"].values[::-1].copy()
+        writer.add_data("eval", inputs=eval_split["inputs"].values[::-1].copy(), targets=targets, overwrite=True)
     assert run("hessian-basis", store, scheduler="sync", every=1, k=1, dtype="float64", tol=1e-10).resumed == []
     assert run_ckpt("rm", str(store), "hessian-basis").returncode == 0
     killed_mid_run(store)

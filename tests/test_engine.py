@@ -149,11 +149,19 @@ def test_incremental_after_appending_checkpoints(mlp_store: Path) -> None:
 
 
 def test_changed_options_or_data_recompute(mlp_store: Path) -> None:
+    """Other options recompute; so does a change of the split read, and only of that split."""
     run("loss", mlp_store)
     assert run("loss", mlp_store, batch_size=7).computed_steps == [0, 1, 2, 3, 4, 5]
     with ckptstore.open(mlp_store, mode="a") as w:
         w.add_data("extra", inputs=np.zeros((2, 3), np.float32), targets=np.zeros(2, np.int64))
-    assert run("loss", mlp_store, batch_size=7).computed_steps == [0, 1, 2, 3, 4, 5], "new data: new hash"
+    assert run("loss", mlp_store, batch_size=7).computed_steps == [], "a split it does not read: kept"
+    eval_split = ckptstore.open(mlp_store).data("eval")
+    with ckptstore.open(mlp_store, mode="a") as w:
+        inputs = eval_split["inputs"].values
+        w.add_data(
+            "eval", inputs=inputs[::-1].copy(), targets=eval_split["targets"].values[::-1].copy(), overwrite=True
+        )
+    assert run("loss", mlp_store, batch_size=7).computed_steps == [0, 1, 2, 3, 4, 5], "its split replaced: new hash"
     assert run("loss", mlp_store, batch_size=7, force=True).computed_steps == [0, 1, 2, 3, 4, 5]
 
 
@@ -397,3 +405,16 @@ def test_the_context_names_the_previous_and_first_checkpoints(mlp_store: Path) -
     context = ckpt.plugins.AnalysisContext(ckptstore.open(mlp_store), [2, 3], TaskSpec(str(mlp_store)), {})
     assert [context.previous_step(s) for s in (0, 1, 5)] == [None, 0, 4]
     assert context.first_step == 0 and context.next_step(3) == 4
+
+
+def test_a_weights_only_result_survives_new_data(mlp_store: Path) -> None:
+    """A result is kept when a split it does not read is added (random-basis reads none); it was recomputed."""
+    kept = {"random-basis": {"vectors": 3}, "grad-norms": {"split": "eval"}, "hessian-basis": {"hessian_split": "eval"}}
+    for name, options in kept.items():
+        assert run(name, mlp_store, **options).computed_steps
+    with ckptstore.open(mlp_store, mode="a") as w:
+        w.add_data("train", inputs=np.zeros((4, 3), np.float32), targets=np.zeros(4, np.int64))
+    for name, options in kept.items():
+        assert run(name, mlp_store, **options).computed_steps == [], name
+    # hessian-basis without --hessian-split now takes the new train split: its data changed, so it recomputes
+    assert run("hessian-basis", mlp_store).computed_steps
