@@ -222,16 +222,19 @@ def analyze() -> None:
 def plugins_command() -> None:
     """List the analyzers, objectives, importers and tasks, with the package providing each."""
     reg = registry()
-    for kind in ("analyzers", "objectives", "importers", "tasks"):
-        items = getattr(reg, kind)
+    kinds = ("analyzers", "objectives", "importers", "tasks")
+    rows = {kind: [(name, reg.provider(kind, name)) for name in sorted(getattr(reg, kind))] for kind in kinds}
+    # columns as wide as their longest entry (a long package name pushed the descriptions out of line)
+    names = max((len(name) for entries in rows.values() for name, _ in entries), default=0)
+    providers = max((len(f"{p.package} {p.version}") for entries in rows.values() for _, p in entries), default=0)
+    for kind in kinds:
         click.echo(f"{kind}:")
-        if not items:
+        if not rows[kind]:
             click.echo("  (none)")
-        for name in sorted(items):
-            item = items[name]
-            provider = reg.provider(kind, name)
-            description = getattr(item, "description", "") or ""
-            click.echo(f"  {name:<22} {provider.package} {provider.version:<10} {description}")
+        for name, provider in rows[kind]:
+            description = getattr(getattr(reg, kind)[name], "description", "") or ""
+            source = f"{provider.package} {provider.version}"
+            click.echo(f"  {name:<{names}}  {source:<{providers}}  {description}")
 
 
 @click.command("show")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,9 @@ def test_the_cli_keeps_working_with_broken_plugins(site: Path, mlp_store: Path) 
     assert len(warnings) == 2 and all(w.startswith("Warning: ") for w in warnings), result.stderr
     assert "plugin 'broken' from broken-pkg 1.0 failed to load" in result.stderr
     assert "countdown" in result.stdout and "task-pkg 0.3" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("  ") and line.strip() != "(none)"]
+    starts = {re.match(r"  \S+\s+\S+ \S+\s+", line).end() for line in rows if len(line.split()) > 3}
+    assert len(starts) == 1, "descriptions start in one column, whatever the package names' lengths"
     analyzed = run_ckpt("analyze", "loss", str(mlp_store), "--no-progress", extra_env=env)
     assert analyzed.returncode == 0, analyzed.stderr
     assert "Traceback" not in analyzed.stderr
