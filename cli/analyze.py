@@ -203,8 +203,12 @@ class AnalyzeGroup(click.Group):
         analyzers = registry().analyzers
         if cmd_name not in analyzers:
             known = ", ".join(sorted(analyzers)) or "none"
-            msg = f"unknown analyzer {cmd_name!r}; registered analyzers: {known}"
-            raise click.UsageError(msg, ctx)
+            msg = f"unknown analyzer {cmd_name!r}; registered analyzers: {known} (see `ckpt plugins`)"
+            from ckpt.cli.main import EXIT_USAGE
+
+            error = click.ClickException(msg)  # the same words as ckpt.analyze's, with the usage exit status
+            error.exit_code = EXIT_USAGE
+            raise error
         return _make_command(cmd_name, analyzers[cmd_name])
 
 
