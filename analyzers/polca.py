@@ -30,8 +30,7 @@ it; ⟨b, Δ⟩ comes from the two checkpoints' weights in float64.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -279,7 +278,9 @@ def checkpoint_terms(
         )
         blocks = list(chunks(stop - start, plan.block_examples))
         batches = list(chunks(count, plan.vectors))
-        with _pass_progress(worker, step, plan, len(blocks) * len(batches)) as bar:
+        postfix = f"{plan.block_examples} examples x {plan.vectors} vectors a pass, ~{format_size(plan.estimate)}"
+        total = len(blocks) * len(batches)
+        with worker.progress_bar(f"polca step {step}", unit="pass", total=total, postfix=postfix) as bar:
             for rows in blocks:
                 f = f_of(rows)
                 first_parts, second_parts = [], []
@@ -298,14 +299,6 @@ def checkpoint_terms(
     first_all = torch.cat(firsts, dim=1).double().cpu().numpy()
     second_all = torch.cat(seconds, dim=1).double().cpu().numpy() if seconds else np.zeros_like(first_all)
     return {"loss": torch.cat(losses).double().cpu().numpy(), "first": first_all, "second": second_all}
-
-
-@contextlib.contextmanager
-def _pass_progress(worker: Worker, step: int, plan: MemoryPlan, total: int) -> Iterator[Any]:
-    """A bar of one checkpoint's forward-mode passes (``--progress``), with the memory plan."""
-    postfix = f"{plan.block_examples} examples x {plan.vectors} vectors a pass, ~{format_size(plan.estimate)}"
-    with worker.progress_bar(f"polca step {step}", unit="pass", total=total, postfix=postfix) as bar:
-        yield bar
 
 
 def recent_checkpoint_terms(worker: Worker, step: int, **options: object) -> dict[str, np.ndarray]:

@@ -18,7 +18,6 @@ and its options it
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -40,7 +39,7 @@ from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
 from ckpt.plugins._memory import default_budget, format_size, parse_size
 from ckpt.plugins._resume import Journal
-from ckpt.plugins._runtime import TaskSpec, concurrent_computations, resolve_device
+from ckpt.plugins._runtime import TaskSpec, concurrent_computations, resolve_device, utc_timestamp
 from ckpt.store._zarr import local_path
 from ckpt.store.results import result_lock, write_analysis
 
@@ -63,10 +62,6 @@ class RunReport:
     """The complete stored result (lazy)."""
     resumed: list[int] = field(default_factory=list)
     """Steps whose pieces of a per-run result an interrupted run had committed (taken, not computed)."""
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def data_hash(store: ckptstore.Store, splits: Sequence[str] | None = None) -> str:
@@ -467,7 +462,7 @@ def _compute(
             with _out_of_memory(engine, analyzer.name, []), _cluster_lost(engine, analyzer.name, []):
                 computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
             attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
-            attrs["ckpt"]["created"] = _now()
+            attrs["ckpt"]["created"] = utc_timestamp()
             write_analysis(where, target, computed, attrs=attrs, storage_options=engine["storage_options"])
             if journal is not None:  # the whole result is committed: its pieces are not needed any more
                 journal.discard()
@@ -490,7 +485,7 @@ def _compute(
                 steps = [int(s) for s in part["step"].values]
                 done += steps
                 attrs = {"ckpt": {**provenance, "steps": done, "ckpt_version": ckptstore.__version__}}
-                attrs["ckpt"]["created"] = _now()
+                attrs["ckpt"]["created"] = utc_timestamp()
                 write_analysis(
                     where,
                     target,

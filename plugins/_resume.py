@@ -13,12 +13,12 @@ checkpoints) is never read: it is discarded and everything is computed anew.
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckpt.errors import CkptError
+from ckpt.plugins._runtime import utc_timestamp
 from ckpt.store.format import PARTIAL_SUFFIX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,13 +70,13 @@ class Journal:
         record = attrs.get("partial") if isinstance(attrs, dict) else None
         return (journal, record) if isinstance(record, dict) and record.get("of") == self.name else None
 
-    def _keys(self, store: Any) -> list[Any] | None:
-        """The keys of the pieces the journal of this request holds, or None."""
+    def _held(self, store: Any) -> tuple[xr.Dataset, list[Any]] | None:
+        """The journal of this request (lazy) and the keys of the pieces it holds, or None."""
         opened = self._opened(store)
         if opened is None or opened[1].get("identity") != self.identity:
             return None
         keys = opened[1].get("keys")
-        return keys if isinstance(keys, list) else None
+        return (opened[0], keys) if isinstance(keys, list) else None
 
     def load(self, keys: Sequence[Any]) -> tuple[xr.Dataset, list[Any]] | None:
         """The committed pieces of an interrupted run of this request, if they are a prefix of ``keys``.
@@ -93,11 +93,10 @@ class Journal:
             none, or it belongs to another request, or its keys are not a prefix of ``keys``,
             or it cannot be read (then it is simply computed again).
         """
-        store = self._open()
-        saved = self._keys(store)
-        if not saved or saved != _json(list(keys))[: len(saved)]:
+        held = self._held(self._open())
+        if held is None or not held[1] or held[1] != _json(list(keys))[: len(held[1])]:
             return None
-        return store.analysis(self.partial), saved
+        return held
 
     def append(self, piece: xr.Dataset, dim: str, keys: Sequence[Any]) -> None:
         """Commit ``piece`` as the last of the pieces named by ``keys`` (along ``dim``).
@@ -108,16 +107,16 @@ class Journal:
 
         keys = _json(list(keys))
         if len(keys) > 1:
-            held = self._keys(self._open())
+            opened = self._held(self._open())
+            held = opened[1] if opened is not None else None
             if held != keys[:-1]:
                 msg = (
                     f"the journal {self.partial} holds pieces {held}, not {keys[:-1]}: another run of "
                     f"{self.analyzer!r} wrote it meanwhile; rerun the command"
                 )
                 raise CkptError(msg)
-        now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         record = {"of": self.name, "identity": self.identity, "keys": keys}
-        attrs = {"ckpt": {"analyzer": self.analyzer, "partial": record, "created": now}}
+        attrs = {"ckpt": {"analyzer": self.analyzer, "partial": record, "created": utc_timestamp()}}
         write_analysis(
             self.where,
             self.partial,

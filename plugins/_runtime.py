@@ -35,6 +35,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt.store import Store
 
 
+def utc_timestamp() -> str:
+    """Now, as the ``created`` of a result's provenance: ISO 8601 in UTC to the second (``...Z``)."""
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """What a worker needs to set itself up: paths and names, never tensors (cheap to ship)."""
