@@ -70,18 +70,24 @@ class MemoryPlan:
     """Lanczos vectors kept at once (fewer than the search may need: thick restarts)."""
     estimate: int
     """Bytes the plan is expected to peak at."""
+    spill: bool = False
+    """Lanczos vectors kept in a temporary file rather than memory (:class:`ckpt.plugins.SpilledRows`)."""
 
 
 PREFERRED_EXTRA_VECTORS = 8
 """Room beyond k that keeps thick restarts cheap. Products at tol 1e-6, unbounded against bounded: top-1 of
 a 1.7M-parameter GPT-2 35 against 39 with 9 vectors, 43 with 7, 56 with 5; top-4 of the bench model 49
 against 51 with 24 vectors and 58 with 12 (bench/lanczos.py)."""
-GRAPH_PEAK = 2.0
+GRAPH_PEAK = 2.3
 """A product differentiates the kept graphs again, and its backward pass holds about as much again.
-Measured on GPT-2 small (--samples 8: 3.2 GiB of graphs by :func:`ckpt.plugins.graph_bytes`): the run
-peaked 2.3 GiB above a plan that counted 1.25x, i.e. at about 2x the graphs."""
-REBUILT_PEAK = 2.0
-"""A rebuilt block holds its graph and the product's backward buffers at once."""
+Measured on GPT-2 small, --samples 8 (3.2 GiB of graphs by :func:`ckpt.plugins.graph_bytes`): 6.1 GiB
+RSS once the graphs were built, 9.2 GiB during a product, with 1.8 GiB of model, weights and vectors
+besides: 7.4 GiB, 2.3x the graphs."""
+REBUILT_PEAK = 2.3
+"""A rebuilt block holds its graph and the product's backward buffers at once (the same measurement)."""
+FIXED_VECTORS = 4
+"""Vectors of D held beside the search: the checkpoint's tensors (cached by the worker; θ's leaves share
+them), the product being made, its flat copy and the residual copied from it."""
 
 
 def plan_memory(
@@ -94,13 +100,16 @@ def plan_memory(
     graph: tuple[float, float],
     itemsize: int,
     limit: int,
+    *,
+    can_spill: bool = True,
 ) -> MemoryPlan:
     """Fit one basis checkpoint's search into ``budget`` bytes, or say which knob to turn.
 
-    Kept graphs come first (a product is one backward pass through them; rebuilding a block's graph
-    costs a forward and a backward more per product), with as many Lanczos vectors as fit; fewer
-    vectors mean more products (restarts), but far fewer than rebuilding costs. When the kept graphs
-    leave too little room, blocks are rebuilt per product, as large as fit beside the preferred room.
+    In order of speed: kept graphs with the Lanczos vectors in memory (as many as fit; fewer
+    vectors cost a few more products, in thick restarts); kept graphs with the vectors spilled to
+    a temporary file (a product reads them back, about 0.15 s per GB, where rebuilding a block's
+    graph costs a forward and a backward pass more per product); then blocks rebuilt per product,
+    as large as fit, with the vectors in memory, then spilled.
 
     Parameters
     ----------
@@ -117,6 +126,8 @@ def plan_memory(
         Bytes per parameter in the computation's dtype.
     limit
         Most Lanczos vectors the search could use (no restart).
+    can_spill
+        Whether the vectors may be spilled to a file (on the CPU only).
 
     Raises
     ------
@@ -124,9 +135,7 @@ def plan_memory(
         When even one example's graph and k + 4 Lanczos vectors do not fit.
     """
     vector = dimension * itemsize
-    # the checkpoint's tensors (cached by the worker; θ's leaves share them), the summed gradient, a
-    # product, its flat copy and the Lanczos residual made from it, one spare; and the basis so far
-    fixed = 6 * vector + earlier * vector
+    fixed = FIXED_VECTORS * vector + earlier * vector
     constant, per_example = graph
     smallest = min(limit, k + MIN_VECTORS_BEYOND_K)
     preferred = min(limit, k + PREFERRED_EXTRA_VECTORS)
@@ -141,22 +150,29 @@ def plan_memory(
             most -= 1
         return most
 
+    def spilled(vectors: int) -> int:
+        return lanczos_bytes(dimension, vectors, itemsize, spilled=True)
+
     kept = sum(graphs(min(batch_size, examples - start), GRAPH_PEAK) for start in range(0, examples, batch_size))
     vectors = room(budget - fixed - kept)
     if vectors >= smallest:
         return MemoryPlan(True, batch_size, vectors, fixed + kept + lanczos_bytes(dimension, vectors, itemsize))
-    vectors = min(preferred, room(budget - fixed - graphs(1, REBUILT_PEAK)))
-    if vectors >= smallest:
-        left = budget - fixed - lanczos_bytes(dimension, vectors, itemsize)
-        block = int(min(batch_size, examples, max(1, (left / REBUILT_PEAK - constant) // max(per_example, 1))))
-        estimate = fixed + graphs(block, REBUILT_PEAK) + lanczos_bytes(dimension, vectors, itemsize)
-        return MemoryPlan(False, block, vectors, estimate)
-    need = fixed + graphs(1, REBUILT_PEAK) + lanczos_bytes(dimension, smallest, itemsize)
+    if can_spill and fixed + kept + spilled(preferred) <= budget:
+        return MemoryPlan(True, batch_size, preferred, fixed + kept + spilled(preferred), spill=True)
+    for spill in (False, True) if can_spill else (False,):
+        vectors = preferred if spill else min(preferred, room(budget - fixed - graphs(1, REBUILT_PEAK)))
+        search = spilled(vectors) if spill else lanczos_bytes(dimension, vectors, itemsize)
+        if vectors >= smallest and fixed + graphs(1, REBUILT_PEAK) + search <= budget:
+            left = budget - fixed - search
+            block = int(min(batch_size, examples, max(1, (left / REBUILT_PEAK - constant) // max(per_example, 1))))
+            return MemoryPlan(False, block, vectors, fixed + graphs(block, REBUILT_PEAK) + search, spill=spill)
+    search = spilled(smallest) if can_spill else lanczos_bytes(dimension, smallest, itemsize)
+    need = fixed + graphs(1, REBUILT_PEAK) + search
     msg = (
         f"hessian-basis needs at least {format_size(need)} per task for {dimension:,} parameters "
-        f"({smallest} Lanczos vectors of {format_size(vector)}, one example's Hessian graph "
-        f"{format_size(graphs(1, REBUILT_PEAK))}, the model and {earlier} earlier basis vectors); "
-        f"the memory budget is {format_size(budget)}: raise --max-memory, or lower -k"
+        f"({smallest} Lanczos vectors of {format_size(vector)}{' spilled to disk' if can_spill else ''}, one "
+        f"example's Hessian graph {format_size(graphs(1, REBUILT_PEAK))}, the model and {earlier} earlier basis "
+        f"vectors); the memory budget is {format_size(budget)}: raise --max-memory, or lower -k"
     )
     raise AnalysisError(msg)
 
@@ -213,11 +229,11 @@ def eigenvectors_at(
         (max(one - per_example, 0), per_example),
         precision.itemsize,
         product_limit(space.size - earlier, k),
+        can_spill=str(worker.device) == "cpu",
     )
     fs = [(block_loss(examples[rows]), 1.0 / datapoints) for rows in chunks(len(examples), plan.block_examples)]
-    found = [torch.as_tensor(p["vectors"]) for p in previous]
-    basis = torch.cat(found).to(device=worker.device, dtype=precision) if found else None
-    del found
+    # the earlier pieces as they are: a concatenated copy would hold them twice (0.5 GB each at GPT-2 small)
+    basis = [torch.as_tensor(p["vectors"]).to(device=worker.device, dtype=precision) for p in previous]
 
     hessian = MeanLossHessian(fs, primal, keep_graphs=plan.keep_graphs)
 
@@ -236,6 +252,7 @@ def eigenvectors_at(
                 dtype=precision,
                 device=worker.device,
                 max_vectors=plan.vectors,
+                spill=plan.spill,
                 progress=progress,
             )
         except AnalysisError as exc:
@@ -305,7 +322,8 @@ def saved_eigenpairs(
 def _product_progress(worker: Worker, step: int, tol: float, plan: MemoryPlan) -> Iterator[Any]:
     """A bar of Hessian-vector products for one basis checkpoint (``--progress``), with the worst residual."""
     graphs = "kept graphs" if plan.keep_graphs else f"graphs rebuilt per product, blocks of {plan.block_examples}"
-    postfix = f"{graphs}, {plan.vectors} vectors, ~{format_size(plan.estimate)}"
+    where = " spilled to disk" if plan.spill else ""
+    postfix = f"{graphs}, {plan.vectors} vectors{where}, ~{format_size(plan.estimate)}"
     with worker.progress_bar(f"hessian-basis step {step}", unit="product", postfix=postfix) as bar:
 
         def progress(products: int, worst: float) -> None:

@@ -47,7 +47,14 @@ from ckpt.plugins._derivatives import (
     trainable,
 )
 from ckpt.plugins._importers import Importer
-from ckpt.plugins._lanczos import MIN_VECTORS_BEYOND_K, Eigenpairs, lanczos_bytes, product_limit, top_eigenpairs
+from ckpt.plugins._lanczos import (
+    MIN_VECTORS_BEYOND_K,
+    Eigenpairs,
+    SpilledRows,
+    lanczos_bytes,
+    product_limit,
+    top_eigenpairs,
+)
 from ckpt.plugins._manager import PluginWarning, Provider, Registry, load_registry, registry, reset_registry
 from ckpt.plugins._memory import format_size, parse_size, peak_bytes
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
@@ -138,6 +145,7 @@ __all__ = [
     "PluginWarning",
     "Provider",
     "Registry",
+    "SpilledRows",
     "Task",
     "TaskError",
     "TaskSpec",

@@ -22,12 +22,15 @@ full and the search has not converged, it restarts thickly (Wu & Simon's
 thick-restart Lanczos, the symmetric case of Stewart's Krylov-Schur): the best
 Ritz vectors are kept, the rest dropped, and the recurrence goes on from the
 residual. The dot products run in float64 over bounded column blocks, so that
-nothing of size 8·D is ever allocated.
+nothing of size 8·D is ever allocated. When even k + 4 vectors do not fit beside
+what the products hold (GPT-2 small's kept Hessian graphs), they are spilled to an
+unlinked temporary file and read back one block of columns at a time
+(:class:`SpilledRows`): the same numbers, slower by the reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +44,13 @@ MIN_VECTORS_BEYOND_K = 4
 """A thick restart keeps k Ritz vectors and needs room to grow past them. With k + 2 vectors the top
 eigenpair of a 1.7M-parameter GPT-2 (tol 1e-6) had not converged after 100 products; k + 4 took 56,
 k + 6 43, k + 8 39, unbounded 35."""
+DGKS = 0.5**0.5
+"""A second reorthogonalization pass is made only when the first removed more than this share of the
+residual's norm lost (Daniel, Gragg, Kaufman and Stewart's criterion, ARPACK's η = 1/√2): otherwise the
+first pass left it orthogonal to working precision already."""
+SPILLED_VECTORS = 3
+"""Vectors of D a spilled search still holds in memory: the current Lanczos vector, the residual and the
+next vector made from it."""
 
 
 @dataclass
@@ -64,11 +74,16 @@ def product_limit(free: int, k: int) -> int:
     return min(free, max(100, 20 * k))
 
 
-def lanczos_bytes(dimension: int, vectors: int, itemsize: int = 4) -> int:
-    """Bytes of a search that keeps ``vectors`` Lanczos vectors: those, the residual, the product and scratch."""
+def lanczos_bytes(dimension: int, vectors: int, itemsize: int = 4, *, spilled: bool = False) -> int:
+    """Bytes of a search that keeps ``vectors`` Lanczos vectors: those, the residual, the product and scratch.
+
+    ``spilled``: the vectors live in a temporary file (:class:`SpilledRows`) and only
+    :data:`SPILLED_VECTORS` of them, and a block of the rest, are in memory at once.
+    """
     width = _block_width(vectors, dimension)
-    # one block of rows in float64, and the block of x, of the update and of the result
-    return (vectors + 2) * dimension * itemsize + 8 * width * (vectors + 3)
+    # one block of rows in float64 (and, spilled, as read), and the block of x, of the update and of the result
+    scratch = 8 * width * (vectors + 3) + (itemsize * width * vectors if spilled else 0)
+    return (SPILLED_VECTORS if spilled else vectors + 2) * dimension * itemsize + scratch
 
 
 def _block_width(rows: int, dimension: int) -> int:
@@ -76,48 +91,191 @@ def _block_width(rows: int, dimension: int) -> int:
     return min(dimension, max(1, DOT_BLOCK_BYTES // (8 * max(rows, 1))))
 
 
-def _dots(rows: Any, x: Any) -> Any:
-    """``rows @ x`` accumulated in float64, one bounded block of columns at a time."""
+class MemoryRows:
+    """Rows ``[capacity, D]`` of one torch tensor (on any device), read and written by column blocks."""
+
+    def __init__(self, capacity: int, dimension: int, dtype: Any, device: str) -> None:
+        import torch
+
+        # torch.empty only reserves: pages are touched as rows are written
+        self.data = torch.empty(capacity, dimension, dtype=dtype, device=device)
+        self.dtype = dtype
+
+    @classmethod
+    def of(cls, data: Any) -> MemoryRows:
+        """Rows over an existing ``[n, D]`` tensor, not copied."""
+        rows = cls.__new__(cls)
+        rows.data, rows.dtype = data, data.dtype
+        return rows
+
+    def block(self, count: int, columns: slice) -> Any:
+        """Rows ``[:count]`` of the columns ``columns``."""
+        return self.data[:count, columns]
+
+    def write(self, index: int, vector: Any) -> None:
+        """Row ``index`` = ``vector``."""
+        self.data[index] = vector
+
+    def write_block(self, count: int, columns: slice, values: Any) -> None:
+        """Rows ``[:count]`` of ``columns`` = ``values``."""
+        self.data[:count, columns] = values
+
+    def close(self) -> None:
+        """Free the rows."""
+        self.data = None
+
+
+class SpilledRows:
+    """Rows ``[capacity, D]`` in an unlinked temporary file, read and written by column blocks (CPU only).
+
+    Why a file: at GPT-2 small a Lanczos vector is 0.5 GB, and the kept Hessian graphs of
+    ``--samples 8`` (7.3 GiB while a product runs) leave no room for k + 4 of them in this
+    machine's default budget. Read back by ``pread`` into one block buffer, not mapped, so
+    that the rows are never in the process's memory: the operating system's page cache holds
+    them while memory is free and drops them to disk when it is not. A block read from the page
+    cache costs about 0.15 s per GB (this 2-core machine); a product of GPT-2 small about 7 s.
+    The file is unlinked as soon as it is made, so that a killed run leaves nothing behind.
+    """
+
+    def __init__(self, capacity: int, dimension: int, dtype: Any, directory: str | None = None) -> None:
+        import tempfile
+
+        import torch
+
+        self.dimension = dimension
+        self.dtype = dtype
+        self.itemsize = torch.empty(0, dtype=dtype).element_size()
+        self.numpy_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        self.file = tempfile.TemporaryFile(dir=directory, prefix="ckpt-lanczos-")  # noqa: SIM115 (closed by close())
+        self.file.truncate(capacity * dimension * self.itemsize)
+        self.buffer = np.empty(0, self.numpy_dtype)
+
+    def _offset(self, row: int, column: int) -> int:
+        return (row * self.dimension + column) * self.itemsize
+
+    def block(self, count: int, columns: slice) -> Any:
+        """Rows ``[:count]`` of ``columns``, read into a reused buffer (valid until the next read)."""
+        import os
+
+        import torch
+
+        width = columns.stop - columns.start
+        if self.buffer.size < count * width:
+            self.buffer = np.empty(count * width, self.numpy_dtype)
+        out = self.buffer[: count * width].reshape(count, width)
+        for row in range(count):
+            view = memoryview(out[row]).cast("B")
+            if os.preadv(self.file.fileno(), [view], self._offset(row, columns.start)) != view.nbytes:
+                msg = f"a spilled Lanczos vector could not be read back from {self.file.name!r} (disk full?)"
+                raise AnalysisError(msg)
+        return torch.from_numpy(out)
+
+    def write(self, index: int, vector: Any) -> None:
+        """Row ``index`` = ``vector`` (a CPU tensor)."""
+        self._write(index, 0, vector.detach().cpu().contiguous().numpy())
+
+    def write_block(self, count: int, columns: slice, values: Any) -> None:
+        """Rows ``[:count]`` of ``columns`` = ``values``."""
+        data = values.detach().cpu().contiguous().numpy()
+        for row in range(count):
+            self._write(row, columns.start, data[row])
+
+    def _write(self, row: int, column: int, data: np.ndarray) -> None:
+        import os
+
+        view = memoryview(np.ascontiguousarray(data, self.numpy_dtype)).cast("B")
+        if os.pwrite(self.file.fileno(), view, self._offset(row, column)) != view.nbytes:
+            msg = "a Lanczos vector could not be spilled to the temporary directory (disk full?): raise --max-memory"
+            raise AnalysisError(msg)
+
+    def close(self) -> None:
+        """Delete the file."""
+        self.file.close()
+        self.buffer = np.empty(0, self.numpy_dtype)
+
+
+def _sources_block(sources: Sequence[tuple[Any, int]], columns: slice) -> Any:
+    """``[Σ count, width]`` float64: the first ``count`` rows of each source in ``columns``, stacked."""
     import torch
 
-    out = torch.zeros(rows.shape[0], dtype=torch.float64, device=x.device)
-    if rows.shape[0] == 0:
+    return torch.cat([rows.block(count, columns).to(torch.float64) for rows, count in sources if count])
+
+
+def _blocks(sources: Sequence[tuple[Any, int]], dimension: int) -> Iterator[slice]:
+    width = _block_width(sum(count for _, count in sources), dimension)
+    for start in range(0, dimension, width):
+        yield slice(start, min(start + width, dimension))
+
+
+def _dots(sources: Sequence[tuple[Any, int]], x: Any) -> Any:
+    """``rows @ x`` over the stacked rows of ``sources``, accumulated in float64 block by block."""
+    import torch
+
+    out = torch.zeros(sum(count for _, count in sources), dtype=torch.float64, device=x.device)
+    if out.shape[0] == 0:
         return out
-    width = _block_width(rows.shape[0], x.shape[0])
-    for start in range(0, x.shape[0], width):
-        block = slice(start, start + width)
-        out += rows[:, block].to(torch.float64) @ x[block].to(torch.float64)
+    for columns in _blocks(sources, x.shape[0]):
+        out += _sources_block(sources, columns) @ x[columns].to(torch.float64)
     return out
 
 
-def _subtract(x: Any, rows: Any, coefficients: Any) -> None:
-    """``x -= rowsᵀ coefficients`` in place, computed in float64 block by block."""
+def _subtract(x: Any, sources: Sequence[tuple[Any, int]], coefficients: Any, *, then_dots: bool = False) -> Any:
+    """``x -= rowsᵀ coefficients`` in place, in float64 block by block.
+
+    With ``then_dots``, the same read of each block also accumulates ``rows @ x`` of the updated
+    ``x`` (the next reorthogonalization pass's coefficients) and returns them with ``||x||²``.
+    """
     import torch
 
-    if rows.shape[0] == 0:
-        return
-    width = _block_width(rows.shape[0], x.shape[0])
-    for start in range(0, x.shape[0], width):
-        block = slice(start, start + width)
-        update = coefficients @ rows[:, block].to(torch.float64)
-        x[block] = (x[block].to(torch.float64) - update).to(x.dtype)
+    count = sum(c for _, c in sources)
+    dots = torch.zeros(count, dtype=torch.float64, device=x.device)
+    square = torch.zeros((), dtype=torch.float64, device=x.device)
+    if count == 0:
+        return (dots, float((x.to(torch.float64) ** 2).sum())) if then_dots else None
+    for columns in _blocks(sources, x.shape[0]):
+        rows = _sources_block(sources, columns)
+        updated = x[columns].to(torch.float64) - coefficients @ rows
+        x[columns] = updated.to(x.dtype)
+        if then_dots:
+            updated = x[columns].to(torch.float64)  # as stored: the next pass sees the rounded values
+            dots += rows @ updated
+            square += updated @ updated
+    return (dots, float(square)) if then_dots else None
 
 
-def _combine_in_place(rows: Any, combination: Any) -> None:
-    """``rows[:l] = combinationᵀ rows`` in place (``combination`` is ``[m, l]``), block by block."""
-    import torch
+def _orthogonalize(x: Any, sources: Sequence[tuple[Any, int]], *, always_twice: bool = False) -> Any:
+    """Classical Gram-Schmidt of ``x`` against the rows of ``sources``, in place; returns the first coefficients.
 
+    A second pass follows when the first removed most of ``x`` (:data:`DGKS`), or always with
+    ``always_twice``; its dot products come from the first pass's read of the rows, so that a
+    search reads its kept vectors twice per product (three times when the criterion asks for
+    the second pass) where two full passes read them four times.
+    """
+    before = _norm(x)
+    coefficients = _dots(sources, x)
+    again, square = _subtract(x, sources, coefficients, then_dots=True)
+    if always_twice or square**0.5 < DGKS * before:
+        _subtract(x, sources, again)
+    return coefficients
+
+
+def _combine_in_place(rows: Any, count: int, combination: Any, dimension: int) -> None:
+    """``rows[:l] = combinationᵀ rows[:count]`` in place (``combination`` is ``[count, l]``), block by block."""
     kept = combination.shape[1]
-    width = _block_width(rows.shape[0], rows.shape[1])
-    for start in range(0, rows.shape[1], width):
-        block = slice(start, start + width)
-        rows[:kept, block] = (combination.T @ rows[:, block].to(torch.float64)).to(rows.dtype)
+    for columns in _blocks([(rows, count)], dimension):
+        block = _sources_block([(rows, count)], columns)
+        rows.write_block(kept, columns, (combination.T @ block).to(rows.dtype))
 
 
 def _norm(x: Any) -> float:
     import torch
 
-    return float(torch.sqrt(_dots(x[None], x)[0]))
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    step = _block_width(1, x.shape[0])
+    for start in range(0, x.shape[0], step):
+        part = x[start : start + step].to(torch.float64)
+        total += part @ part
+    return float(torch.sqrt(total))
 
 
 def top_eigenpairs(
@@ -131,6 +289,8 @@ def top_eigenpairs(
     dtype: Any = None,
     device: str = "cpu",
     max_vectors: int | None = None,
+    spill: bool = False,
+    spill_dir: str | None = None,
     progress: Callable[[int, float], None] | None = None,
 ) -> Eigenpairs:
     """Top-``k`` eigenpairs of A = P H P, P = I - B Bᵀ, by Lanczos with full reorthogonalization.
@@ -144,8 +304,9 @@ def top_eigenpairs(
     k
         Eigenpairs wanted (largest algebraic eigenvalues).
     basis
-        ``[m, D]`` orthonormal torch rows B (None: no restriction), in any
-        precision; projections against it are computed in float64.
+        B: ``[m, D]`` orthonormal torch rows, or a sequence of such blocks (taken
+        as they are, never concatenated), in any precision; None: no restriction.
+        Projections against it are computed in float64.
     tol
         Relative accuracy, ARPACK's criterion: stop once every wanted Ritz pair
         has ||A x - θ x|| <= tol·|θ| (0: the dtype's machine epsilon).
@@ -159,6 +320,11 @@ def top_eigenpairs(
         Most Lanczos vectors kept at once (at least k + 2; None: as many as
         :func:`product_limit` allows, so that no restart happens). When they are
         full the search restarts thickly from its best Ritz vectors.
+    spill, spill_dir
+        Keep the Lanczos vectors in an unlinked temporary file (in ``spill_dir``,
+        default the system's temporary directory) instead of memory
+        (:class:`SpilledRows`; CPU only): the same numbers, about 0.15 s per GB
+        of kept vectors more per product.
     progress
         Called after every product with its number and the worst relative
         residual of the wanted Ritz pairs so far (inf before k products).
@@ -180,16 +346,21 @@ def top_eigenpairs(
     Notes
     -----
     A single start vector finds one copy of a repeated eigenvalue, as ARPACK's
-    does. Memory: :func:`lanczos_bytes` of ``max_vectors`` (the products' own
-    precision, 4·D bytes a vector in float32), plus the basis given.
+    does. Each product's residual is orthogonalized against B and the kept
+    vectors together by classical Gram-Schmidt, a second pass when the first
+    lost most of its norm (:data:`DGKS`, as ARPACK does). Memory:
+    :func:`lanczos_bytes` of ``max_vectors`` (the products' own precision, 4·D
+    bytes a vector in float32), plus the basis given.
     """
     import torch
     from scipy.linalg import eigh
     from threadpoolctl import threadpool_limits
 
     dtype = dtype or torch.float32
-    restrict = basis is not None and basis.shape[0] > 0
-    free = dimension - (basis.shape[0] if restrict else 0)
+    blocks = [] if basis is None else [basis] if hasattr(basis, "shape") else list(basis)
+    earlier = [MemoryRows.of(block.to(device=device)) for block in blocks if block.shape[0]]
+    projection = [(rows, rows.data.shape[0]) for rows in earlier]
+    free = dimension - sum(count for _, count in projection)
     if k >= free:
         msg = f"cannot find {k} more eigenvectors in a {free}-dimensional complement (D={dimension})"
         raise AnalysisError(msg)
@@ -201,98 +372,90 @@ def top_eigenpairs(
             f"to find {k} eigenpair(s); the memory budget leaves room for {room}: raise --max-memory or lower -k"
         )
         raise AnalysisError(msg)
-    earlier = basis.to(device=device) if restrict else None
+    if spill and str(device) != "cpu":
+        msg = f"Lanczos vectors are spilled to a file only on the CPU, not on {device}: raise --max-memory or lower -k"
+        raise AnalysisError(msg)
     tolerance = tol if tol > 0 else float(torch.finfo(dtype).eps)
     rng = np.random.default_rng(seed)
+    vectors = SpilledRows(room, dimension, dtype, spill_dir) if spill else MemoryRows(room, dimension, dtype, device)
 
-    def project(v: Any) -> Any:
-        if earlier is not None:
-            _subtract(v, earlier, _dots(earlier, v))
-        return v
-
-    def random_unit(against: Any) -> Any:
+    def random_unit(used: int) -> Any:
         v = torch.empty(dimension, dtype=dtype, device=device)
         step = _block_width(1, dimension)  # drawn by blocks: never a float64 vector of size D
         for start in range(0, dimension, step):
             v[start : start + step] = torch.from_numpy(rng.standard_normal(min(step, dimension - start)))
-        for _ in range(2):  # twice is enough (Parlett): orthogonal to working precision
-            _subtract(v, against, _dots(against, v))
-            project(v)
+        # twice is enough (Parlett): orthogonal to working precision
+        _orthogonalize(v, [*projection, (vectors, used)], always_twice=True)
         return (v.to(torch.float64) / _norm(v)).to(dtype)
 
-    # the kept Lanczos vectors; torch.empty only reserves: pages are touched as rows are written
-    vectors = torch.empty(room, dimension, dtype=dtype, device=device)
     projected = np.zeros((room, room))  # T = Vᵀ A V, tridiagonal until a restart makes it arrow-shaped
-    vectors[0] = random_unit(vectors[:0])
+    current = random_unit(0)  # the last Lanczos vector, also kept in memory: the next product's input
+    vectors.write(0, current)
     used = 1  # rows of `vectors` in use
     restarts = 0
     estimates = theta = top = ritz = None
-    # scipy's LAPACK between torch's kernels: OpenBLAS threads left spinning after its calls slowed
-    # the products 40x when ARPACK drove them (88 products: 371 s instead of 9 s, bench/polca.py)
-    with threadpool_limits(limits=1, user_api="blas"):
-        for products in range(1, limit + 1):
-            v = vectors[used - 1]
-            # v is in the complement already (started there, reorthogonalized against B below):
-            # P H P v = P H v, one projection per product instead of two
-            r = project(hvp(v).to(dtype).clone())
-            coefficients = _dots(vectors[:used], r)
-            alpha = float(coefficients[-1])
-            _subtract(r, vectors[:used], coefficients)
-            # full reorthogonalization, a second pass (Parlett: twice is enough); its corrections are
-            # rounding, left out of T as in DGKS
-            _subtract(r, vectors[:used], _dots(vectors[:used], r))
-            project(r)
-            beta = _norm(r)
-            if not (np.isfinite(alpha) and np.isfinite(beta)):
+    try:
+        # scipy's LAPACK between torch's kernels: OpenBLAS threads left spinning after its calls slowed
+        # the products 40x when ARPACK drove them (88 products: 371 s instead of 9 s, bench/polca.py)
+        with threadpool_limits(limits=1, user_api="blas"):
+            for products in range(1, limit + 1):
+                # current is in the complement already (started there, reorthogonalized against B
+                # below): P H P v = P H v, and B and the kept vectors are taken out in one pass
+                r = hvp(current).to(dtype, copy=True)  # ours to update in place, whatever hvp returns
+                del current
+                coefficients = _orthogonalize(r, [*projection, (vectors, used)])
+                alpha = float(coefficients[-1])  # the second pass's corrections are rounding, left out of T (DGKS)
+                beta = _norm(r)
+                if not (np.isfinite(alpha) and np.isfinite(beta)):
+                    msg = (
+                        f"Hessian-vector product {products} is not finite (NaN or inf): the loss or its "
+                        "curvature overflows at these parameters; try --dtype float64, or leave this checkpoint out"
+                    )
+                    raise AnalysisError(msg)
+                projected[used - 1, used - 1] = alpha
+                theta, ritz = eigh(projected[:used, :used])
+                scale = float(np.max(np.abs(theta))) or 1.0
+                invariant = beta <= 1e3 * float(torch.finfo(torch.float64).eps) * scale
+                top = np.argsort(theta)[::-1][:k]
+                estimates = np.abs(beta * ritz[-1, top])  # ||A x - θ x|| of each Ritz pair (A V = V T + r e_lastᵀ)
+                worst = float(np.max(estimates / np.maximum(np.abs(theta[top]), 1e-300))) if used >= k else np.inf
+                if progress is not None:
+                    progress(products, worst)
+                if used >= k and (invariant or used == free or worst <= tolerance):
+                    break
+                # the next vector: the residual's direction, or (an invariant subspace smaller than k)
+                # a new direction orthogonal to it, coupled to nothing
+                coupling = 0.0 if invariant else beta
+                current = random_unit(used) if invariant else (r.to(torch.float64) / beta).to(dtype)
+                del r
+                if used < room:
+                    projected[used, used - 1] = projected[used - 1, used] = coupling
+                    vectors.write(used, current)
+                    used += 1
+                    continue
+                # thick restart: A (V S) = (V S) Θ + r (e_lastᵀ S) keeps the best Ritz pairs exactly; the
+                # rest of the room lets the recurrence grow again from the residual
+                keep = max(k, min(room - 1, (room + k) // 2))  # at least one slot free to grow into
+                order = np.argsort(theta)[::-1][:keep]
+                _combine_in_place(vectors, used, torch.as_tensor(ritz[:, order].copy(), device=device), dimension)
+                projected[:] = 0.0
+                projected[np.arange(keep), np.arange(keep)] = theta[order]
+                projected[keep, :keep] = projected[:keep, keep] = coupling * ritz[-1, order]
+                vectors.write(keep, current)
+                used = keep + 1
+                restarts += 1
+            else:
                 msg = (
-                    f"Hessian-vector product {products} is not finite (NaN or inf): the loss or its curvature "
-                    "overflows at these parameters; try --dtype float64, or leave this checkpoint out"
+                    f"Lanczos did not converge to tol {tol} in {limit} Hessian-vector products "
+                    f"(relative residual {worst:.1e}); raise --tol"
                 )
                 raise AnalysisError(msg)
-            projected[used - 1, used - 1] = alpha
-            theta, ritz = eigh(projected[:used, :used])
-            scale = float(np.max(np.abs(theta))) or 1.0
-            invariant = beta <= 1e3 * float(torch.finfo(torch.float64).eps) * scale
-            top = np.argsort(theta)[::-1][:k]
-            estimates = np.abs(beta * ritz[-1, top])  # ||A x - θ x|| of each Ritz pair (A V = V T + r e_lastᵀ)
-            worst = float(np.max(estimates / np.maximum(np.abs(theta[top]), 1e-300))) if used >= k else np.inf
-            if progress is not None:
-                progress(products, worst)
-            if used >= k and (invariant or used == free or worst <= tolerance):
-                break
-            # the next vector: the residual's direction, or (an invariant subspace smaller than k)
-            # a new direction orthogonal to it, coupled to nothing
-            coupling = 0.0 if invariant else beta
-            following = random_unit(vectors[:used]) if invariant else (r.to(torch.float64) / beta).to(dtype)
-            if used < room:
-                projected[used, used - 1] = projected[used - 1, used] = coupling
-                vectors[used] = following
-                used += 1
-                continue
-            # thick restart: A (V S) = (V S) Θ + r (e_lastᵀ S) keeps the best Ritz pairs exactly; the rest
-            # of the room lets the recurrence grow again from the residual
-            keep = max(k, min(room - 1, (room + k) // 2))  # at least one slot free to grow into
-            order = np.argsort(theta)[::-1][:keep]
-            _combine_in_place(vectors, torch.as_tensor(ritz[:, order].copy(), device=device))
-            projected[:] = 0.0
-            projected[np.arange(keep), np.arange(keep)] = theta[order]
-            projected[keep, :keep] = projected[:keep, keep] = coupling * ritz[-1, order]
-            vectors[keep] = following
-            used = keep + 1
-            restarts += 1
-        else:
-            msg = (
-                f"Lanczos did not converge to tol {tol} in {limit} Hessian-vector products "
-                f"(relative residual {worst:.1e}); raise --tol"
-            )
-            raise AnalysisError(msg)
 
-    values = theta[top]
-    combination = torch.as_tensor(ritz[:, top].T.copy(), device=device)  # [k, used]
-    found = torch.empty(k, dimension, dtype=dtype, device=device)
-    width = _block_width(used, dimension)
-    for start in range(0, dimension, width):
-        block = slice(start, start + width)
-        found[:, block] = (combination @ vectors[:used, block].to(torch.float64)).to(dtype)
-    del vectors
+        values = theta[top]
+        combination = torch.as_tensor(ritz[:, top].T.copy(), device=device)  # [k, used]
+        found = torch.empty(k, dimension, dtype=dtype, device=device)
+        for columns in _blocks([(vectors, used)], dimension):
+            found[:, columns] = (combination @ _sources_block([(vectors, used)], columns)).to(dtype)
+    finally:
+        vectors.close()
     return Eigenpairs(values, found.cpu().numpy(), estimates.astype(np.float64), products, restarts)

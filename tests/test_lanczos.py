@@ -167,3 +167,40 @@ def test_too_little_room_is_an_error_naming_the_budget() -> None:
         AnalysisError, match=r"room for at least 6 vectors .* budget leaves room for 4: raise --max-memory"
     ):
         top_eigenpairs(hvp, 50, 2, dtype=torch.float64, max_vectors=4)
+
+
+@pytest.mark.parametrize("restrict", [False, True])
+def test_spilled_vectors_give_the_same_numbers_and_leave_no_file(tmp_path, restrict) -> None:
+    """Issue 29: vectors kept in a temporary file (GPT-2 small's budget) are bit-equal to vectors kept in memory."""
+    values = np.concatenate([[9.0, 8.8, 8.5, 6.0, -12.0], np.linspace(-3, 3, 395)])
+    matrix = symmetric(values, seed=8)
+    _, exact_vectors = torch.linalg.eigh(matrix)
+    basis = [exact_vectors.flip(1)[:, :1].T.contiguous(), exact_vectors.flip(1)[:, 1:2].T.contiguous()]
+    listed = []
+
+    def hvp(v: torch.Tensor) -> torch.Tensor:
+        listed.append(sorted(p.name for p in tmp_path.iterdir()))
+        return (matrix @ v.double()).to(v.dtype)
+
+    options = {"basis": basis if restrict else None, "tol": 1e-9, "dtype": torch.float32, "max_vectors": 7}
+    in_memory = top_eigenpairs(hvp, 400, 2, **options)
+    spilled = top_eigenpairs(hvp, 400, 2, spill=True, spill_dir=str(tmp_path), **options)
+    assert spilled.restarts > 0 and spilled.matvecs == in_memory.matvecs
+    np.testing.assert_array_equal(spilled.values, in_memory.values)
+    np.testing.assert_array_equal(spilled.vectors, in_memory.vectors)
+    np.testing.assert_array_equal(spilled.residuals, in_memory.residuals)
+    np.testing.assert_allclose(spilled.values, [8.5, 6.0] if restrict else [9.0, 8.8], rtol=1e-6)
+    assert all(names == [] for names in listed)  # unlinked as soon as made: a killed run leaves nothing
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reorthogonalization_keeps_the_vectors_orthonormal_over_a_long_search() -> None:
+    """One Gram-Schmidt pass when it suffices (DGKS), two when the first removed most of the residual."""
+    values = np.concatenate([[10.0, 9.0, 8.0, 7.0], np.linspace(-9, 6.5, 496)])
+    matrix = symmetric(values, seed=9)
+    _, hvp = counted(matrix)
+    found = top_eigenpairs(hvp, 500, 4, tol=1e-10, dtype=torch.float64)
+    assert found.matvecs > 60 and found.restarts == 0
+    vectors = torch.from_numpy(found.vectors)
+    np.testing.assert_allclose((vectors @ vectors.T).numpy(), np.eye(4), atol=1e-12)
+    np.testing.assert_allclose(found.values, np.sort(values)[::-1][:4], rtol=1e-10)

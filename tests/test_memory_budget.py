@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.analyzers.hessian_basis import MemoryPlan, plan_memory
+from ckpt.analyzers.hessian_basis import GRAPH_PEAK, MemoryPlan, plan_memory
 from ckpt.plugins import AnalysisError, lanczos_bytes, parse_size
 from tests.conftest import run_ckpt, tree_digest, write_gpt2_run
 
@@ -106,12 +106,25 @@ def test_every_plan_fits_its_budget(budget_mib: int) -> None:
     plan = plan_memory(budget, graph=GRAPH, limit=100, **PLAN)
     assert isinstance(plan, MemoryPlan) and plan.estimate <= budget
     assert plan.vectors >= 5  # k + 4: thick restarts converge
-    kept_graphs = 2.0 * 2 * (4 * MiB + 32 * 1.5 * MiB)
+    kept_graphs = GRAPH_PEAK * 2 * (4 * MiB + 32 * 1.5 * MiB)
     if budget_mib >= 2000:
         assert plan.keep_graphs and plan.vectors == 100  # room for every product: no restart
-    if budget_mib == 160:  # the kept graphs (208 MiB) do not fit: rebuilt blocks, fewer examples each
+    if budget_mib == 160:  # the kept graphs (239 MiB) do not fit: rebuilt blocks, fewer examples each
         assert not plan.keep_graphs and plan.block_examples < 32
-    assert plan.estimate >= lanczos_bytes(1_700_000, plan.vectors) + (kept_graphs if plan.keep_graphs else 0)
+    search = lanczos_bytes(1_700_000, plan.vectors, spilled=plan.spill)
+    assert plan.estimate >= search + (kept_graphs if plan.keep_graphs else 0)
+
+
+def test_kept_graphs_with_spilled_vectors_come_before_rebuilt_graphs() -> None:
+    """GPT-2 small's case: the graphs fit, k + 4 vectors beside them do not; on a GPU nothing is spilled."""
+    fixed = (4 + 2) * 1_700_000 * 4
+    kept_graphs = int(GRAPH_PEAK * (4 * MiB + 32 * 1.5 * MiB)) * 2
+    budget = fixed + kept_graphs + lanczos_bytes(1_700_000, 9, spilled=True) + MiB
+    assert budget < fixed + kept_graphs + lanczos_bytes(1_700_000, 5)  # k + 4 in memory would not fit
+    plan = plan_memory(budget, graph=GRAPH, limit=100, **PLAN)
+    assert plan.keep_graphs and plan.spill and plan.vectors == 9 and plan.estimate <= budget
+    on_gpu = plan_memory(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN)
+    assert not on_gpu.keep_graphs and not on_gpu.spill and on_gpu.estimate <= budget
 
 
 def test_a_plan_that_cannot_fit_names_the_knobs() -> None:
