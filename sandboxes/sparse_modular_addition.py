@@ -281,6 +281,27 @@ class SparseModularAddition(Task):
             splits=splits,
         )
 
+    def grow(self, name: str, parent: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor | None:
+        """The token embedding grows with p: the parent's rows, then the child's own new rows.
+
+        A child with a larger field (p=2 parent, p=3 child) keeps the parent's embeddings of the
+        tokens both know, and its new tokens' rows are exactly the child's fresh initialisation
+        (``nn.Embedding``'s N(0, 1), drawn from the child's seed), as if the child had been
+        trained from scratch. Nothing else grows: a wider ``dim`` or ``hidden`` changes what
+        every weight means.
+        """
+        rows, width = parent.shape[0], parent.shape[-1]
+        grows = (
+            name == "embed.weight"
+            and parent.ndim == fresh.ndim == 2
+            and width == fresh.shape[1]
+            and rows < fresh.shape[0]
+            and parent.dtype == fresh.dtype
+        )
+        if not grows:
+            return None
+        return torch.cat([parent.to(fresh.device), fresh[rows:]])
+
     def make_optimizer(self, model: torch.nn.Module, config: Mapping[str, Any]) -> tuple[torch.optim.Optimizer, Any]:
         """Adam (betas 0.9, 0.999) at ``lr``, no schedule."""
         return torch.optim.Adam(model.parameters(), lr=float(config["lr"]), betas=(0.9, 0.999)), None
