@@ -206,6 +206,9 @@ class SparseModularAddition(Task):
     length = Option(int, None, "Sequence length L.", minimum=1)
     k = Option(int, None, "Number of leading tokens summed (the rest are distractors).", minimum=1)
     hidden = Option(int, None, "Hidden units of the MLP.", minimum=1)
+    dim = Option(
+        int, None, "Embedding dimension d (the paper's 2; figures of d > 2 show two principal components).", minimum=1
+    )
     lr = Option(float, None, "Adam learning rate.", minimum=0)
     train_size = Option(int, None, "Training sequences.", minimum=1)
     test_size = Option(int, None, "Test sequences.", minimum=1)
@@ -215,6 +218,7 @@ class SparseModularAddition(Task):
         "length": 12,
         "k": 5,
         "hidden": 32,
+        "dim": 2,
         "lr": 3e-3,
         "train_size": 2048,
         "test_size": 2048,
@@ -238,9 +242,14 @@ class SparseModularAddition(Task):
             raise TaskError(f"task {self.name!r}: train_size and test_size must be positive")
 
     def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """Factory keyword arguments: ``p``, ``length``, ``hidden`` and ``dim`` (always 2)."""
+        """Factory keyword arguments: ``p``, ``length``, ``hidden`` and ``dim`` (``--dim``, 2 by default)."""
         self._check(config)
-        return {"p": int(config["p"]), "length": int(config["length"]), "hidden": int(config["hidden"]), "dim": 2}
+        return {
+            "p": int(config["p"]),
+            "length": int(config["length"]),
+            "hidden": int(config["hidden"]),
+            "dim": int(config.get("dim", 2)),
+        }
 
     def make_data(self, config: Mapping[str, Any], seed: int) -> Dataset:
         """Uniform train and test sequences (train drawn first, from ``default_rng(seed)``).
