@@ -206,9 +206,7 @@ class SparseModularAddition(Task):
     length = Option(int, None, "Sequence length L.", minimum=1)
     k = Option(int, None, "Number of leading tokens summed (the rest are distractors).", minimum=1)
     hidden = Option(int, None, "Hidden units of the MLP.", minimum=1)
-    dim = Option(
-        int, None, "Embedding dimension d (the paper's 2; figures of d > 2 show two principal components).", minimum=1
-    )
+    dim = Option(int, None, "Embedding dimension d (2 in the paper; figures of d > 2: 2 principal axes).", minimum=1)
     lr = Option(float, None, "Adam learning rate.", minimum=0)
     train_size = Option(int, None, "Training sequences.", minimum=1)
     test_size = Option(int, None, "Test sequences.", minimum=1)
