@@ -130,7 +130,7 @@ def parent_status(parent: Parent, storage_options: dict[str, Any] | None = None)
 
     try:
         store = Store(parent.path, storage_options=storage_options)
-    except CkptError as exc:
+    except (CkptError, OSError) as exc:  # gone, not a store, damaged, or not readable by this user
         return ParentStatus("unreachable", f"parent not reachable: {exc}")
     if parent.step not in store:
         steps = store.steps.tolist()
