@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.analyzers.spike_causes import check_model_and_split
 from ckpt.plugins import (
     AnalysisContext,
     AnalysisError,
@@ -136,12 +137,7 @@ class Sparsity(Analyzer):
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task per checkpoint; the modules are resolved on the model built here."""
         store = ctx.store
-        if store.model is None:
-            msg = f"{store.path} records no model spec; sparsity needs the model (create the store with model=...)"
-            raise AnalysisError(msg)
-        if self.split not in store.splits:
-            msg = f"{store.path} has no data split {self.split!r}; pass --split one of: {', '.join(store.splits)}"
-            raise AnalysisError(msg)
+        check_model_and_split(store, self.split, self.name)
         epsilons = epsilon_grid(self.eps_min, self.eps_max, self.eps_count)
         modules = select_modules(store.model.build(), self.modules)
         result = ctx.map_checkpoints(

@@ -23,6 +23,9 @@ METRIC_DIGESTS = "metric_digests"
 DIGESTS = "digests"
 """Key of ``attrs["ckpt"]``: ``{"<step>": [digest of each tensor, in the order of checkpoints' tensors]}``."""
 
+PARENT = "parent"
+"""Key of ``attrs["ckpt"]``: the run this one was initialised from (path, step, digest; §2.1), or absent."""
+
 ROOT_ATTR = "ckpt"
 """Key of the ckpt metadata inside the root group's attributes."""
 

@@ -43,10 +43,12 @@ from ckpt.store.format import (
     LABELS,
     METRIC_DIGESTS,
     METRICS,
+    PARENT,
     ROOT_ATTR,
     STEP,
     current_factory,
 )
+from ckpt.store.lineage import Parent, read_parent
 from ckpt.store.record import check_claimed_bytes, row_bound, validate_meta
 from ckpt.store.trust import check_trusted, trust_reason
 
@@ -354,6 +356,16 @@ class Store:
     def history(self) -> list[dict[str, Any]]:
         """What was done to the store, oldest first (create, append, import, repair ...)."""
         return list(self.metadata.get("history", []))
+
+    @property
+    def parent(self) -> Parent | None:
+        """The run this one was initialised from (``ckpt train --init-from``), or None.
+
+        Checked with the rest of the record when the store is opened;
+        :func:`ckpt.store.lineage.parent_status` says whether the parent is still reachable
+        and still holds the checkpoint recorded here.
+        """
+        return read_parent(self.metadata.get(PARENT))  # validated with the record (validate_meta)
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -768,6 +780,7 @@ class Store:
             "splits": {s: self._split_summary(s) for s in self.splits},
             "analyses": self.analyses,
             "analyzers": {name: self.analyzer_of(name) for name in self.analyses},
+            "parent": None if self.parent is None else self.parent.to_json(),
             "history": self.history,
         }
 

@@ -31,10 +31,12 @@ from ckpt.store.format import (
     FORMAT_VERSION,
     METRIC_DIGESTS,
     NATIVE_DTYPES,
+    PARENT,
     READABLE_VERSIONS,
     ROOT_ATTR,
     STEP,
 )
+from ckpt.store.lineage import parent_problem
 
 MAX_RECORD_BYTES = 256 * 2**20
 """Largest ``zarr.json`` read (the root record of a 1,000-checkpoint, 150-tensor run is ~3 MB)."""
@@ -177,6 +179,9 @@ def validate_meta(attributes: Any, where: str) -> dict[str, Any]:
         _fail(where, "history", history, "a list of objects")
     if meta.get("attrs") is not None and not isinstance(meta["attrs"], dict):
         _fail(where, "attrs", meta["attrs"], "an object or null")
+    problem = parent_problem(meta.get(PARENT))
+    if problem is not None:
+        _fail(where, *problem)
     digests = meta.get(DIGESTS)
     if digests is not None:
         if not isinstance(digests, dict):

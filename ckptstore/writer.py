@@ -58,12 +58,14 @@ from ckpt.store.format import (
     LABELS,
     METRIC_DIGESTS,
     METRICS,
+    PARENT,
     ROOT_ATTR,
     STEP,
     STEP_FILL_VALUE,
     TOP_LEVEL_GROUPS,
     check_name,
 )
+from ckpt.store.lineage import Parent, parent_problem
 from ckpt.store.reader import INCOMPLETE, Store, check_complete, check_format, open_zarr_store
 
 STEP_CHUNK = 4096
@@ -783,6 +785,7 @@ def create(
     reject_nonfinite: bool = False,
     compressor: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    parent: Parent | None = None,
     _incomplete: str | None = None,
 ) -> Writer:
     """Create a new checkpoint store and return its :class:`Writer`.
@@ -809,6 +812,9 @@ def create(
         ``None`` (checksums only, fastest) or ``"zstd"``.
     storage_options
         Passed to fsspec for URLs.
+    parent
+        The run whose checkpoint initialised this one (:class:`ckpt.store.lineage.Parent`),
+        recorded as ``attrs["ckpt"]["parent"]`` (docs/store-format.md §2.1).
 
     Raises
     ------
@@ -849,6 +855,12 @@ def create(
         DIGESTS: {},
         METRIC_DIGESTS: {},
     }
+    if parent is not None:
+        problem = parent_problem(parent.to_json())
+        if problem is not None:  # never write what readers refuse
+            field, found, expected = problem
+            raise DataError(f"cannot record the parent run: {field} is {found!r}, expected {expected}")
+        meta[PARENT] = parent.to_json()
     if _incomplete:  # an import marks what it builds until its last commit (Writer.mark_complete)
         meta[INCOMPLETE] = _incomplete
     if local is None:  # object stores have no rename (docs/store-format.md §4.3.1)
@@ -879,7 +891,7 @@ def create(
         storage_options=storage_options,
         reject_nonfinite=reject_nonfinite,
         compressor=compressor,
-        _history=_history_entry("create"),
+        _history=_history_entry("create") | ({} if parent is None else {"init_from": str(parent)}),
         _building=bool(_incomplete),
     )
 

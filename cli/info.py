@@ -41,6 +41,14 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
         weights = f"NaN or inf at {len(found)} checkpoint(s): " + "; ".join(found[:5]) + more
     row("weights", weights)
     row("created", info["created"])
+    parent = info.get("parent")
+    if parent is not None:
+        digest = parent["digest"] or "none recorded"
+        grown = f", grown: {', '.join(parent['grown'])}" if parent["grown"] else ""
+        row("parent", f"{parent['path']} at step {parent['step']} (checkpoint digest {digest}{grown})")
+        status = info.get("parent_status")
+        if status is not None:
+            row("", f"{'OK' if status['state'] == 'matches' else 'WARNING'}: {status['detail']}")
     ckpts = info["checkpoints"]
     span = f"steps {ckpts['first']} .. {ckpts['last']}" if ckpts["count"] else "none yet"
     row("checkpoints", f"{ckpts['count']} ({span})")
@@ -99,12 +107,16 @@ def info(store: str, as_json: bool, tensors: str, no_finite_check: bool) -> None
     Reads every checkpoint once to name the tensors holding NaN or inf (--no-finite-check skips it).
     """
     import ckpt.store as ckptstore
+    from ckpt.store.lineage import parent_status
 
     if tensors != "all" and not tensors.isdigit():
         raise click.BadParameter(f"expected a number or 'all', got {tensors!r}", param_hint="--tensors")
     opened = ckptstore.open(store)
     summary = opened.info()
     summary["nonfinite"] = None if no_finite_check else nonfinite_in(opened)
+    if opened.parent is not None:  # opened again: whether it still holds what this run started from
+        status = parent_status(opened.parent)
+        summary["parent_status"] = {"state": status.state, "detail": status.detail}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return

@@ -36,7 +36,13 @@ def _figure_formats() -> set[str]:
     "written as FILE's name plus -KEY. Default: NAME.png in the current folder.",
 )
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True, help="Raster resolution.")
-def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int) -> None:
+@click.option(
+    "--with-parent",
+    is_flag=True,
+    help="Draw STORE after the runs it was initialised from (ckpt train --init-from) as one trajectory: "
+    "its step s is the parent's step + s. Each run needs a stored NAME computed alike, on the same data.",
+)
+def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int, with_parent: bool) -> None:
     """Write the figures of the stored result NAME of STORE.
 
     NAME is a stored result (ckpt info STORE lists them), drawn by the analyzer that
@@ -45,7 +51,7 @@ def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int) 
     """
     import ckpt.store as ckptstore
     from ckpt.analyzers.figures import save
-    from ckpt.errors import CkptError
+    from ckpt.errors import CkptError, StepNotFoundError
 
     out = out or f"{name}.png"
     suffix = Path(out).suffix.lower().lstrip(".")
@@ -55,6 +61,8 @@ def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int) 
         raise click.UsageError(msg)
     _check_writable(out)
     paths = expand_stores(stores)
+    if with_parent and len(paths) > 1:
+        raise click.UsageError("--with-parent draws one store (and its parents): give one STORE")
     if len(paths) > 1:
         if name != "embedding-geometry":
             msg = f"several stores are compared for embedding-geometry only, not {name!r}: plot one store at a time"
@@ -65,14 +73,26 @@ def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int) 
         click.echo(f"wrote {out} ({len(paths)} runs)")
         return
     store = ckptstore.open(paths[0])
-    result = store.analysis(name)
+    if with_parent:
+        from ckpt.plugins._lineage import join_lineage, stored_result
+
+        result = join_lineage(store, name, stored_result(name))
+    else:
+        result = store.analysis(name)
     record = result.ckpt
     analyzer_name = record.analyzer or name
     cls = registry().analyzers.get(analyzer_name)
     if cls is None:
         msg = f"{name} was computed by analyzer {analyzer_name!r}, which is not installed here: install its plugin"
         raise CkptError(msg)
-    figures = cls(**record.options).plot(result, store)
+    try:
+        figures = cls(**record.options).plot(result, store)
+    except StepNotFoundError:
+        if not with_parent:
+            raise
+        # figures that read the run's checkpoints cannot draw steps that live in a parent store
+        msg = f"{analyzer_name}'s figures read STORE's checkpoints, so --with-parent cannot draw them: plot each run"
+        raise CkptError(msg) from None
     if not figures:
         click.echo(f"analyzer {analyzer_name!r} draws no figures")
         return

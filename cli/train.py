@@ -9,7 +9,18 @@ import click
 
 from ckpt.cli.analyze import _click_option, registry
 
-TRAIN_OPTIONS = ("preset", "steps", "epochs", "every", "log_spaced", "seed", "device", "resume", "progress")
+TRAIN_OPTIONS = (
+    "preset",
+    "steps",
+    "epochs",
+    "every",
+    "log_spaced",
+    "seed",
+    "device",
+    "resume",
+    "init_from",
+    "progress",
+)
 
 
 def _make_train_command(name: str, task: Any) -> click.Command:
@@ -43,6 +54,13 @@ def _make_train_command(name: str, task: Any) -> click.Command:
         click.Option(["--seed"], type=int, default=0, show_default=True, help="Seed of data, initialisation, order."),
         click.Option(["--device"], default="cpu", show_default=True, metavar="auto|cpu|cuda", help="Torch device."),
         click.Option(["--resume"], is_flag=True, help="Continue STORE from its last checkpoint."),
+        click.Option(
+            ["--init-from"],
+            metavar="PARENT.zarr[@STEP]",
+            help="Start from another run's checkpoint (its last by default) instead of a fresh initialisation: "
+            "tensors copied by name, grown where the task allows; the optimizer starts fresh and the steps "
+            "at 0. The parent is recorded in STORE (ckpt info shows it).",
+        ),
         click.Option(["--progress/--no-progress"], default=True, show_default=True, help="Show a progress bar."),
     ]
     for key, option in task.option_spec().items():

@@ -89,7 +89,7 @@ def analyze(name: str, store: Any, **kwargs: Any) -> xr.Dataset:
     return _analyze(name, store, **kwargs)
 
 
-def analyze_runs(name: str, stores: Any, **kwargs: Any) -> xr.Dataset:
+def analyze_runs(name: str, stores: Any, *, lineage: bool = False, **kwargs: Any) -> xr.Dataset:
     """Run ``name`` on several stores: one Dataset with a ``run`` dim (see :func:`ckpt.plugins._engine.analyze_runs`).
 
     Parameters
@@ -98,6 +98,9 @@ def analyze_runs(name: str, stores: Any, **kwargs: Any) -> xr.Dataset:
         A registered analyzer.
     stores
         Paths or URLs of the runs.
+    lineage
+        Draw each run with the runs it was initialised from (``ckpt train --init-from``) as one
+        trajectory, the child's steps continuing its parent's (``parent_step + s``).
     **kwargs
         As for :func:`analyze`.
 
@@ -108,7 +111,7 @@ def analyze_runs(name: str, stores: Any, **kwargs: Any) -> xr.Dataset:
     """
     from ckpt.plugins._engine import analyze_runs as _analyze_runs
 
-    return _analyze_runs(name, stores, **kwargs)
+    return _analyze_runs(name, stores, lineage=lineage, **kwargs)
 
 
 def stored_provenance(store: Any, name: str) -> dict[str, Any] | None:

@@ -654,7 +654,9 @@ def run_coordinates(stores: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
     return coords
 
 
-def analyze_runs(name: str, stores: Sequence[str | os.PathLike[str]], **kwargs: Any) -> xr.Dataset:
+def analyze_runs(
+    name: str, stores: Sequence[str | os.PathLike[str]], *, lineage: bool = False, **kwargs: Any
+) -> xr.Dataset:
     """Run an analyzer on several stores and return one Dataset with a ``run`` dimension.
 
     Each store keeps its own result in ``analyses/<name>`` (computed only where missing);
@@ -668,6 +670,12 @@ def analyze_runs(name: str, stores: Sequence[str | os.PathLike[str]], **kwargs: 
         Registered analyzer name.
     stores
         Paths of the runs.
+    lineage
+        Prefix each run with the runs it was initialised from (``ckpt train --init-from``),
+        as one trajectory: a child's step ``s`` becomes ``parent_step + s`` (see
+        :func:`ckpt.plugins._lineage.join_lineage`; the ancestors' results are computed where
+        missing, in their own stores). Coordinates ``source`` and ``source_step`` along ``step``
+        name the store and step each row comes from.
     **kwargs
         As for :func:`analyze`.
 
@@ -680,10 +688,18 @@ def analyze_runs(name: str, stores: Sequence[str | os.PathLike[str]], **kwargs: 
     if not stores:
         msg = "analyze_runs needs at least one store"
         raise AnalysisError(msg)
-    results = [analyze(name, where, **kwargs) for where in stores]
-    combined = xr.concat(
-        [r.drop_attrs() for r in results], dim="run", join="outer", coords="minimal", compat="override"
-    )
+    if lineage:
+        from ckpt.plugins._lineage import join_lineage
+
+        results = [
+            join_lineage(ckptstore.open(str(where)), name, lambda run: analyze(name, run.path, **kwargs))
+            for where in stores
+        ]
+    else:
+        results = [analyze(name, where, **kwargs) for where in stores]
+    # a lineage's sources differ from run to run: kept per run, not taken from the first
+    along = ["source", "source_step"] if lineage else "minimal"
+    combined = xr.concat([r.drop_attrs() for r in results], dim="run", join="outer", coords=along, compat="override")
     combined = combined.assign_coords(run_coordinates(stores))
     combined.attrs["ckpt"] = {"analyzer": name, "runs": [str(s) for s in stores]}
     return combined

@@ -39,6 +39,8 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "ckpt.analyzers.grad_norms",
     "ckpt.analyzers.sparsity",
     "ckpt.analyzers.embedding_geometry",
+    "ckpt.analyzers.curvature",
+    "ckpt.analyzers.normalization",
     "ckpt.sandboxes",
 )
 """Modules of ckpt's own plugins, registered exactly like third-party ones."""

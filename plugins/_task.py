@@ -101,6 +101,30 @@ class Task:
         """Training and test data, and the splits to store."""
         raise NotImplementedError
 
+    def grow(self, name: str, parent: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor | None:
+        """Extend the parent's tensor ``name`` to the child's larger shape (``ckpt train --init-from``).
+
+        A run initialised from another run copies every tensor by name; where a tensor's shape
+        differs, the task decides whether it grew in a way it can extend (a token embedding
+        gaining rows for new tokens) or the runs do not fit. The default grows nothing.
+
+        Parameters
+        ----------
+        name
+            The tensor's name (a ``state_dict`` key).
+        parent
+            The parent's tensor at the chosen step.
+        fresh
+            The child's freshly initialised tensor (the child's seed), of the child's shape.
+
+        Returns
+        -------
+        torch.Tensor or None
+            The child's tensor (``fresh``'s shape and dtype), or None when ``name`` cannot grow
+            from ``parent``'s shape to ``fresh``'s.
+        """
+        return None
+
     def make_optimizer(self, model: torch.nn.Module, config: Mapping[str, Any]) -> tuple[torch.optim.Optimizer, Any]:
         """The optimizer and an optional learning-rate scheduler (stepped every step)."""
         raise NotImplementedError

@@ -20,6 +20,7 @@ import torch
 import ckpt.store as ckptstore
 from ckpt.errors import TaskError
 from ckpt.plugins import Dataset, LazyTask, Task, resolve_device, resolve_task
+from ckpt.sandboxes.init_from import initial_state, open_parent
 from ckpt.store.format import current_factory
 
 
@@ -105,6 +106,7 @@ def train(
     seed: int = 0,
     device: str = "cpu",
     resume: bool = False,
+    init_from: str | os.PathLike[str] | None = None,
     progress: bool = False,
     **options: Any,
 ) -> ckptstore.Store:
@@ -131,6 +133,12 @@ def train(
     resume
         Continue an existing store from its last checkpoint (the optimizer
         state is not stored: Adam's moments restart from zero).
+    init_from
+        ``"PARENT.zarr"`` or ``"PARENT.zarr@STEP"``: start from that run's checkpoint (its last
+        by default) instead of a fresh initialisation; tensors are copied by name, grown where
+        the task declares it (:meth:`ckpt.plugins.Task.grow`), and the parent (path, step,
+        checkpoint digest) is recorded in the new store. The optimizer starts fresh and every
+        schedule starts at step 0. Not with ``resume``.
     progress
         Show a progress bar.
     **options
@@ -146,6 +154,12 @@ def train(
     task = resolve_task(task)
     if steps is not None and epochs is not None:
         raise TaskError("give --steps or --epochs, not both")
+    if resume and init_from is not None:
+        msg = (
+            "give --resume or --init-from, not both: --init-from starts a new STORE from a parent run; "
+            "--resume continues an existing STORE (a child keeps its parent)"
+        )
+        raise TaskError(msg)
     config = task.config(preset, options)
     if steps is not None and int(config.get("steps") or 0) < steps:
         # tasks that size their training data by the run's length (addition draws steps * batch
@@ -176,6 +190,12 @@ def train(
         if os.path.exists(store):
             msg = f"{store} already exists; pass --resume to continue that run, or choose another path"
             raise TaskError(msg)
+        parent = None
+        if init_from is not None:  # every check before the store is created: a refusal writes nothing
+            source = open_parent(init_from)
+            state, grown = initial_state(task, model, source)
+            model.load_state_dict(state)
+            parent = source.record(grown)
         writer = ckptstore.create(
             store,
             model=task.factory,
@@ -183,6 +203,7 @@ def train(
             objective=task.objective,
             framework="torch",
             attrs=attrs,
+            parent=parent,
         )
         for split, arrays in data.splits.items():
             writer.add_data(split, **arrays)

@@ -8,11 +8,11 @@ first k positions.
 Model (embedding dimension d=2, so every activation can be drawn in the plane):
 
 1. ``z_t = rms_normalize(E[x_t] + P[t])``: token plus absolute position embedding,
-   RMS-normalised without gain, so on the circle of radius sqrt(d) = sqrt(2);
+   RMS-normalised without gain (module ``norm``), so on the circle of radius sqrt(d) = sqrt(2);
 2. one attention layer with a single learned query ``q`` (no keys, no output
    matrix): ``a_t = softmax_t(z_t · q / sqrt(d))``, ``y = Σ_t a_t V z_t`` (one
    vector per sequence, no residual);
-3. an MLP block with pre-norm, GELU and a residual: ``h = y + W2 gelu(W1 rms_normalize(y) + b1) + b2``;
+3. an MLP block with pre-norm (``mlp.norm``), GELU and a residual: ``h = y + W2 gelu(W1 rms_normalize(y) + b1) + b2``;
 4. tied decoding: ``logits = h · E^T`` (p classes).
 
 Attention is written with explicit matmuls and softmax (no fused SDPA).
@@ -58,6 +58,20 @@ def rms_normalize(x: torch.Tensor) -> torch.Tensor:
         Same shape, each vector of norm sqrt(d) (unless it is ~0).
     """
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS)
+
+
+class GainlessRMSNorm(nn.Module):
+    """:func:`rms_normalize` as a module, with no parameters (the state dict is unchanged).
+
+    A module rather than a function call so that forward hooks see what it
+    normalises: the ``normalization`` analyzer measures ‖x‖ at its input
+    (Clustering Head §4.3), and its class name ends in ``Norm`` as Hugging Face's
+    normalisation layers' do.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``rms_normalize(x)``."""
+        return rms_normalize(x)
 
 
 class QueryAttention(nn.Module):
@@ -111,12 +125,13 @@ class MLP(nn.Module):
 
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
+        self.norm = GainlessRMSNorm()
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
         """Residual MLP block on ``[batch, d]``."""
-        return y + self.fc2(torch.nn.functional.gelu(self.fc1(rms_normalize(y))))
+        return y + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(y))))
 
 
 class ClusteringHeadTransformer(nn.Module):
@@ -139,13 +154,14 @@ class ClusteringHeadTransformer(nn.Module):
         self.p, self.length, self.dim = p, length, dim
         self.embed = nn.Embedding(p, dim)
         self.pos = nn.Embedding(length, dim)
+        self.norm = GainlessRMSNorm()
         self.attn = QueryAttention(dim)
         self.mlp = MLP(dim, hidden)
 
     def embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
         """RMS-normalised token + position embeddings ``z``, ``[batch, L, d]``, of ``[batch, L]`` tokens."""
         positions = torch.arange(tokens.shape[-1], device=tokens.device)
-        return rms_normalize(self.embed(tokens) + self.pos(positions))
+        return self.norm(self.embed(tokens) + self.pos(positions))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[batch, p]`` of integer tokens ``[batch, L]``."""
@@ -206,6 +222,7 @@ class SparseModularAddition(Task):
     length = Option(int, None, "Sequence length L.", minimum=1)
     k = Option(int, None, "Number of leading tokens summed (the rest are distractors).", minimum=1)
     hidden = Option(int, None, "Hidden units of the MLP.", minimum=1)
+    dim = Option(int, None, "Embedding dimension d (2 in the paper; figures of d > 2: 2 principal axes).", minimum=1)
     lr = Option(float, None, "Adam learning rate.", minimum=0)
     train_size = Option(int, None, "Training sequences.", minimum=1)
     test_size = Option(int, None, "Test sequences.", minimum=1)
@@ -215,6 +232,7 @@ class SparseModularAddition(Task):
         "length": 12,
         "k": 5,
         "hidden": 32,
+        "dim": 2,
         "lr": 3e-3,
         "train_size": 2048,
         "test_size": 2048,
@@ -238,9 +256,14 @@ class SparseModularAddition(Task):
             raise TaskError(f"task {self.name!r}: train_size and test_size must be positive")
 
     def model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """Factory keyword arguments: ``p``, ``length``, ``hidden`` and ``dim`` (always 2)."""
+        """Factory keyword arguments: ``p``, ``length``, ``hidden`` and ``dim`` (``--dim``, 2 by default)."""
         self._check(config)
-        return {"p": int(config["p"]), "length": int(config["length"]), "hidden": int(config["hidden"]), "dim": 2}
+        return {
+            "p": int(config["p"]),
+            "length": int(config["length"]),
+            "hidden": int(config["hidden"]),
+            "dim": int(config.get("dim", 2)),
+        }
 
     def make_data(self, config: Mapping[str, Any], seed: int) -> Dataset:
         """Uniform train and test sequences (train drawn first, from ``default_rng(seed)``).
@@ -280,6 +303,27 @@ class SparseModularAddition(Task):
             test_targets=torch.from_numpy(test_y),
             splits=splits,
         )
+
+    def grow(self, name: str, parent: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor | None:
+        """The token embedding grows with p: the parent's rows, then the child's own new rows.
+
+        A child with a larger field (p=2 parent, p=3 child) keeps the parent's embeddings of the
+        tokens both know, and its new tokens' rows are exactly the child's fresh initialisation
+        (``nn.Embedding``'s N(0, 1), drawn from the child's seed), as if the child had been
+        trained from scratch. Nothing else grows: a wider ``dim`` or ``hidden`` changes what
+        every weight means.
+        """
+        rows, width = parent.shape[0], parent.shape[-1]
+        grows = (
+            name == "embed.weight"
+            and parent.ndim == fresh.ndim == 2
+            and width == fresh.shape[1]
+            and rows < fresh.shape[0]
+            and parent.dtype == fresh.dtype
+        )
+        if not grows:
+            return None
+        return torch.cat([parent.to(fresh.device), fresh[rows:]])
 
     def make_optimizer(self, model: torch.nn.Module, config: Mapping[str, Any]) -> tuple[torch.optim.Optimizer, Any]:
         """Adam (betas 0.9, 0.999) at ``lr``, no schedule."""

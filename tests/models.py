@@ -11,6 +11,13 @@ def mlp(d_in: int = 3, hidden: int = 8, classes: int = 4) -> nn.Module:
     return nn.Sequential(nn.Linear(d_in, hidden), nn.Tanh(), nn.Linear(hidden, classes))
 
 
+def layer_norm_mlp(d_in: int = 3, hidden: int = 8, classes: int = 4) -> nn.Module:
+    """:func:`mlp` with a gainless ``nn.LayerNorm`` in place of its Tanh: the same state-dict keys."""
+    return nn.Sequential(
+        nn.Linear(d_in, hidden), nn.LayerNorm(hidden, elementwise_affine=False), nn.Linear(hidden, classes)
+    )
+
+
 class TinyLM(nn.Module):
     """A causal-ish token model: embedding, one mixing layer over the prefix mean, unembedding."""
 

@@ -51,6 +51,7 @@ def test_store_format_doc_names_every_constant() -> None:
         assert value in doc, value
     assert f'"format_version": {fmt.FORMAT_VERSION}' in doc
     assert fmt.DIGESTS in doc
+    assert f"### 2.1 Lineage: `{fmt.PARENT}`" in doc
 
 
 def test_analyzer_reference_documents_every_builtin_analyzer_and_option() -> None:

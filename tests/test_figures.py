@@ -225,6 +225,41 @@ def test_embedding_geometry_shows_embeddings_pair_sums_and_sequence_embeddings(s
     assert len(sums) == p * (p + 1) // 2
 
 
+def test_curvature_and_normalization_draw_their_learning_rate_lines(sparse: Path, tmp_path: Path) -> None:
+    lr = 3e-3
+    run("curvature", sparse, samples=32, lr=lr)
+    run("normalization", sparse, lr=lr, batch_size=512)
+    store = ckptstore.open(sparse)
+    curvature = store.analysis("curvature").load()
+    sharpness = figures_of(sparse, "curvature")["sharpness"]
+    check_figure(sharpness, panels=1)
+    lines = {line.get_label(): line for line in sharpness.axes[0].lines}
+    np.testing.assert_allclose(lines["2/η (GD stability)"].get_ydata(), 2 / lr)
+    np.testing.assert_allclose(lines["whole model"].get_ydata(), curvature["model_eigenvalue"].values)
+    np.testing.assert_allclose(lines["mlp"].get_ydata(), curvature["eigenvalue"].sel(module="mlp").values)
+
+    normalization = store.analysis("normalization").load()
+    figures = figures_of(sparse, "normalization")
+    assert list(figures) == ["norms", "below-lr"]
+    check_figure(figures["norms"], panels=2)  # the sandbox's two GainlessRMSNorm layers
+    check_figure(figures["below-lr"], panels=1)
+    for axes, module in zip(figures["norms"].axes, ("norm", "mlp.norm"), strict=True):
+        assert axes.get_title() == module
+        lines = {line.get_label(): line for line in axes.lines}
+        np.testing.assert_allclose(lines["η (learning rate)"].get_ydata(), lr)
+        quantiles = normalization["norm_quantile"].sel(module=module)
+        np.testing.assert_allclose(lines["median"].get_ydata(), quantiles.sel(quantile=0.5).values)
+        np.testing.assert_allclose(lines["minimum"].get_ydata(), quantiles.sel(quantile=0.0).values)
+    for name in ("curvature", "normalization"):
+        done = run_ckpt("plot", str(sparse), name, "--out", str(tmp_path / f"{name}.png"))
+        assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "curvature.png",
+        "normalization-below-lr.png",
+        "normalization-norms.png",
+    ]
+
+
 def test_ckpt_plot_writes_each_format_and_refuses_bad_input(addition: Path, tmp_path: Path) -> None:
     png = run_ckpt("plot", str(addition), "hessian-basis", "--out", str(tmp_path / "basis.png"))
     assert png.returncode == 0, png.stderr

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.figures import COLORS, positive_log, step_axis
-from ckpt.analyzers.figures.geometry import CYCLIC, EmbeddingView, default_view, draw_sequences
+from ckpt.analyzers.figures.geometry import (
+    CYCLIC,
+    EmbeddingView,
+    default_view,
+    draw_sequences,
+    project_sequences,
+    sequence_plane,
+)
 from ckpt.analyzers.figures.tokens import FrequentTokensView
 from ckpt.errors import AnalysisError
 
@@ -58,12 +65,17 @@ class Frames:
             geometry = store.analysis("embedding-geometry")
             if "sequence_embedding" in geometry:
                 self.sequences = geometry[["sequence_embedding", "target"]].load()
-        self.model = self._decoder(store) if self.sequences is not None else None
         self.xi_limits: tuple[tuple[float, float], tuple[float, float]] | None = None
+        self.xi_plane = None
         if self.sequences is not None:  # one view for every frame, from ξ at every step
-            every = self.sequences["sequence_embedding"].values
+            self.xi_plane = sequence_plane(self.sequences["sequence_embedding"].values)
+            every = project_sequences(self.sequences["sequence_embedding"].values, self.xi_plane)
             x, y = every[..., 0], every[..., 1]
             self.xi_limits = (float(np.nanmin(x)), float(np.nanmax(x))), (float(np.nanmin(y)), float(np.nanmax(y)))
+        # the output regions are the classes of the ξ plane itself: only where ξ is 2-D (d = 2);
+        # a point of a projection of d > 2 stands for a whole subspace of outputs
+        flat = self.sequences is not None and self.xi_plane is None
+        self.model = self._decoder(store) if flat else None
 
     @staticmethod
     def _decoder(store: Any) -> Any:
@@ -154,7 +166,8 @@ class Frames:
                 )
                 title += "; shading: the class output there"
             if step in self.sequences["step"].values:
-                draw_sequences(ax, self.sequences["sequence_embedding"].sel(step=step).values, target, title)
+                xi = self.sequences["sequence_embedding"].sel(step=step).values
+                draw_sequences(ax, xi, target, title, self.xi_plane)
             else:  # said, not left blank without a word
                 ax.set_title(title + f" (not computed at step {step})", fontsize="small")
                 ax.set_xlabel("ξ 0")

@@ -154,6 +154,7 @@ def figures(result: xr.Dataset, store: Any, tensor: str, modulus: int) -> dict[s
     points = view.points(chosen)
     limits = view.limits(points)
     sequences = "sequence_embedding" in result
+    plane = sequence_plane(result["sequence_embedding"].values) if sequences else None
     rows = view.panels + sequences
     embeddings = new_figure(rows * len(chosen), columns=len(chosen), width=3.3, height=3.1)
     for column, step in enumerate(chosen):
@@ -161,7 +162,7 @@ def figures(result: xr.Dataset, store: Any, tensor: str, modulus: int) -> dict[s
         view.draw(panels, points[column], limits)
         panels[0].set_title(f"step {step}: " + panels[0].get_title(), fontsize="small")
         if sequences:
-            _sequence_panel(embeddings.axes[view.panels * len(chosen) + column], result.sel(step=step))
+            _sequence_panel(embeddings.axes[view.panels * len(chosen) + column], result.sel(step=step), plane)
     embeddings.suptitle(view.title)
     geometry = new_figure(3, width=4.2)
     imperfection, circle, agreement = geometry.axes
@@ -182,11 +183,27 @@ def figures(result: xr.Dataset, store: Any, tensor: str, modulus: int) -> dict[s
     return {"embeddings": embeddings, "geometry": geometry}
 
 
-def draw_sequences(axes: Axes, xi: np.ndarray, target: np.ndarray, title: str) -> None:
-    """ξ of every probe (its first two components), coloured by the target on the cyclic map."""
+def sequence_plane(xi: np.ndarray) -> np.ndarray | None:
+    """The top-2 principal directions (``[d, 2]``) of ξ at the last step (``[step, probe, d]``); None when d <= 2.
+
+    One projection for every step, as for the token table, so that panels and frames are comparable.
+    """
+    last = np.asarray(xi[-1], dtype=np.float64)
+    return principal_plane(last[np.isfinite(last).all(axis=1)])
+
+
+def project_sequences(xi: np.ndarray, plane: np.ndarray | None) -> np.ndarray:
+    """ξ (``[..., d]``) on ``plane`` (``[..., 2]``); as it is when ``plane`` is None (d <= 2)."""
+    xi = np.asarray(xi, dtype=np.float64)
+    return xi if plane is None else xi @ plane
+
+
+def draw_sequences(axes: Axes, xi: np.ndarray, target: np.ndarray, title: str, plane: np.ndarray | None = None) -> None:
+    """ξ of every probe, coloured by the target on the cyclic map; on ``plane`` when d > 2 (:func:`sequence_plane`)."""
+    points = project_sequences(xi, plane)
     axes.scatter(
-        xi[:, 0],
-        xi[:, 1],
+        points[:, 0],
+        points[:, 1],
         c=target,
         cmap=CYCLIC,
         vmin=0,
@@ -196,15 +213,16 @@ def draw_sequences(axes: Axes, xi: np.ndarray, target: np.ndarray, title: str) -
         linewidths=0.2,
     )
     axes.set_title(title, fontsize="small")
-    axes.set_xlabel("ξ 0")
-    axes.set_ylabel("ξ 1")
+    axes.set_xlabel("ξ 0" if plane is None else "ξ, PC 1")
+    axes.set_ylabel("ξ 1" if plane is None else "ξ, PC 2")
 
 
-def _sequence_panel(axes: Axes, at_step: xr.Dataset) -> None:
+def _sequence_panel(axes: Axes, at_step: xr.Dataset, plane: np.ndarray | None) -> None:
     """ξ at one step, titled with its cluster count against the ideal one."""
     clusters, ideal = int(at_step["sequence_clusters"].values), int(at_step["ideal_clusters"].values)
     title = f"sequence embeddings ξ: {clusters} clusters (ideal {ideal})"
-    draw_sequences(axes, np.asarray(at_step["sequence_embedding"].values), np.asarray(at_step["target"].values), title)
+    xi, target = np.asarray(at_step["sequence_embedding"].values), np.asarray(at_step["target"].values)
+    draw_sequences(axes, xi, target, title, plane)
 
 
 def runs_figure(stores: Sequence[str]) -> Figure:
