@@ -139,6 +139,7 @@ def top_curvature(
             (max(sizes[0] - per_example, 0), per_example),
             precision.itemsize,
             product_limit(space.size, 1),
+            can_spill=str(worker.device) == "cpu",
         )
     except AnalysisError:
         msg = (
@@ -164,6 +165,7 @@ def top_curvature(
         dtype=precision,
         device=worker.device,
         max_vectors=plan.vectors,
+        spill=plan.spill,
     )
     value = float(pairs.values[0])
     if not np.isfinite(value):
