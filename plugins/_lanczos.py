@@ -194,28 +194,53 @@ class SpilledRows:
         self.buffer = np.empty(0, self.numpy_dtype)
 
 
-def _sources_block(sources: Sequence[tuple[Any, int]], columns: slice) -> Any:
-    """``[Σ count, width]`` float64: the first ``count`` rows of each source in ``columns``, stacked."""
-    import torch
+class _Stacked:
+    """Rows of several sources, stacked, read by blocks of columns into reused float64 buffers.
 
-    return torch.cat([rows.block(count, columns).to(torch.float64) for rows, count in sources if count])
+    Why reused buffers: a fresh float64 block per read is a fresh allocation that the
+    allocator maps and the kernel zeroes, page by page; at GPT-2 small (124M columns, 10
+    rows) that churn, not the arithmetic, made a pass take seconds.
+    """
 
+    def __init__(self, sources: Sequence[tuple[Any, int]], dimension: int, device: Any) -> None:
+        import torch
 
-def _blocks(sources: Sequence[tuple[Any, int]], dimension: int) -> Iterator[slice]:
-    width = _block_width(sum(count for _, count in sources), dimension)
-    for start in range(0, dimension, width):
-        yield slice(start, min(start + width, dimension))
+        self.sources = [(rows, count) for rows, count in sources if count]
+        self.count = sum(count for _, count in self.sources)
+        self.dimension = dimension
+        self.width = _block_width(self.count, dimension)
+        self.rows = torch.empty(self.count, self.width if self.count else 0, dtype=torch.float64, device=device)
+        self.x = torch.empty(self.width if self.count else 0, dtype=torch.float64, device=device)
+
+    def columns(self) -> Iterator[slice]:
+        """The blocks of columns, in order."""
+        for start in range(0, self.dimension, self.width):
+            yield slice(start, min(start + self.width, self.dimension))
+
+    def block(self, columns: slice) -> Any:
+        """``[count, width]`` float64 rows of ``columns`` (valid until the next call)."""
+        width = columns.stop - columns.start
+        first = 0
+        for rows, count in self.sources:
+            self.rows[first : first + count, :width].copy_(rows.block(count, columns))
+            first += count
+        return self.rows[:, :width]
+
+    def of(self, x: Any, columns: slice) -> Any:
+        """``x[columns]`` in float64 (valid until the next call)."""
+        return self.x[: columns.stop - columns.start].copy_(x[columns])
 
 
 def _dots(sources: Sequence[tuple[Any, int]], x: Any) -> Any:
     """``rows @ x`` over the stacked rows of ``sources``, accumulated in float64 block by block."""
     import torch
 
-    out = torch.zeros(sum(count for _, count in sources), dtype=torch.float64, device=x.device)
-    if out.shape[0] == 0:
+    stacked = _Stacked(sources, x.shape[0], x.device)
+    out = torch.zeros(stacked.count, dtype=torch.float64, device=x.device)
+    if stacked.count == 0:
         return out
-    for columns in _blocks(sources, x.shape[0]):
-        out += _sources_block(sources, columns) @ x[columns].to(torch.float64)
+    for columns in stacked.columns():
+        out.addmv_(stacked.block(columns), stacked.of(x, columns))
     return out
 
 
@@ -227,18 +252,18 @@ def _subtract(x: Any, sources: Sequence[tuple[Any, int]], coefficients: Any, *, 
     """
     import torch
 
-    count = sum(c for _, c in sources)
-    dots = torch.zeros(count, dtype=torch.float64, device=x.device)
+    stacked = _Stacked(sources, x.shape[0], x.device)
+    dots = torch.zeros(stacked.count, dtype=torch.float64, device=x.device)
     square = torch.zeros((), dtype=torch.float64, device=x.device)
-    if count == 0:
-        return (dots, float((x.to(torch.float64) ** 2).sum())) if then_dots else None
-    for columns in _blocks(sources, x.shape[0]):
-        rows = _sources_block(sources, columns)
-        updated = x[columns].to(torch.float64) - coefficients @ rows
-        x[columns] = updated.to(x.dtype)
+    if stacked.count == 0:
+        return (dots, _norm(x) ** 2) if then_dots else None
+    for columns in stacked.columns():
+        rows = stacked.block(columns)
+        updated = stacked.of(x, columns).addmv_(rows.T, coefficients, alpha=-1)
+        x[columns] = updated
         if then_dots:
-            updated = x[columns].to(torch.float64)  # as stored: the next pass sees the rounded values
-            dots += rows @ updated
+            updated.copy_(x[columns])  # as stored: the next pass sees the rounded values
+            dots.addmv_(rows, updated)
             square += updated @ updated
     return (dots, float(square)) if then_dots else None
 
@@ -262,9 +287,9 @@ def _orthogonalize(x: Any, sources: Sequence[tuple[Any, int]], *, always_twice: 
 def _combine_in_place(rows: Any, count: int, combination: Any, dimension: int) -> None:
     """``rows[:l] = combinationᵀ rows[:count]`` in place (``combination`` is ``[count, l]``), block by block."""
     kept = combination.shape[1]
-    for columns in _blocks([(rows, count)], dimension):
-        block = _sources_block([(rows, count)], columns)
-        rows.write_block(kept, columns, (combination.T @ block).to(rows.dtype))
+    stacked = _Stacked([(rows, count)], dimension, combination.device)
+    for columns in stacked.columns():
+        rows.write_block(kept, columns, (combination.T @ stacked.block(columns)).to(rows.dtype))
 
 
 def _norm(x: Any) -> float:
@@ -272,9 +297,10 @@ def _norm(x: Any) -> float:
 
     total = torch.zeros((), dtype=torch.float64, device=x.device)
     step = _block_width(1, x.shape[0])
+    part = torch.empty(min(step, x.shape[0]), dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], step):
-        part = x[start : start + step].to(torch.float64)
-        total += part @ part
+        block = part[: min(step, x.shape[0] - start)].copy_(x[start : start + step])
+        total += block @ block
     return float(torch.sqrt(total))
 
 
@@ -454,8 +480,9 @@ def top_eigenpairs(
         values = theta[top]
         combination = torch.as_tensor(ritz[:, top].T.copy(), device=device)  # [k, used]
         found = torch.empty(k, dimension, dtype=dtype, device=device)
-        for columns in _blocks([(vectors, used)], dimension):
-            found[:, columns] = (combination @ _sources_block([(vectors, used)], columns)).to(dtype)
+        stacked = _Stacked([(vectors, used)], dimension, device)
+        for columns in stacked.columns():
+            found[:, columns] = (combination @ stacked.block(columns)).to(dtype)
     finally:
         vectors.close()
     return Eigenpairs(values, found.cpu().numpy(), estimates.astype(np.float64), products, restarts)
