@@ -15,6 +15,7 @@ Protocol (Clustering Head §4.2; the sandbox's ``paper`` preset, §2: L = 12, k 
   does not result in any learning for p > 4"). The scratch run of seed s is the child of seed s
   before the parent's weights are copied in: same p = 3 data, batch order and x = 2 row, so the
   two arms are paired by seed.
+- ``--child-p 4`` (to 10) runs Fig. 9's other bars: the same p = 2 parent, then p = 4.
 
 Accuracy: the final test accuracy (the 2,048 held-out sequences) after the last epoch. Fig. 9
 shows its mean over runs (left) and its maximum over runs (right); a maximum over seeds has no
@@ -215,7 +216,7 @@ def summary(accuracy: np.ndarray) -> dict[str, Any]:
 
 
 def contingency(ideal: np.ndarray, perfect: np.ndarray) -> dict[str, Any]:
-    """The 2x2 table ideal clusters (rows: yes, no) x 100% at p = 3 (columns: yes, no), Fisher's p."""
+    """The 2x2 table ideal clusters (rows: yes, no) x 100% after the switch (columns: yes, no), Fisher's p."""
     table = [
         [int((ideal & perfect).sum()), int((ideal & ~perfect).sum())],
         [int((~ideal & perfect).sum()), int((~ideal & ~perfect).sum())],
@@ -251,7 +252,7 @@ def print_tables(figures: dict[str, Any]) -> None:
     print(
         f"\nsequence clusters of the p = 2 run at the switch (ideal C(k+p-1,k) = {c['ideal']}): counts {c['histogram']}"
     )
-    print(f"{'':<26}  {'100% at p=3':>11}  {'not 100%':>8}")
+    print(f"{'':<26}  {'100% at p=' + str(figures['protocol']['child_p']):>11}  {'not 100%':>8}")
     print(f"{'ideal clusters':<26}  {a:>11}  {b:>8}")
     print(f"{'not ideal':<26}  {cc:>11}  {d:>8}")
     print(f"Fisher's exact test (two-sided): p = {c['fisher_p']:.3g}")
@@ -265,6 +266,7 @@ def plot(figures: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     arms = figures["arms"]
+    child = figures["protocol"]["child_p"]
     labels = list(arms)
     colors = ["#999999", "#4477aa", "#ee6677"][: len(labels)]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
@@ -300,12 +302,12 @@ def plot(figures: dict[str, Any], path: str) -> None:
     axes[2].set_xlim(-0.6, 1.6)
     axes[2].set_ylim(0, 1.1)
     axes[2].set_title(
-        f"curriculum: final p=3 accuracy by the p=2 run's\nsequence clusters (Fisher p = {c['fisher_p']:.2g})",
+        f"curriculum: final p={child} accuracy by the p=2 run's\nsequence clusters (Fisher p = {c['fisher_p']:.2g})",
         fontsize=9,
     )
     fig.suptitle(
-        f"Clustering Head §4.2 / Fig. 9: p=2 -> p=3 curriculum vs p=3 from scratch, {figures['epochs']} epochs"
-        f" per phase, {len(figures['seeds'])} seeds",
+        f"Clustering Head §4.2 / Fig. 9: p=2 -> p={child} curriculum vs p={child} from scratch,"
+        f" {figures['epochs']} epochs per phase, {len(figures['seeds'])} seeds",
         fontsize=10,
     )
     fig.tight_layout()
@@ -316,12 +318,26 @@ def plot(figures: dict[str, Any], path: str) -> None:
 # -- main ---------------------------------------------------------------------------------------------
 
 
-def run(seeds: Sequence[int], epochs: int, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train both arms and compute every figure of the report (a JSON-serialisable dict)."""
+def run(
+    seeds: Sequence[int], epochs: int, child_p: int = CHILD_P, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Train both arms and compute every figure of the report (a JSON-serialisable dict).
+
+    Parameters
+    ----------
+    seeds
+        The seeds; seed s of every arm is seeded as ``ckpt train --seed s``.
+    epochs
+        Epochs of each phase (the paper: 1,000).
+    child_p
+        Field size after the switch (the paper: 3, and 4-10 in Fig. 9, always from a p = 2 parent).
+    log
+        Where the progress lines go.
+    """
     from vectorized import stack_seeds
 
     task = SparseModularAddition()
-    parent_config, child_config = paper_config(task, PARENT_P), paper_config(task, CHILD_P)
+    parent_config, child_config = paper_config(task, PARENT_P), paper_config(task, child_p)
     seeds = list(seeds)
     began = time.perf_counter()
 
@@ -335,14 +351,14 @@ def run(seeds: Sequence[int], epochs: int, log: Callable[[str], None] = print) -
     scratch_state = {name: value.detach().clone() for name, value in child.params.items()}
     grown = grow_into(task, parent, child)
     switch = {name: value.detach().clone() for name, value in child.params.items()}
-    train_stacked(task, child_config, child, seeds, epochs, f"p={PARENT_P}->{CHILD_P}", log)
+    train_stacked(task, child_config, child, seeds, epochs, f"p={PARENT_P}->{child_p}", log)
     curriculum_accuracy = test_accuracy(child)
 
     scratch = stack_seeds(task, child_config, seeds)  # the same fresh initialisation the child started from
     for name, value in scratch.params.items():
         if not torch.equal(value, scratch_state[name]):
             raise RuntimeError(f"scratch arm's {name} is not the child's fresh initialisation")
-    train_stacked(task, child_config, scratch, seeds, epochs, f"p={CHILD_P} scratch", log)
+    train_stacked(task, child_config, scratch, seeds, epochs, f"p={child_p} scratch", log)
     scratch_accuracy = test_accuracy(scratch)
 
     perfect = curriculum_accuracy == 1.0
@@ -352,8 +368,8 @@ def run(seeds: Sequence[int], epochs: int, log: Callable[[str], None] = print) -
     wilcoxon = float(stats.wilcoxon(nonzero).pvalue) if len(nonzero) else float("nan")
     names = (
         f"p={PARENT_P} (phase 1 only)",
-        f"p={CHILD_P} from scratch",
-        f"p={PARENT_P}->{CHILD_P} curriculum",
+        f"p={child_p} from scratch",
+        f"p={PARENT_P}->{child_p} curriculum",
     )
     accuracies = dict(zip(names, (parent_accuracy, scratch_accuracy, curriculum_accuracy), strict=True))
     histogram = {int(v): int(n) for v, n in zip(*np.unique(clusters, return_counts=True), strict=True)}
@@ -362,7 +378,7 @@ def run(seeds: Sequence[int], epochs: int, log: Callable[[str], None] = print) -
         "protocol": {
             "preset": PRESET,
             "parent_p": PARENT_P,
-            "child_p": CHILD_P,
+            "child_p": child_p,
             **{key: parent_config[key] for key in ("length", "k", "dim", "hidden", "lr", "batch_size")},
             "train_size": parent_config["train_size"],
             "test_size": parent_config["test_size"],
@@ -403,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, default=None, help="train seeds 0 .. N-1 (default 48)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per phase (default: the paper's 1000)")
     parser.add_argument("--out", default="./repro-out/curriculum", help="folder of curriculum.json and .png")
+    parser.add_argument("--child-p", type=int, default=CHILD_P, help="p after the switch (paper: 3; Fig. 9: 3-10)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 4 seeds, 3 epochs")
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else {"seeds": 48, "epochs": 1000}  # --seeds/--epochs override --quick's
@@ -410,11 +427,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     epochs = args.epochs if args.epochs is not None else defaults["epochs"]
     os.makedirs(args.out, exist_ok=True)
     print(
-        f"curriculum p={PARENT_P} -> p={CHILD_P} vs p={CHILD_P} from scratch: preset {PRESET} (L=12, k=5, d=2,"
-        f" Adam 3e-3, batch 32), {epochs} epochs per phase, seeds 0..{seeds - 1}",
+        f"curriculum p={PARENT_P} -> p={args.child_p} vs p={args.child_p} from scratch: preset {PRESET}"
+        f" (L=12, k=5, d=2, Adam 3e-3, batch 32), {epochs} epochs per phase, seeds 0..{seeds - 1}",
         flush=True,
     )
-    figures = run(range(seeds), epochs, log=lambda line: print(line, flush=True))
+    figures = run(range(seeds), epochs, args.child_p, log=lambda line: print(line, flush=True))
     print_tables(figures)
     json_path, png_path = os.path.join(args.out, "curriculum.json"), os.path.join(args.out, "curriculum.png")
     with open(json_path, "w") as f:
