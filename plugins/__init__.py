@@ -56,7 +56,7 @@ from ckpt.plugins._lanczos import (
     top_eigenpairs,
 )
 from ckpt.plugins._manager import PluginWarning, Provider, Registry, load_registry, registry, reset_registry
-from ckpt.plugins._memory import format_size, parse_size, peak_bytes
+from ckpt.plugins._memory import format_size, held_bytes, parse_size, peak_bytes
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
 from ckpt.plugins._resume import Journal
 from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
@@ -165,6 +165,7 @@ __all__ = [
     "format_size",
     "forward_mode",
     "graph_bytes",
+    "held_bytes",
     "hessian_vector_product",
     "hookimpl",
     "hookspec",

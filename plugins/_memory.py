@@ -16,7 +16,7 @@ from typing import Any
 
 from ckpt.errors import AnalysisError
 
-__all__ = ["DEFAULT_SHARE", "GPU_SHARE", "default_budget", "format_size", "parse_size", "peak_bytes"]
+__all__ = ["DEFAULT_SHARE", "GPU_SHARE", "default_budget", "format_size", "held_bytes", "parse_size", "peak_bytes"]
 
 DEFAULT_SHARE = 0.5
 """Share of the RAM available when a run starts that it may use by default: the rest is left to the
@@ -107,6 +107,21 @@ def peak_bytes(run: Callable[[], object]) -> int:
     run
         The computation to measure, called once (in this thread).
     """
+    return _count_allocations(run)[0]
+
+
+def held_bytes(run: Callable[[], object]) -> int:
+    """Bytes that the tensors ``run()`` allocated still hold when it returns, its result kept alive.
+
+    Counted as :func:`peak_bytes` counts them: e.g. an autograd graph built with
+    ``create_graph=True`` (its saved tensors and the gradients), measured while
+    the gradients that reference it exist. The result is dropped afterwards.
+    """
+    return _count_allocations(run)[1]
+
+
+def _count_allocations(run: Callable[[], object]) -> tuple[int, int]:
+    """(peak, held at the end with the result alive) bytes of the storages ``run()`` allocates."""
     import weakref
 
     import torch
@@ -139,5 +154,7 @@ def peak_bytes(run: Callable[[], object]) -> int:
             return out
 
     with _Count():
-        run()
-    return peak
+        result = run()
+    at_end = live
+    del result
+    return peak, at_end

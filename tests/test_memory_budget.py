@@ -6,6 +6,7 @@ folders; the analyses run in a child whose address space is limited (tests/memor
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -130,3 +131,27 @@ def test_kept_graphs_with_spilled_vectors_come_before_rebuilt_graphs() -> None:
 def test_a_plan_that_cannot_fit_names_the_knobs() -> None:
     with pytest.raises(AnalysisError, match=r"needs at least .* the memory budget is 64 MiB: raise --max-memory"):
         plan_memory(64 * MiB, graph=GRAPH, limit=100, **PLAN)
+
+
+def test_measuring_a_graph_keeps_nothing_of_it_alive() -> None:
+    """graph_bytes's graphs are freed: a saved-tensor hook had kept every measured graph (1.5 GiB a checkpoint at L)."""
+    import weakref
+
+    import torch
+
+    from ckpt.plugins import graph_bytes
+
+    inputs = torch.randn(64, 200, generator=torch.Generator().manual_seed(0))
+    made: list[weakref.ref] = []
+
+    def losses(params: dict) -> torch.Tensor:
+        hidden = torch.tanh(inputs @ params["w"])
+        made.append(weakref.ref(hidden))
+        return (hidden @ params["v"]).pow(2).sum(-1)
+
+    primal = {"w": torch.randn(200, 300) / 15, "v": torch.randn(300, 10) / 17}
+    measured = graph_bytes(losses, primal)
+    # at least tanh's output (saved for its backward), the gradients and the double-backward's saves
+    assert measured >= 64 * 300 * 4 + (200 * 300 + 300 * 10) * 4
+    gc.collect()
+    assert made and all(ref() is None for ref in made)
