@@ -41,6 +41,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "ckpt.analyzers.embedding_geometry",
     "ckpt.analyzers.curvature",
     "ckpt.analyzers.normalization",
+    "ckpt.analyzers.boundary_distance",
     "ckpt.sandboxes",
 )
 """Modules of ckpt's own plugins, registered exactly like third-party ones."""

@@ -149,6 +149,9 @@ class ClusteringHeadTransformer(nn.Module):
         Embedding dimension d (2 in the paper).
     """
 
+    readout: ClassVar[str] = "mlp"
+    """The module whose input is the sequence embedding ξ: what ``boundary-distance`` measures by default."""
+
     def __init__(self, p: int = 2, length: int = 12, hidden: int = 32, dim: int = 2) -> None:
         super().__init__()
         self.p, self.length, self.dim = p, length, dim
