@@ -31,7 +31,7 @@ from ckpt.plugins._engine import run
 from ckpt.plugins.testing import AnalyzerTests
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
-from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from tests.conftest import assert_refused, write_mlp_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -173,12 +173,7 @@ def test_bad_input_is_one_error_line_and_leaves_the_store(store: Path, tmp_path:
         (store, ["--split", "test"], "pass --split one of"),
         (mlp_store, ["--readout", "2", "--directions", "8"], "--directions must be at least 2d + 1 = 17"),
     ):
-        before = tree_digest(path)
-        done = run_ckpt("analyze", "boundary-distance", str(path), "--no-progress", *args)
-        lines = done.stderr.strip().splitlines()
-        assert done.returncode != 0 and len(lines) == 1, done.stderr
-        assert lines[0].startswith("Error:") and expected in lines[0], lines[0]
-        assert tree_digest(path) == before
+        assert_refused(path, "boundary-distance", args, expected)
 
 
 class TestBoundaryDistanceConformance(AnalyzerTests):

@@ -279,6 +279,17 @@ def test_boundary_distance_draws_its_bands_and_the_xi_plane(sparse: Path) -> Non
         assert any(c.get_linestyle() for c in axes.collections[:-2]), "no boundary contour drawn"
 
 
+def test_attention_draws_the_first_and_last_maps_with_their_correlation(sparse: Path) -> None:
+    run("attention", sparse, examples=48)
+    result = ckptstore.open(sparse).analysis("attention").load()
+    maps = figures_of(sparse, "attention")["maps"]
+    check_figure(maps, panels=3)  # start, end and the colour bar
+    rho = float(result["start_end_correlation"].sel(step=16)[0, 0])
+    for axes, step in zip(maps.axes[:2], (0, 16), strict=True):
+        assert f"(step {step}), ρ = {rho:.4f}" in axes.get_title()
+        np.testing.assert_allclose(axes.images[0].get_array(), result["weights"].sel(step=step).values[0, 0, :, 0])
+
+
 def test_ckpt_plot_writes_each_format_and_refuses_bad_input(addition: Path, tmp_path: Path) -> None:
     png = run_ckpt("plot", str(addition), "hessian-basis", "--out", str(tmp_path / "basis.png"))
     assert png.returncode == 0, png.stderr
