@@ -41,6 +41,8 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "ckpt.analyzers.embedding_geometry",
     "ckpt.analyzers.curvature",
     "ckpt.analyzers.normalization",
+    "ckpt.analyzers.boundary_distance",
+    "ckpt.analyzers.attention",
     "ckpt.sandboxes",
 )
 """Modules of ckpt's own plugins, registered exactly like third-party ones."""

@@ -152,14 +152,23 @@ class Block(nn.Module):
         self.fc_in = nn.Linear(d_model, d_mlp)
         self.fc_out = nn.Linear(d_mlp, d_model)
 
-    def attention(self, x: torch.Tensor) -> torch.Tensor:
-        """Causal multi-head self-attention, written out so forward-mode AD works through it."""
+    def _weights_and_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal attention weights ``[N, heads, seq, seq]`` and values ``[N, heads, seq, d/heads]`` of ``x``."""
         n, seq, d = x.shape
         q, k, v = self.qkv(x).view(n, seq, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads)
         future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
-        weights = scores.masked_fill(future, float("-inf")).softmax(-1)
+        return scores.masked_fill(future, float("-inf")).softmax(-1), v
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        """Causal multi-head self-attention, written out so forward-mode AD works through it."""
+        n, seq, d = x.shape
+        weights, v = self._weights_and_values(x)
         return self.out((weights @ v).transpose(1, 2).reshape(n, seq, d))
+
+    def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's attention weights ``[N, heads, query, key]`` for its input ``x``: what ``attention`` reads."""
+        return self._weights_and_values(self.ln1(x))[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The residual stream after this block."""

@@ -105,6 +105,10 @@ class QueryAttention(nn.Module):
         scores = torch.matmul(z, self.query) / math.sqrt(self.dim)
         return torch.softmax(scores, dim=-1)
 
+    def attention_weights(self, z: torch.Tensor) -> torch.Tensor:
+        """:meth:`weights` as ``[batch, heads=1, queries=1, L]``: what the ``attention`` analyzer reads."""
+        return self.weights(z)[:, None, None, :]
+
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """Pooled output ``Σ_t a_t V z_t``, ``[batch, d]``, from embeddings ``z`` ``[batch, L, d]``."""
         weights = self.weights(z)
@@ -148,6 +152,9 @@ class ClusteringHeadTransformer(nn.Module):
     dim
         Embedding dimension d (2 in the paper).
     """
+
+    readout: ClassVar[str] = "mlp"
+    """The module whose input is the sequence embedding ξ: what ``boundary-distance`` measures by default."""
 
     def __init__(self, p: int = 2, length: int = 12, hidden: int = 32, dim: int = 2) -> None:
         super().__init__()

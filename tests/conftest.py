@@ -47,6 +47,16 @@ def tree_digest(path: Path) -> dict[str, str]:
     }
 
 
+def assert_refused(path: Path, analyzer: str, args: list[str], expected: str) -> None:
+    """``ckpt analyze ANALYZER PATH ARGS`` fails with one ``Error:`` line containing ``expected``, store unchanged."""
+    before = tree_digest(path)
+    done = run_ckpt("analyze", analyzer, str(path), "--no-progress", *args)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("Error:") and expected in lines[0], lines[0]
+    assert tree_digest(path) == before
+
+
 def make_tensors(step: int) -> dict[str, np.ndarray]:
     """Deterministic tensors of a checkpoint, recomputable from the step alone."""
     rng = np.random.default_rng(step)

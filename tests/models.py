@@ -36,3 +36,23 @@ class TinyLM(nn.Module):
 def tiny_lm(vocab: int = 7, d: int = 6) -> nn.Module:
     """Factory of :class:`TinyLM`."""
     return TinyLM(vocab, d)
+
+
+class MultiheadClassifier(nn.Module):
+    """Token embedding, one ``nn.MultiheadAttention`` self-attention (2 heads), mean over positions, a linear head."""
+
+    def __init__(self, vocab: int = 5, d: int = 8, heads: int = 2, classes: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        mixed, _ = self.attn(x, x, x, need_weights=False)
+        return self.head(mixed.mean(1))
+
+
+def multihead_classifier(vocab: int = 5, d: int = 8, heads: int = 2, classes: int = 3) -> nn.Module:
+    """Factory of :class:`MultiheadClassifier`."""
+    return MultiheadClassifier(vocab, d, heads, classes)

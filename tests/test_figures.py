@@ -260,6 +260,36 @@ def test_curvature_and_normalization_draw_their_learning_rate_lines(sparse: Path
     ]
 
 
+def test_boundary_distance_draws_its_bands_and_the_xi_plane(sparse: Path) -> None:
+    run("boundary-distance", sparse, directions=32)
+    result = ckptstore.open(sparse).analysis("boundary-distance").load()
+    figures = figures_of(sparse, "boundary-distance")
+    assert list(figures) == ["distances", "boundaries"]
+    check_figure(figures["distances"], panels=2)
+    lines = {line.get_label(): line for line in figures["distances"].axes[0].lines}
+    np.testing.assert_allclose(lines["median"].get_ydata(), result["distance_quantile"].sel(quantile=0.5).values)
+    planes = figures["boundaries"]
+    check_figure(planes, panels=3)  # first and last checkpoints, and the colour bar
+    for axes, step in zip(planes.axes[:2], (0, 16), strict=True):
+        assert axes.get_title().startswith(f"step {step}:")
+        points = axes.collections[-1]  # the ξ coloured by distance, drawn last
+        found = result["distance"].sel(step=step).values
+        np.testing.assert_allclose(points.get_offsets(), result["xi"].sel(step=step).values[found > 0])
+        np.testing.assert_allclose(points.get_array(), found[found > 0])
+        assert any(c.get_linestyle() for c in axes.collections[:-2]), "no boundary contour drawn"
+
+
+def test_attention_draws_the_first_and_last_maps_with_their_correlation(sparse: Path) -> None:
+    run("attention", sparse, examples=48)
+    result = ckptstore.open(sparse).analysis("attention").load()
+    maps = figures_of(sparse, "attention")["maps"]
+    check_figure(maps, panels=3)  # start, end and the colour bar
+    rho = float(result["start_end_correlation"].sel(step=16)[0, 0])
+    for axes, step in zip(maps.axes[:2], (0, 16), strict=True):
+        assert f"(step {step}), ρ = {rho:.4f}" in axes.get_title()
+        np.testing.assert_allclose(axes.images[0].get_array(), result["weights"].sel(step=step).values[0, 0, :, 0])
+
+
 def test_ckpt_plot_writes_each_format_and_refuses_bad_input(addition: Path, tmp_path: Path) -> None:
     png = run_ckpt("plot", str(addition), "hessian-basis", "--out", str(tmp_path / "basis.png"))
     assert png.returncode == 0, png.stderr

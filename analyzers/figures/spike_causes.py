@@ -63,21 +63,20 @@ QUANTILE_BANDS = ((0.05, 0.95), (0.25, 0.75))
 """Quantile bands shaded around the median, widest first."""
 
 
-def _band(axes: Axes, result: xr.Dataset, module: str, color: str) -> None:
-    norms = result["norm_quantile"].sel(module=module)
-    steps = result["step"].values
+def quantile_bands(axes: Axes, steps: np.ndarray, quantiles: xr.DataArray, color: str) -> None:
+    """Median, the 25-75% and 5-95% bands and the minimum (dotted) of ``quantiles`` (dims step, quantile)."""
     for alpha, (low, high) in zip((0.15, 0.3), QUANTILE_BANDS, strict=True):
         axes.fill_between(
             steps,
-            norms.sel(quantile=low).values,
-            norms.sel(quantile=high).values,
+            quantiles.sel(quantile=low).values,
+            quantiles.sel(quantile=high).values,
             color=color,
             alpha=alpha,
             linewidth=0,
             label=f"{low:.0%}–{high:.0%}",
         )
-    axes.plot(steps, norms.sel(quantile=0.5).values, color=color, linewidth=1.5, label="median")
-    axes.plot(steps, norms.sel(quantile=0.0).values, color=color, linestyle=":", linewidth=1.2, label="minimum")
+    axes.plot(steps, quantiles.sel(quantile=0.5).values, color=color, linewidth=1.5, label="median")
+    axes.plot(steps, quantiles.sel(quantile=0.0).values, color=color, linestyle=":", linewidth=1.2, label="minimum")
 
 
 def normalization_figures(result: xr.Dataset, store: Any) -> dict[str, Figure]:
@@ -92,7 +91,7 @@ def normalization_figures(result: xr.Dataset, store: Any) -> dict[str, Figure]:
     rates = result["learning_rate"].values
     figure = new_figure(len(modules), columns=3, width=4.2, height=3.2)
     for index, (axes, module) in enumerate(zip(figure.axes, modules, strict=False)):
-        _band(axes, result, module, SERIES[index % len(SERIES)])
+        quantile_bands(axes, steps, result["norm_quantile"].sel(module=module), SERIES[index % len(SERIES)])
         axes.plot(steps, rates, color="red", linestyle="--", linewidth=1.2, label="η (learning rate)")
         positive = result["norm_quantile"].sel(module=module).values
         if np.isfinite(positive).any() and np.nanmin(positive) > 0:
