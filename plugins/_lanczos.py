@@ -292,6 +292,23 @@ def _combine_in_place(rows: Any, count: int, combination: Any, dimension: int) -
         rows.write_block(kept, columns, (combination.T @ stacked.block(columns)).to(rows.dtype))
 
 
+def _divided(x: Any, divisor: float) -> Any:
+    """``x / divisor`` in ``x``'s dtype, computed in float64 block by block.
+
+    The same numbers as a whole float64 copy of ``x`` would give, without allocating one (1 GB at
+    GPT-2 small, mapped and zeroed page by page on every product).
+    """
+    import torch
+
+    out = torch.empty_like(x)
+    step = _block_width(1, x.shape[0])
+    part = torch.empty(min(step, x.shape[0]), dtype=torch.float64, device=x.device)
+    for start in range(0, x.shape[0], step):
+        block = part[: min(step, x.shape[0] - start)].copy_(x[start : start + step])
+        out[start : start + step] = block.div_(divisor)
+    return out
+
+
 def _norm(x: Any) -> float:
     import torch
 
@@ -452,7 +469,7 @@ def top_eigenpairs(
                 # the next vector: the residual's direction, or (an invariant subspace smaller than k)
                 # a new direction orthogonal to it, coupled to nothing
                 coupling = 0.0 if invariant else beta
-                current = random_unit(used) if invariant else (r.to(torch.float64) / beta).to(dtype)
+                current = random_unit(used) if invariant else _divided(r, beta)
                 del r
                 if used < room:
                     projected[used, used - 1] = projected[used - 1, used] = coupling
