@@ -85,9 +85,11 @@ RSS once the graphs were built, 9.2 GiB during a product, with 1.8 GiB of model,
 besides: 7.4 GiB, 2.3x the graphs."""
 REBUILT_PEAK = 2.3
 """A rebuilt block holds its graph and the product's backward buffers at once (the same measurement)."""
-FIXED_VECTORS = 4
+FIXED_VECTORS = 5
 """Vectors of D held beside the search: the checkpoint's tensors (cached by the worker; θ's leaves share
-them), the product being made, its flat copy and the residual copied from it."""
+them) and the previous checkpoint's (the worker caches two), the product being made, its flat copy and
+the residual copied from it. At GPT-2 small the second basis checkpoint ran 1.5 GiB above the first,
+with one earlier basis vector (0.46 GiB) of it."""
 
 
 def plan_memory(

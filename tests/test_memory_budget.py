@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.analyzers.hessian_basis import GRAPH_PEAK, MemoryPlan, plan_memory
+from ckpt.analyzers.hessian_basis import FIXED_VECTORS, GRAPH_PEAK, MemoryPlan, plan_memory
 from ckpt.plugins import AnalysisError, lanczos_bytes, parse_size
 from tests.conftest import run_ckpt, tree_digest, write_gpt2_run
 
@@ -118,7 +118,7 @@ def test_every_plan_fits_its_budget(budget_mib: int) -> None:
 
 def test_kept_graphs_with_spilled_vectors_come_before_rebuilt_graphs() -> None:
     """GPT-2 small's case: the graphs fit, k + 4 vectors beside them do not; on a GPU nothing is spilled."""
-    fixed = (4 + 2) * 1_700_000 * 4
+    fixed = (FIXED_VECTORS + 2) * 1_700_000 * 4
     kept_graphs = int(GRAPH_PEAK * (4 * MiB + 32 * 1.5 * MiB)) * 2
     budget = fixed + kept_graphs + lanczos_bytes(1_700_000, 9, spilled=True) + MiB
     assert budget < fixed + kept_graphs + lanczos_bytes(1_700_000, 5)  # k + 4 in memory would not fit
