@@ -78,6 +78,7 @@ from ckpt.plugins import (
     Analyzer,
     Option,
     Worker,
+    capture,
     hookimpl,
     iter_activations,
     logits_of,
@@ -456,8 +457,6 @@ def check_readout(store: Any, model: Any, readout: str | None, split: str) -> tu
         is not one vector per example or the model's output not one logit row per example.
     """
     import torch
-
-    from ckpt.plugins._activations import capture
 
     name = readout or declared_readout(model)
     if name is None:

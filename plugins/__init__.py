@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ckpt.errors import AnalysisError, PluginError, TaskError
-from ckpt.plugins._activations import iter_activations, select_modules
+from ckpt.plugins._activations import capture, iter_activations, select_modules
 from ckpt.plugins._analyzer import (
     ENGINE_SETTINGS,
     PER_CHECKPOINT,
@@ -156,6 +156,7 @@ __all__ = [
     "analyze",
     "analyze_runs",
     "basis_dims",
+    "capture",
     "check_basis",
     "chunks",
     "clear_cache",
