@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.basis import sample_examples
-from ckpt.analyzers.hessian_basis import plan_memory
+from ckpt.analyzers.hessian_basis import graph_growth, plan_memory
 from ckpt.analyzers.spike_causes import check_model_and_split, learning_rates
 from ckpt.plugins import (
     DTYPES,
@@ -51,7 +51,6 @@ from ckpt.plugins import (
     chunks,
     datapoint_index,
     format_size,
-    graph_bytes,
     hookimpl,
     loss_function,
     parameter_space,
@@ -125,9 +124,6 @@ def top_curvature(
     def block_loss(rows: np.ndarray) -> Any:
         return loss_function(worker, params, space, split=split, examples=rows, objective=objective, dtype=dtype)
 
-    # a block's gradient graph at one and two examples: its constant part and its growth per example
-    sizes = [graph_bytes(block_loss(examples[:n]), primal) for n in (1, min(2, len(examples)))]
-    per_example = max(sizes[1] - sizes[0], 0) if len(examples) > 1 else sizes[0]
     try:
         plan = plan_memory(
             worker.memory_budget,
@@ -136,7 +132,7 @@ def top_curvature(
             0,
             len(examples),
             batch_size,
-            (max(sizes[0] - per_example, 0), per_example),
+            graph_growth(block_loss, examples, primal),
             precision.itemsize,
             product_limit(space.size, 1),
             can_spill=str(worker.device) == "cpu",

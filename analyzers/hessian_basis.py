@@ -179,6 +179,17 @@ def plan_memory(
     raise AnalysisError(msg)
 
 
+def graph_growth(block_loss: Callable[[np.ndarray], Any], examples: np.ndarray, primal: Any) -> tuple[int, int]:
+    """``(constant, per_example)`` bytes of a block's kept gradient graph, from the graphs of one and two examples.
+
+    ``block_loss(rows)`` is the per-datapoint loss of those examples; ``primal`` the parameters
+    (:func:`ckpt.plugins.graph_bytes`). The ``graph`` that :func:`plan_memory` takes.
+    """
+    one, two = (graph_bytes(block_loss(examples[:n]), primal) for n in (1, min(2, len(examples))))
+    per_example = max(two - one, 0) if len(examples) > 1 else one
+    return max(one - per_example, 0), per_example
+
+
 def eigenvectors_at(
     worker: Worker,
     step: int,
@@ -217,9 +228,6 @@ def eigenvectors_at(
     def block_loss(rows: np.ndarray) -> Any:
         return loss_function(worker, params, space, split=split, examples=rows, objective=objective, dtype=dtype)
 
-    # the graph of one and of two examples: its constant part and its growth per example
-    one, two = (graph_bytes(block_loss(examples[:n]), primal) for n in (1, min(2, len(examples))))
-    per_example = max(two - one, 0) if len(examples) > 1 else one
     earlier = sum(len(p["vectors"]) for p in previous)
     plan = plan_memory(
         worker.memory_budget,
@@ -228,7 +236,7 @@ def eigenvectors_at(
         earlier,
         len(examples),
         batch_size,
-        (max(one - per_example, 0), per_example),
+        graph_growth(block_loss, examples, primal),
         precision.itemsize,
         product_limit(space.size - earlier, k),
         can_spill=str(worker.device) == "cpu",
