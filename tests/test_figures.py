@@ -449,3 +449,21 @@ def test_log_spaced_runs_get_a_log_step_axis(tmp_path: Path) -> None:
     run("loss", path)
     figure = figures_of(path, "loss")["curves"]
     assert all(axes.get_xscale() == "symlog" for axes in figure.axes)
+
+
+def test_a_damaged_checkpoint_is_named_in_the_report_not_dropped_with_the_slider(sparse: Path, tmp_path: Path) -> None:
+    """The report's slider reads every checkpoint: one that cannot be read is a warning and a note in the page."""
+    import shutil
+
+    damaged = tmp_path / "damaged.zarr"
+    shutil.copytree(sparse, damaged)
+    (chunk,) = (damaged / "checkpoints" / "embed.weight").glob("c.2.*")
+    chunk.unlink()
+    out = tmp_path / "report.html"
+    result = run_ckpt("report", str(damaged), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "embeddings over training" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("Warning: embeddings over training: not drawn"), result.stderr
+    assert "embed.weight" in warnings[0] and "step 8" in warnings[0], warnings[0]
+    page = out.read_text()
+    assert "embeddings over training: not drawn" in page and 'id="slider"' not in page

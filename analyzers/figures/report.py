@@ -93,22 +93,32 @@ def _metrics_figure(store: Any) -> bytes | None:
     return png_bytes(figure)
 
 
-def _slider(store: Any) -> str:
+def _slider(store: Any) -> tuple[str, list[str]]:
+    """The embeddings-over-training section, and the problem met drawing it (also shown in the page).
+
+    A store without a token embedding has no slider, and says nothing. Any other failure (a damaged
+    checkpoint or ``embedding-geometry`` result) is named in the page and printed, never dropped.
+    """
     from ckpt.analyzers.figures.animation import Frames
+    from ckpt.analyzers.figures.geometry import default_view
     from ckpt.errors import CkptError
 
     try:
-        frames = Frames(store)
-    except CkptError:
-        return ""
-    figure = frames.figure()
-    steps = frames.steps(SLIDER_FRAMES)
-    rendered = [
-        {"step": step, "png": base64.b64encode(png_bytes(figure, dpi=72)).decode()}
-        for step in frames.frames(figure, steps)
-    ]
+        view = default_view(store)
+        if view is None:
+            return "", []
+        frames = Frames(store, view)
+        figure = frames.figure()
+        steps = frames.steps(SLIDER_FRAMES)
+        rendered = [
+            {"step": step, "png": base64.b64encode(png_bytes(figure, dpi=72)).decode()}
+            for step in frames.frames(figure, steps)
+        ]
+    except CkptError as exc:
+        problem = f"embeddings over training: not drawn ({exc})"
+        return f'<h2>Embeddings over training</h2><p class="error">{html.escape(problem)}</p>', [problem]
     payload = json.dumps(rendered).replace("</", "<\\/")
-    return (
+    section = (
         "<h2>Embeddings over training</h2>"
         f"<p>{html.escape(frames.view.title)}: drag the slider through {len(steps)} checkpoints "
         "(<code>ckpt animate</code> writes every checkpoint as a GIF or MP4).</p>"
@@ -118,6 +128,7 @@ def _slider(store: Any) -> str:
         f'<script type="application/json" id="frames">{payload}</script>'
         f"<script>{SLIDER_SCRIPT}</script>"
     )
+    return section, []
 
 
 def _analysis_section(store: Any, name: str, registry: Any, current_data: tuple[str, str]) -> tuple[str, list[str]]:
@@ -224,6 +235,8 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
         problems += found
     together = _side_by_side(store, registry)
     metrics = _metrics_figure(store)
+    slider, found = _slider(store)
+    problems = found + problems
     contents = "".join(f'<li><a href="#{html.escape(n)}">{html.escape(n)}</a></li>' for n in store.analyses)
     page = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
@@ -231,7 +244,7 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
         f"<h1>ckpt report: {html.escape(Path(where).name)}</h1>",
         _table(_metadata(store)),
         _image(metrics, "metrics") if metrics else "<p>No metrics were recorded during training.</p>",
-        _slider(store),
+        slider,
         f"<h2>Analyses</h2><ul>{contents}</ul>" if store.analyses else "<h2>Analyses</h2><p>None stored yet.</p>",
         together,
         *sections,
