@@ -28,6 +28,11 @@ def centred(outputs, targets, mask):
     return losses - losses.mean()
 
 
+@hookimpl
+def ckpt_register_objectives(register):
+    register("centred", Objective(centred, CROSS_ENTROPY.datapoints, "cross-entropy minus its batch mean"))
+
+
 def drop_bias(src, dest, **options):
     """Imports, then writes a store without the bias: an importer that loses a tensor."""
     import ckpt.store as ckptstore
@@ -39,11 +44,6 @@ def drop_bias(src, dest, **options):
             tensors = full.tensors(int(step))
             tensors.pop("fc.bias")
             writer.write(int(step), tensors)
-
-
-@hookimpl
-def ckpt_register_objectives(register):
-    register("centred", Objective(centred, CROSS_ENTROPY.datapoints, "cross-entropy minus its batch mean"))
 
 
 @hookimpl
