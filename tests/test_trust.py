@@ -185,7 +185,9 @@ def test_every_task_factory_is_registered() -> None:
 
 def test_the_python_api_refuses_and_allows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TRUST_ENV, "")
-    spec = ckptstore.open(write_example_run(tmp_path / "run.zarr", steps=1, examples=4)).model
+    spec = ckptstore.open(
+        write_example_run(tmp_path / "run.zarr", steps=1, examples=4, factory="tests.models:mlp")
+    ).model
     with pytest.raises(UntrustedFactoryError, match=r"run\.zarr names the model factory 'tests\.models:mlp'"):
         spec.build()
     assert trust_reason("ckpt.sandboxes.addition:build_model").startswith("registered by ckpt-dynamics")
