@@ -100,7 +100,7 @@ def test_a_scheduler_that_dies_mid_run_is_one_error_line_and_keeps_what_was_comm
     address = f"tcp://127.0.0.1:{_free_port()}"
     bin_dir = Path(sys.executable).parent
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}  # the workers import the tests package (tests.helpers ...)
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the repository root on the path, as run_ckpt sets it
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
     scheduler = subprocess.Popen(
         [bin_dir / "dask", "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1], "--no-dashboard"],
