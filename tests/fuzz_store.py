@@ -4,7 +4,7 @@ Used by ``tests/test_fuzz_store.py`` (1,000 mutants in CI, seeded and derandomiz
 
     CKPT_FUZZ_EXAMPLES=20000 CKPT_FUZZ_SEED=7 pytest tests/test_fuzz_store.py -x
 
-Design. The base store is a real training run (``tests.conftest.write_mlp_run``) with an eval split,
+Design. The base store is a real training run (``ckpt.plugins.testing.write_example_run``) with an eval split,
 a label, metrics and a stored ``loss`` result. Each mutant is a copy with one to three mutations:
 JSON edits of the root record (its ``attrs["ckpt"]`` and consolidated metadata) or of a node's
 ``zarr.json`` (a key deleted, a value of another type, a huge or negative number, a node renamed

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 import ckpt.store as ckptstore
-from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from ckpt.plugins.testing import write_example_run
+from tests.helpers import run_ckpt, tree_digest
 
 
 def weights_only_store(tmp_path: Path, dtype: torch.dtype = torch.float32) -> tuple[Path, list[dict]]:
@@ -72,7 +73,7 @@ def test_model_objective_and_data_added_after_import_make_loss_work(tmp_path: Pa
 
 
 def test_a_changed_model_or_data_makes_stored_results_stale_not_wrong(tmp_path: Path) -> None:
-    path = write_mlp_run(tmp_path / "mlp.zarr")
+    path = write_example_run(tmp_path / "mlp.zarr")
     trust = ("--trust-factory", "tests.models")
     first = run_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
     assert "computed 6 step(s)" in first.stdout, first.stdout
@@ -103,7 +104,7 @@ def test_a_changed_model_or_data_makes_stored_results_stale_not_wrong(tmp_path: 
 
 
 def test_attach_commands_refuse_bad_input_with_one_line_and_an_unchanged_store(tmp_path: Path) -> None:
-    path = write_mlp_run(tmp_path / "mlp.zarr")
+    path = write_example_run(tmp_path / "mlp.zarr")
     (tmp_path / "bad.npy").write_text("not an array")
     (tmp_path / "config.json").write_text("{not json")
     before = tree_digest(path)
@@ -208,7 +209,7 @@ def test_a_factory_in_the_current_folder_gets_a_hint_about_python_s_path(tmp_pat
     import subprocess
     import sys
 
-    path = write_mlp_run(tmp_path / "mlp.zarr", factory="mymodels:mlp")
+    path = write_example_run(tmp_path / "mlp.zarr", factory="mymodels:mlp")
     (tmp_path / "mymodels.py").write_text((Path(__file__).parent / "models.py").read_text())
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # the console script, as users run it: unlike `python -m`, it does not put the current folder on the path

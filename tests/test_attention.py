@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
 
 import ckpt.store as ckptstore
-from ckpt.analyzers.attention import Attention
 from ckpt.plugins._engine import run
-from ckpt.plugins.testing import AnalyzerTests
+from ckpt.plugins.testing import write_example_run
 from ckpt.sandboxes.addition import Addition
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
-from tests.conftest import assert_refused, write_mlp_run
+from tests.helpers import assert_refused
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -119,7 +117,7 @@ def test_the_addition_sandbox_causal_heads_equal_a_softmax_by_hand(tmp_path: Pat
 
 
 def test_bad_input_is_one_error_line_and_leaves_the_store(store: Path, tmp_path: Path) -> None:
-    mlp_store = write_mlp_run(tmp_path / "mlp.zarr", steps=2)
+    mlp_store = write_example_run(tmp_path / "mlp.zarr", steps=2)
     for path, args, expected in (
         (
             mlp_store,
@@ -132,17 +130,9 @@ def test_bad_input_is_one_error_line_and_leaves_the_store(store: Path, tmp_path:
         assert_refused(path, "attention", args, expected)
 
 
-class TestAttentionConformance(AnalyzerTests):
-    analyzer_class = Attention
-    options: ClassVar[dict[str, Any]] = {"examples": 16}
-
-    def make_store(self, tmp_path: Path) -> Path:
-        return sandbox_run(tmp_path / "sma.zarr")
-
-
 def test_gpt2_attentions_equal_the_models_own_eager_output(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from tests.conftest import write_gpt2_run
+    from tests.helpers import write_gpt2_run
 
     path = write_gpt2_run(tmp_path, checkpoints=1, sequences=3, length=8)
     result = run("attention", path).dataset.load()

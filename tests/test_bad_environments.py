@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import ckpt.store as ckptstore
-from tests.conftest import run_ckpt, tree_digest
+from tests.helpers import run_ckpt, tree_digest
 
 
 @pytest.fixture
@@ -94,13 +94,13 @@ def test_a_scheduler_that_dies_mid_run_is_one_error_line_and_keeps_what_was_comm
     import sys
     import time
 
-    from tests.conftest import write_mlp_run
+    from ckpt.plugins.testing import write_example_run
 
-    path = write_mlp_run(tmp_path / "run.zarr", steps=40, examples=2000)
+    path = write_example_run(tmp_path / "run.zarr", steps=40, examples=2000)
     address = f"tcp://127.0.0.1:{_free_port()}"
     bin_dir = Path(sys.executable).parent
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}  # the worker imports tests.models:mlp
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the repository root on the path, as run_ckpt sets it
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
     scheduler = subprocess.Popen(
         [bin_dir / "dask", "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1], "--no-dashboard"],

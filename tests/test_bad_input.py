@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from ckpt.plugins import load_registry, resolve_task
+from ckpt.plugins.testing import write_example_run
 from ckpt.store.trust import TRUST_ENV
-from tests.conftest import run_ckpt, write_mlp_run
+from tests.helpers import run_ckpt
 
 USAGE = 2  # click usage errors (bad option values, unknown names)
 ERROR = 1  # everything else
@@ -113,7 +114,7 @@ def _digest(folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def original(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = write_mlp_run(tmp_path_factory.mktemp("bad-input") / "run.zarr", steps=3, examples=10)
+    path = write_example_run(tmp_path_factory.mktemp("bad-input") / "run.zarr", steps=3, examples=10)
     assert run_ckpt("analyze", "loss", str(path), "--no-progress").returncode == 0
     return path
 

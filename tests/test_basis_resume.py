@@ -18,7 +18,8 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.plugins._engine import run
-from tests.conftest import run_ckpt, write_mlp_run
+from ckpt.plugins.testing import write_example_run
+from tests.helpers import run_ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,7 @@ def killed_mid_run(path: Path, pieces: int = 3) -> list[int]:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    return write_mlp_run(tmp_path / "run.zarr", steps=STEPS, examples=200)
+    return write_example_run(tmp_path / "run.zarr", steps=STEPS, examples=200)
 
 
 def test_a_killed_run_resumes_at_the_next_basis_checkpoint(store: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ckpt.store as ckptstore
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 
 pytest.importorskip("transformers")
 

@@ -11,7 +11,7 @@ d = 8; the Jacobian norms against ``torch.autograd.functional.jacobian`` and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,17 +21,16 @@ import ckpt.store as ckptstore
 from ckpt.analyzers.boundary_distance import (
     FOUND,
     NO_BOUNDARY,
-    BoundaryDistance,
     declared_logits,
     nearest_boundary,
     readout_logits,
 )
 from ckpt.plugins import AnalysisError
 from ckpt.plugins._engine import run
-from ckpt.plugins.testing import AnalyzerTests
+from ckpt.plugins.testing import write_example_run
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
-from tests.conftest import assert_refused, write_mlp_run
+from tests.helpers import assert_refused
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,7 +84,7 @@ def test_a_gelu_readout_matches_a_2000_by_2000_grid_search() -> None:
 
 def test_a_linear_readout_at_d8_matches_the_closed_form(tmp_path: Path) -> None:
     # tests.models:mlp = Linear(3, 8), Tanh, Linear(8, 4): module "2" reads ξ = tanh(...) in R^8 linearly
-    path = write_mlp_run(tmp_path / "mlp.zarr", steps=2, examples=20)
+    path = write_example_run(tmp_path / "mlp.zarr", steps=2, examples=20)
     result = run("boundary-distance", path, readout="2", directions=64, tol=1e-9, radius=50.0).dataset.load()
     assert result.sizes["component"] == 8
     store = ckptstore.open(path)
@@ -165,7 +164,7 @@ def test_a_zero_radius_or_tolerance_is_refused(store: Path) -> None:
 
 
 def test_bad_input_is_one_error_line_and_leaves_the_store(store: Path, tmp_path: Path) -> None:
-    mlp_store = write_mlp_run(tmp_path / "mlp.zarr", steps=2)
+    mlp_store = write_example_run(tmp_path / "mlp.zarr", steps=2)
     for path, args, expected in (
         (mlp_store, [], "declares no read-out module: pass --readout MODULE"),
         (store, ["--readout", "nothing"], "--readout: the model has no module 'nothing'"),
@@ -174,11 +173,3 @@ def test_bad_input_is_one_error_line_and_leaves_the_store(store: Path, tmp_path:
         (mlp_store, ["--readout", "2", "--directions", "8"], "--directions must be at least 2d + 1 = 17"),
     ):
         assert_refused(path, "boundary-distance", args, expected)
-
-
-class TestBoundaryDistanceConformance(AnalyzerTests):
-    analyzer_class = BoundaryDistance
-    options: ClassVar[dict[str, Any]] = FAST
-
-    def make_store(self, tmp_path: Path) -> Path:
-        return sandbox_run(tmp_path / "sma.zarr")

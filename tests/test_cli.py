@@ -10,7 +10,7 @@ import torch
 
 import ckpt.plugins
 import ckpt.store as ckptstore
-from tests.conftest import run_ckpt, tree_digest
+from tests.helpers import run_ckpt, tree_digest
 
 
 def _assert_one_line_error(result, expected: str, code: int = 1) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,9 +24,8 @@ from ckpt.analyzers import trajectories as tr
 from ckpt.analyzers.loss import Loss
 from ckpt.plugins import clear_cache, load_registry
 from ckpt.plugins._engine import data_hash, run
-from ckpt.plugins.testing import AnalyzerTests
+from ckpt.plugins.testing import write_example_run
 from ckpt.store.results import write_analysis
-from tests.conftest import write_mlp_run
 
 STEPS = np.arange(30) * 10
 DROPS = (6, 14, 22)  # checkpoint index of each group's drop
@@ -406,7 +405,7 @@ def test_options_are_checked() -> None:
 
 @pytest.fixture(scope="module")
 def mlp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_mlp_run(tmp_path_factory.mktemp("clusters-mlp") / "mlp.zarr", steps=4, examples=12)
+    return write_example_run(tmp_path_factory.mktemp("clusters-mlp") / "mlp.zarr", steps=4, examples=12)
 
 
 def test_polca_result_is_filtered_as_the_rules_say(mlp_run: Path, tmp_path: Path, registry: Any) -> None:
@@ -470,18 +469,3 @@ def test_fisher_and_lca_read_the_mean_loss(mlp_run: Path, tmp_path: Path, regist
             expected = np.median(np.concatenate([np.zeros((len(members), 1)), members], axis=1), axis=0)
             np.testing.assert_allclose(on_lca["median"].values[p, c], expected)
     assert not on_lca["filtered"].values.any()
-
-
-class TestClustersConformance(AnalyzerTests):
-    """The conformance kit with ``--on loss`` on a real training run (the loss analyzer runs first).
-
-    ``split`` is given because the kit's ``graph`` helper passes dependency options on as
-    keyword arguments and does not yet handle ``None`` ("the stored options") as the engine does.
-    """
-
-    analyzer_class = clusters.Clusters
-    plugin = clusters
-    options: ClassVar[dict[str, Any]] = {"on": "loss", "split": "eval", "min_cluster_size": 5, "label": "odd"}
-
-    def make_store(self, tmp_path: Path) -> Path:
-        return write_mlp_run(tmp_path / "mlp.zarr")

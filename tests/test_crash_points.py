@@ -21,8 +21,8 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.errors import StoreError, StoreExistsError, StoreLockedError
-from tests.conftest import run_ckpt
 from tests.crash_process import provenance, result, split, tensors, write_sources
+from tests.helpers import run_ckpt
 
 CHILD = Path(__file__).with_name("crash_process.py")
 ROOT = Path(__file__).resolve().parents[1]

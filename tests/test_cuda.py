@@ -18,7 +18,7 @@ import torch
 import ckpt.store as ckptstore
 from ckpt.plugins._engine import run
 from ckpt.plugins._memory import GPU_SHARE, default_budget
-from tests.conftest import write_mlp_run
+from ckpt.plugins.testing import write_example_run
 
 DEVICE = os.environ.get("CKPT_TEST_DEVICE", "cuda")
 
@@ -41,7 +41,7 @@ ANALYZERS = {
 
 @pytest.fixture(scope="module")
 def cpu_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_mlp_run(tmp_path_factory.mktemp("cpu") / "run.zarr", examples=64)
+    return write_example_run(tmp_path_factory.mktemp("cpu") / "run.zarr", examples=64)
 
 
 def same_numbers(gpu: ckptstore.Store, cpu: ckptstore.Store, name: str) -> None:

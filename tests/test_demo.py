@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import ckpt.store as ckptstore
-from tests.conftest import run_ckpt, tree_digest
+from tests.helpers import run_ckpt, tree_digest
 
 
 def _row(out: str, method: str) -> list[str]:

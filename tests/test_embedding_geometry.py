@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +16,6 @@ import ckpt.store as ckptstore
 from ckpt.analyzers import embedding_geometry as eg
 from ckpt.plugins import AnalysisError, clear_cache, load_registry
 from ckpt.plugins._engine import run
-from ckpt.plugins.testing import AnalyzerTests
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.modular_addition import ModularAddition
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition, build_model, prefix_code
@@ -367,15 +366,6 @@ class Lookup(torch.nn.Module):
 
 def lookup_model() -> torch.nn.Module:
     return Lookup()
-
-
-class TestEmbeddingGeometryConformance(AnalyzerTests):
-    analyzer_class = eg.EmbeddingGeometry
-    plugin = eg
-    options: ClassVar[dict[str, Any]] = {"suffixes": 2}
-
-    def make_store(self, tmp_path: Path) -> Path:
-        return sparse_store(tmp_path / "run.zarr")  # token and sequence metrics both
 
 
 def test_a_language_model_vocabulary_is_measured_without_its_pair_sums(tmp_path: Path, registry: Any) -> None:

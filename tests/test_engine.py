@@ -20,7 +20,8 @@ import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, TaskSpec, load_registry
 from ckpt.plugins._engine import run
-from tests.conftest import run_ckpt, write_mlp_run
+from ckpt.plugins.testing import write_example_run
+from tests.helpers import run_ckpt
 from tests.models import mlp, tiny_lm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +167,7 @@ def test_changed_options_or_data_recompute(mlp_store: Path) -> None:
 
 
 def test_resume_after_kill_recomputes_nothing_finished(tmp_path: Path) -> None:
-    path = write_mlp_run(tmp_path / "run.zarr", steps=60, examples=2000)
+    path = write_example_run(tmp_path / "run.zarr", steps=60, examples=2000)
     command = [
         sys.executable,
         "-m",
@@ -283,7 +284,7 @@ def test_cli_analyze_and_show(mlp_store: Path) -> None:
     ],
 )
 def test_cli_analyze_errors(mlp_store: Path, args: list[str], message: str, code: int) -> None:
-    from tests.conftest import tree_digest
+    from tests.helpers import tree_digest
 
     before = tree_digest(mlp_store)
     result = run_ckpt(*[a.format(store=mlp_store) for a in args])

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "ckpt-example-plugin"

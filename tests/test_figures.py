@@ -19,7 +19,7 @@ from ckpt.plugins.testing import check_figure
 from ckpt.sandboxes.addition import Addition
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 
 TINY = {"layers": 1, "d_model": 16, "heads": 2, "d_mlp": 32}
 BASIS = {"every": 30, "samples": 64}  # basis vectors found at steps 0 and 30
@@ -174,7 +174,7 @@ def test_clusters_kept_under_another_name_are_compared_side_by_side(addition: Pa
 
 
 def test_as_refuses_names_that_others_read(addition: Path) -> None:
-    from tests.conftest import tree_digest
+    from tests.helpers import tree_digest
 
     before = tree_digest(addition)
     taken = run_ckpt("analyze", "clusters", str(addition), "--on", "loss", "--as", "loss", "--no-progress")

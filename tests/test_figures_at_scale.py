@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.conftest import CKPT
+from tests.helpers import CKPT
 
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

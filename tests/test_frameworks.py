@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.conftest import run_ckpt, tree_digest
+from tests.helpers import run_ckpt, tree_digest
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import run_ckpt, write_mlp_run
+from ckpt.plugins.testing import write_example_run
 from tests.fuzz_store import COMMANDS, REPORT_EVERY, Mutant, Worker, judge, mutate, tree_hash
+from tests.helpers import run_ckpt
 
 EXAMPLES = int(os.environ.get("CKPT_FUZZ_EXAMPLES", "1000"))
 SEED = os.environ.get("CKPT_FUZZ_SEED", "0")
@@ -27,7 +28,7 @@ SEED = os.environ.get("CKPT_FUZZ_SEED", "0")
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("fuzz-base") / "run.zarr"
-    write_mlp_run(path, steps=3, examples=8)
+    write_example_run(path, steps=3, examples=8)
     analyzed = run_ckpt("analyze", "loss", str(path), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
     return path

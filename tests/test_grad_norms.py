@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,8 +22,7 @@ from ckpt.analyzers.grad_norms import (
 )
 from ckpt.plugins import AnalysisError, load_registry
 from ckpt.plugins._engine import run
-from ckpt.plugins.testing import AnalyzerTests
-from tests.conftest import write_mlp_run
+from ckpt.plugins.testing import write_example_run
 from tests.models import mlp
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -54,7 +53,7 @@ def layer_norms(squares: dict[str, float]) -> dict[str, float]:
 
 
 def test_full_batch_norms_equal_direct_autograd(tmp_path: Path, registry: Any) -> None:
-    path = write_mlp_run(tmp_path / "run.zarr")
+    path = write_example_run(tmp_path / "run.zarr")
     # chunks of 7 examples: the gradient is accumulated over 8 forward/backward passes
     result = run("grad-norms", path, registry=registry, chunk_size=7).dataset.load()
     store = ckptstore.open(path)
@@ -72,7 +71,7 @@ def test_full_batch_norms_equal_direct_autograd(tmp_path: Path, registry: Any) -
 
 
 def test_minibatch_norms_are_the_mean_of_per_minibatch_norms(tmp_path: Path, registry: Any) -> None:
-    path = write_mlp_run(tmp_path / "run.zarr", steps=3)
+    path = write_example_run(tmp_path / "run.zarr", steps=3)
     result = run("grad-norms", path, registry=registry, batch_size=16, seed=3, chunk_size=5).dataset.load()
     store = ckptstore.open(path)
     groups = minibatches(50, 16, 3)
@@ -93,7 +92,7 @@ def test_minibatch_norms_are_the_mean_of_per_minibatch_norms(tmp_path: Path, reg
 
 
 def test_update_norms_equal_numpy_differences(tmp_path: Path, registry: Any) -> None:
-    path = write_mlp_run(tmp_path / "run.zarr")
+    path = write_example_run(tmp_path / "run.zarr")
     result = run("grad-norms", path, registry=registry).dataset.load()
     store = ckptstore.open(path)
     steps = [int(s) for s in store.steps]
@@ -270,7 +269,7 @@ def test_loss_spikes_end_to_end(tmp_path: Path, registry: Any) -> None:
 
 
 def test_bad_input_is_an_analysis_error(tmp_path: Path, registry: Any) -> None:
-    path = write_mlp_run(tmp_path / "run.zarr", steps=2)
+    path = write_example_run(tmp_path / "run.zarr", steps=2)
     with pytest.raises(AnalysisError, match="no data split 'nope'; pass --split one of: eval"):
         run("grad-norms", path, registry=registry, split="nope")
     with pytest.raises(AnalysisError, match="option 'batch_size' of analyzer 'grad-norms' must be at least 1, got 0"):
@@ -283,27 +282,10 @@ def test_bad_input_is_an_analysis_error(tmp_path: Path, registry: Any) -> None:
 
 
 def test_summary_is_readable(tmp_path: Path, registry: Any) -> None:
-    path = write_mlp_run(tmp_path / "run.zarr", steps=3)
+    path = write_example_run(tmp_path / "run.zarr", steps=3)
     text = GradNorms().summarize(run("grad-norms", path, registry=registry).dataset)
     assert "4 tensors in 2 layers, 3 checkpoints" in text
     assert "layer_grad_norm at step 2:" in text
 
 
 # -- conformance ------------------------------------------------------------------------------------------
-
-
-class TestGradNormsConformance(AnalyzerTests):
-    analyzer_class = GradNorms
-    plugin = grad_norms
-    options: ClassVar[dict[str, Any]] = {"batch_size": 20, "chunk_size": 8}
-
-    def make_store(self, tmp_path: Path) -> Path:
-        return write_mlp_run(tmp_path / "run.zarr", steps=4)
-
-
-class TestLossSpikesConformance(AnalyzerTests):
-    analyzer_class = LossSpikes
-    plugin = grad_norms
-
-    def make_store(self, tmp_path: Path) -> Path:
-        return write_mlp_run(tmp_path / "run.zarr", steps=5)

@@ -16,14 +16,15 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.errors import CorruptRecordError
+from ckpt.plugins.testing import write_example_run
 from ckpt.store.record import MAX_JSON_DEPTH, parse_record
-from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from tests.helpers import run_ckpt, tree_digest
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("base") / "run.zarr"
-    write_mlp_run(path, steps=3, examples=8)
+    write_example_run(path, steps=3, examples=8)
     analyzed = run_ckpt("analyze", "loss", str(path), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
     return path

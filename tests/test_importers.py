@@ -23,18 +23,7 @@ from ckpt.store.importers import (
     import_checkpoints,
     load_checkpoint,
 )
-from tests.conftest import run_ckpt
-
-
-def state_dict(seed: int) -> dict[str, torch.Tensor]:
-    """A tiny state_dict holding every dtype the importer must keep bit-exact."""
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "fc.weight": torch.randn(3, 4, generator=g),
-        "fc.bias": torch.randn(4, generator=g).half(),
-        "emb.weight": torch.randn(5, 2, generator=g).to(torch.bfloat16),
-        "counts": torch.randint(-1000, 1000, (2,), generator=g),
-    }
+from tests.helpers import run_ckpt, state_dict
 
 
 def assert_store_holds(dest: Path | str, expected: dict[int, dict[str, torch.Tensor]]) -> None:

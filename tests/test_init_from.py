@@ -21,7 +21,7 @@ from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition, build_model
 from ckpt.store.importers import import_checkpoints
 from ckpt.store.lineage import Parent, parent_status
-from tests.conftest import run_ckpt, tree_digest
+from tests.helpers import run_ckpt, tree_digest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,7 +18,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.analyzers.hessian_basis import FIXED_VECTORS, GRAPH_PEAK, MemoryPlan, plan_memory
 from ckpt.plugins import AnalysisError, lanczos_bytes, parse_size
-from tests.conftest import run_ckpt, tree_digest, write_gpt2_run
+from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
 
 CHILD = Path(__file__).with_name("memory_child.py")
 MiB = 2**20

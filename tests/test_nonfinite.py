@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ckpt.store as ckptstore
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 from tests.models import mlp
 
 

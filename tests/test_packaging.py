@@ -22,7 +22,7 @@ import pytest
 import ckpt
 import ckpt.store as ckptstore
 from ckpt.store.format import RENAMED_FACTORIES
-from tests.conftest import run_ckpt, tree_digest
+from tests.helpers import run_ckpt, tree_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY_STORE = ROOT / "tests" / "data" / "v0.1.0-modular-addition.zarr"

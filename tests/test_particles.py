@@ -16,7 +16,7 @@ from ckpt.plugins._engine import run
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.modular_addition import all_pairs
 from ckpt.sandboxes.particles import Particles, ParticleSystem, alignment_potential, clustering_potential
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

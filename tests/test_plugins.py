@@ -14,7 +14,7 @@ import pytest
 import ckpt.plugins
 from ckpt.plugins import PluginWarning, hookspecs, load_registry
 from ckpt.plugins._manager import get_plugin_manager
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = [name for name, value in vars(hookspecs).items() if name.startswith("ckpt_") and callable(value)]

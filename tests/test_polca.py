@@ -37,8 +37,8 @@ from ckpt.plugins import (
 )
 from ckpt.plugins._derivatives import BlockLoss
 from ckpt.plugins._engine import run
-from ckpt.plugins.testing import AnalyzerTests
-from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from ckpt.plugins.testing import write_example_run
+from tests.helpers import run_ckpt, tree_digest
 from tests.models import mlp
 
 EXAMPLES = 12
@@ -47,7 +47,7 @@ EXAMPLES = 12
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4-checkpoint training run of the tiny MLP (68 parameters, 12 examples)."""
-    return write_mlp_run(tmp_path_factory.mktemp("polca") / "mlp.zarr", steps=4, examples=EXAMPLES)
+    return write_example_run(tmp_path_factory.mktemp("polca") / "mlp.zarr", steps=4, examples=EXAMPLES)
 
 
 @pytest.fixture
@@ -414,12 +414,12 @@ def test_projected_loss_continues_across_blocks_and_new_checkpoints(store: Path,
     blocks = ckpt.analyze("polca", store, at_steps="0", force=True, block_steps=1).load()
     np.testing.assert_allclose(blocks["projected_loss"].values, whole["projected_loss"].values, rtol=1e-12)
     grown = tmp_path / "grown.zarr"
-    write_mlp_run(grown, steps=3, examples=EXAMPLES)
+    write_example_run(grown, steps=3, examples=EXAMPLES)
     first = ckpt.analyze("polca", grown, at_steps="0").load()
     assert first.sizes["step"] == 2
     clear_cache()
     shutil.rmtree(grown)
-    write_mlp_run(grown, steps=4, examples=EXAMPLES)  # the same run, one checkpoint longer
+    write_example_run(grown, steps=4, examples=EXAMPLES)  # the same run, one checkpoint longer
     report = run("polca", grown, at_steps="0")
     assert report.dataset.sizes["step"] == 3
     np.testing.assert_allclose(report.dataset["projected_loss"].values, whole["projected_loss"].values, rtol=1e-6)
@@ -447,16 +447,6 @@ def test_cli_polca_computes_the_basis_first_and_rejects_bad_input(store: Path) -
     assert shown.returncode == 0 and "explained by the basis" in shown.stdout
     shown = run_ckpt("show", str(store), "hessian-basis")
     assert shown.returncode == 0 and "eigenvalue" in shown.stdout
-
-
-class TestPolcaConformance(AnalyzerTests):
-    """The analyzer kit's checks, on POLCA with a two-checkpoint basis schedule."""
-
-    analyzer_class = ckpt.plugins.load_registry().analyzers["polca"]
-    options = {"every": 2}  # noqa: RUF012
-
-    def make_store(self, tmp_path: Path) -> Path:
-        return write_mlp_run(tmp_path / "mlp.zarr", steps=3, examples=EXAMPLES)
 
 
 def _model_with(layer: str) -> torch.nn.Module:

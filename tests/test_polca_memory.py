@@ -17,7 +17,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.analyzers.polca import PASS_PEAK, PassCost, plan_memory
 from ckpt.plugins import AnalysisError, peak_bytes
-from tests.conftest import run_ckpt, tree_digest, write_gpt2_run
+from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
 from tests.test_memory_budget import error_lines, limited
 
 MiB = 2**20

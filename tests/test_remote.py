@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")

@@ -15,7 +15,7 @@ import pytest
 import ckpt
 import ckpt.store as ckptstore
 from ckpt.plugins._engine import run
-from tests.conftest import make_tensors, run_ckpt, tree_digest
+from tests.helpers import make_tensors, run_ckpt, tree_digest
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from ckpt.errors import CorruptChunkError, MissingDataError, StoreLockedError
 from ckpt.plugins import PER_PAIR, AnalysisContext, AnalysisError, Analyzer, Option, PluginWarning, load_registry
 from ckpt.plugins._engine import run
 from ckpt.store.results import result_lock
-from tests.conftest import run_ckpt, tree_digest
+from tests.helpers import run_ckpt, tree_digest
 
 # --------------------------------------------------------------------------- files gone
 

@@ -11,13 +11,14 @@ import torch
 import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.plugins import clear_cache
-from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from ckpt.plugins.testing import write_example_run
+from tests.helpers import run_ckpt, tree_digest
 
 
 def write_run(path: Path, seed: int, weight_decay: float, steps: int) -> Path:
     """A tiny AdamW run recording its settings as ``ckpt train`` does (attrs seed and config)."""
     attrs = {"task": "toy", "seed": seed, "config": {"weight_decay": weight_decay, "lr": 0.05}}
-    return write_mlp_run(
+    return write_example_run(
         path,
         steps,
         examples=20,

@@ -16,7 +16,7 @@ import ckpt.store as ckptstore
 from ckpt.sandboxes import TASKS
 from ckpt.sandboxes.addition import ANSWER_POSITIONS, Addition, build_model, split_arrays
 from ckpt.sandboxes.base import train
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 
 TINY = {"layers": 1, "d_model": 16, "heads": 2, "d_mlp": 32}
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import ckpt.store as ckptstore
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.modular_addition import ModularAddition, ModularAdditionModel, build_model
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 
 N = 17
 

@@ -13,7 +13,7 @@ import ckpt.store as ckptstore
 from ckpt.errors import TaskError
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition, build_model
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

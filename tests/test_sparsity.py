@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,9 +16,8 @@ from ckpt.analyzers.sparsity import Sparsity, epsilon_grid
 from ckpt.plugins import AnalysisError, load_registry, select_modules
 from ckpt.plugins._activations import activation_modules, capture
 from ckpt.plugins._engine import run
-from ckpt.plugins.testing import AnalyzerTests
+from ckpt.plugins.testing import write_example_run
 from ckpt.sandboxes.sparse_modular_addition import build_model, rms_normalize
-from tests.conftest import write_mlp_run
 
 VALUES = np.array([-3.0, -0.5, -1e-4, 0.0, 3e-5, 2e-3, 0.25, 4.0, 50.0], dtype=np.float32)
 
@@ -122,7 +121,7 @@ def test_functional_activations_need_modules(tmp_path: Path, registry: Any) -> N
 
 
 def test_bad_input_is_an_analysis_error(tmp_path: Path, registry: Any) -> None:
-    path = write_mlp_run(tmp_path / "run.zarr", steps=2)
+    path = write_example_run(tmp_path / "run.zarr", steps=2)
     with pytest.raises(AnalysisError, match=r"--modules pattern 'blocks\.\*' matches no module.*its modules: 0, 1, 2"):
         run("sparsity", path, registry=registry, modules="1,blocks.*")
     with pytest.raises(AnalysisError, match="no data split 'train'; pass --split one of: eval"):
@@ -179,12 +178,3 @@ def test_selection_and_hooks() -> None:
 
 
 # -- conformance ------------------------------------------------------------------------------------------
-
-
-class TestSparsityConformance(AnalyzerTests):
-    analyzer_class = Sparsity
-    plugin = sparsity
-    options: ClassVar[dict[str, Any]] = {"batch_size": 16, "eps_count": 7}
-
-    def make_store(self, tmp_path: Path) -> Path:
-        return write_mlp_run(tmp_path / "run.zarr", steps=4)

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
 
 import ckpt.store as ckptstore
-from ckpt.analyzers.curvature import Curvature
-from ckpt.analyzers.normalization import QUANTILES, Normalization
+from ckpt.analyzers.normalization import QUANTILES
 from ckpt.plugins._engine import run
-from ckpt.plugins.testing import AnalyzerTests
+from ckpt.plugins.testing import write_example_run
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
-from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from tests.helpers import run_ckpt, tree_digest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -172,7 +170,7 @@ def test_normalization_reads_a_stored_learning_rate_metric(store: Path, tmp_path
 
 
 def test_normalization_bad_input_is_one_error_line_and_leaves_the_store(store: Path, tmp_path: Path) -> None:
-    mlp_store = write_mlp_run(tmp_path / "mlp.zarr", steps=2)  # nn.Sequential of Linear and Tanh: no norm
+    mlp_store = write_example_run(tmp_path / "mlp.zarr", steps=2)  # nn.Sequential of Linear and Tanh: no norm
     for path, args, expected in (
         (
             store,
@@ -193,7 +191,7 @@ def test_normalization_bad_input_is_one_error_line_and_leaves_the_store(store: P
 
 def test_layer_norm_inputs_are_measured_centred(tmp_path: Path) -> None:
     # a LayerNorm's singular point is every constant vector: the analyzer measures ‖x - mean x‖
-    path = write_mlp_run(tmp_path / "ln.zarr", steps=2, factory="tests.models:layer_norm_mlp")
+    path = write_example_run(tmp_path / "ln.zarr", steps=2, factory="tests.models:layer_norm_mlp")
     result = run("normalization", path, lr=0.5).dataset.load()
     assert result["module"].values.tolist() == ["1"] and result["centered"].values.tolist() == [True]
     store = ckptstore.open(path)
@@ -206,19 +204,3 @@ def test_layer_norm_inputs_are_measured_centred(tmp_path: Path) -> None:
 
 
 # -- the conformance kit --------------------------------------------------------------------------
-
-
-class TestCurvatureConformance(AnalyzerTests):
-    analyzer_class = Curvature
-    options: ClassVar[dict[str, Any]] = {"samples": 16, "lr": 0.003}
-
-    def make_store(self, tmp_path: Path) -> Path:
-        return sandbox_run(tmp_path / "sma.zarr")
-
-
-class TestNormalizationConformance(AnalyzerTests):
-    analyzer_class = Normalization
-    options: ClassVar[dict[str, Any]] = {"lr": 0.003}
-
-    def make_store(self, tmp_path: Path) -> Path:
-        return sandbox_run(tmp_path / "sma.zarr")

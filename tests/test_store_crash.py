@@ -16,7 +16,7 @@ import xarray as xr
 
 import ckpt.store as ckptstore
 from ckpt import errors
-from tests.conftest import make_tensors, run_ckpt, tree_digest
+from tests.helpers import make_tensors, run_ckpt, tree_digest
 from tests.writer_process import checkpoint
 
 WRITER = Path(__file__).with_name("writer_process.py")

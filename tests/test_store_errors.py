@@ -13,7 +13,7 @@ import zarr
 import ckpt
 import ckpt.store as ckptstore
 from ckpt import errors
-from tests.conftest import make_tensors, tree_digest
+from tests.helpers import make_tensors, tree_digest
 
 
 @pytest.fixture

@@ -17,14 +17,15 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.errors import CorruptChunkError
-from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from ckpt.plugins.testing import write_example_run
+from tests.helpers import run_ckpt, tree_digest
 
 LEGACY_STORE = Path(__file__).resolve().parent / "data" / "v0.1.0-modular-addition.zarr"
 
 
 @pytest.fixture
 def run(tmp_path: Path) -> Path:
-    path = write_mlp_run(tmp_path / "run.zarr", steps=4, examples=12)
+    path = write_example_run(tmp_path / "run.zarr", steps=4, examples=12)
     assert ckptstore.open(path).format_version == 2
     return path
 

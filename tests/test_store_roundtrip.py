@@ -15,7 +15,7 @@ import torch
 
 import ckpt
 import ckpt.store as ckptstore
-from tests.conftest import make_tensors
+from tests.helpers import make_tensors
 
 TORCH_DTYPES = [
     torch.float32,

@@ -22,8 +22,8 @@ import ckpt.store as ckptstore
 from ckpt.analyzers.clusters import Clusters
 from ckpt.plugins import AnalysisError, clear_cache
 from ckpt.plugins._engine import run
-from ckpt.plugins.testing import AnalyzerTests
-from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from ckpt.plugins.testing import AnalyzerTests, write_example_run
+from tests.helpers import run_ckpt, tree_digest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -196,7 +196,7 @@ def test_no_text_labels_with_none_or_without_text(trained: Path, tmp_path: Path)
     result = run("clusters", path, scheduler="sync", spacy_model="none", **CLUSTERING).dataset
     assert "top_pos" not in result and "text_rank" not in result.dims
     # a split without text never needs spaCy, even when the default model is not installed
-    mlp = write_mlp_run(tmp_path / "mlp.zarr", steps=6)
+    mlp = write_example_run(tmp_path / "mlp.zarr", steps=6)
     result = run("clusters", mlp, scheduler="sync", on="loss", min_cluster_size=5).dataset
     assert "top_pos" not in result and result.attrs["ckpt"]["options"]["spacy_model"] == "en_core_web_sm"
 

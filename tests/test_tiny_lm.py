@@ -16,7 +16,7 @@ from ckpt.errors import TaskError
 from ckpt.sandboxes import TASKS
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.tiny_lm import TEXT_PATH, TinyLM, build_model
-from tests.conftest import run_ckpt
+from tests.helpers import run_ckpt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

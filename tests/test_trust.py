@@ -11,8 +11,9 @@ import pytest
 import ckpt
 import ckpt.store as ckptstore
 from ckpt.errors import UntrustedFactoryError
+from ckpt.plugins.testing import write_example_run
 from ckpt.store.trust import TRUST_ENV, trust_reason
-from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from tests.helpers import run_ckpt, tree_digest
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,7 @@ UNTRUSTED = {TRUST_ENV: ""}  # what a user has by default: nothing allowed
 def test_an_untrusted_factory_is_refused_before_it_runs(
     tmp_path: Path, factory: str, config: dict, sign_of_running: str
 ) -> None:
-    store = write_mlp_run(tmp_path / "run.zarr", steps=2, examples=8, factory=factory, config=config)
+    store = write_example_run(tmp_path / "run.zarr", steps=2, examples=8, factory=factory, config=config)
     before = tree_digest(store)
     result = run_ckpt("analyze", "loss", str(store), "--no-progress", extra_env=UNTRUSTED)
     assert result.returncode == 1
@@ -43,7 +44,7 @@ def test_an_untrusted_factory_is_refused_before_it_runs(
 
 
 def test_info_shows_the_factory_and_whether_it_is_trusted(tmp_path: Path) -> None:
-    store = write_mlp_run(tmp_path / "run.zarr", steps=1, examples=4, factory="os:system", config={"command": "x"})
+    store = write_example_run(tmp_path / "run.zarr", steps=1, examples=4, factory="os:system", config={"command": "x"})
     shown = run_ckpt("info", str(store), extra_env=UNTRUSTED)
     assert shown.returncode == 0, shown.stderr
     assert "os:system" in shown.stdout
@@ -57,7 +58,7 @@ def test_info_shows_the_factory_and_whether_it_is_trusted(tmp_path: Path) -> Non
 
 
 def test_the_user_allows_a_factory_by_option_or_setting(tmp_path: Path) -> None:
-    store = write_mlp_run(tmp_path / "run.zarr", steps=2, examples=8)  # tests.models:mlp
+    store = write_example_run(tmp_path / "run.zarr", steps=2, examples=8, factory="tests.models:mlp")
     refused = run_ckpt("analyze", "loss", str(store), "--no-progress", extra_env=UNTRUSTED)
     assert refused.returncode == 1 and "--trust-factory tests.models" in refused.stderr
     by_option = run_ckpt(
@@ -101,7 +102,7 @@ def test_factories_registered_by_installed_packages_are_trusted_and_nothing_else
     site = tmp_path / "site"
     _install_fake_plugin(site, "[ckpt]\nmodels = model_pkg\n\n[ckpt.factories]\nmlp = model_pkg:mlp\n")
     env = {**UNTRUSTED, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT_DIR)])}
-    store = write_mlp_run(tmp_path / "run.zarr", steps=2, examples=8, factory="model_pkg:mlp")
+    store = write_example_run(tmp_path / "run.zarr", steps=2, examples=8, factory="model_pkg:mlp")
     shown = run_ckpt("info", str(store), extra_env=env)
     assert "factory: registered by model-pkg 1.0 (entry point 'mlp' in ckpt.factories)" in shown.stdout, shown.stdout
     analyzed = run_ckpt("analyze", "loss", str(store), "--no-progress", extra_env=env)
@@ -112,7 +113,7 @@ def test_factories_registered_by_installed_packages_are_trusted_and_nothing_else
     # namespace of a plugin package was trusted)
     canary = tmp_path / "canary.txt"
     canary.write_text("still here")
-    hostile = write_mlp_run(
+    hostile = write_example_run(
         tmp_path / "hostile.zarr", steps=1, examples=4, factory="model_pkg:wipe", config={"path": str(canary)}
     )
     refused = run_ckpt("analyze", "loss", str(hostile), "--no-progress", extra_env=env)
@@ -124,7 +125,7 @@ def test_a_plugin_package_without_registered_factories_is_not_trusted(tmp_path: 
     site = tmp_path / "site"
     _install_fake_plugin(site, "[ckpt]\nmodels = model_pkg\n")  # analyzers perhaps, but no model factory
     env = {**UNTRUSTED, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT_DIR)])}
-    store = write_mlp_run(tmp_path / "run.zarr", steps=2, examples=8, factory="model_pkg:mlp")
+    store = write_example_run(tmp_path / "run.zarr", steps=2, examples=8, factory="model_pkg:mlp")
     refused = run_ckpt("analyze", "loss", str(store), "--no-progress", extra_env=env)
     assert refused.returncode == 1, refused.stderr
     assert refused.stderr.startswith("Error: ") and "--trust-factory model_pkg:mlp" in refused.stderr
@@ -144,7 +145,7 @@ def test_ckpt_functions_that_are_not_factories_never_run_from_a_store(
 ) -> None:
     """The remote-code-execution finding of issue 28: ckpt's namespace is not trusted, its registered factories are."""
     marker = tmp_path / "RAN"
-    inner = write_mlp_run(
+    inner = write_example_run(
         tmp_path / "B.zarr", steps=1, examples=4, factory="os:system", config={"command": f"touch {marker}"}
     )
     elsewhere = tmp_path / "elsewhere.zarr"
@@ -153,7 +154,7 @@ def test_ckpt_functions_that_are_not_factories_never_run_from_a_store(
         config = {"args": args, "standalone_mode": False}
     elif config == "create":
         config = {"path": str(elsewhere)}
-    store = write_mlp_run(tmp_path / "A.zarr", steps=2, examples=8, factory=factory, config=config)
+    store = write_example_run(tmp_path / "A.zarr", steps=2, examples=8, factory=factory, config=config)
     before = tree_digest(store), tree_digest(inner)
     for command in (["analyze", "grad-norms", str(store), "--no-progress"], ["report", str(store)]):
         result = run_ckpt(*command, cwd=tmp_path, extra_env=UNTRUSTED)
@@ -184,7 +185,9 @@ def test_every_task_factory_is_registered() -> None:
 
 def test_the_python_api_refuses_and_allows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TRUST_ENV, "")
-    spec = ckptstore.open(write_mlp_run(tmp_path / "run.zarr", steps=1, examples=4)).model
+    spec = ckptstore.open(
+        write_example_run(tmp_path / "run.zarr", steps=1, examples=4, factory="tests.models:mlp")
+    ).model
     with pytest.raises(UntrustedFactoryError, match=r"run\.zarr names the model factory 'tests\.models:mlp'"):
         spec.build()
     assert trust_reason("ckpt.sandboxes.addition:build_model").startswith("registered by ckpt-dynamics")

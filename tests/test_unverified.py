@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.conftest import run_ckpt, tree_digest, write_mlp_run
+from ckpt.plugins.testing import write_example_run
+from tests.helpers import run_ckpt, tree_digest
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
 V1_STORE = ROOT_DIR / "tests" / "data" / "v0.1.0-modular-addition.zarr"
@@ -33,7 +34,7 @@ def _chunk(store: Path, tensor: str, row: int) -> Path:
 
 
 def test_a_downgraded_store_with_damage_is_never_reported_verified(tmp_path: Path) -> None:
-    store = write_mlp_run(tmp_path / "run.zarr", steps=4, examples=12)
+    store = write_example_run(tmp_path / "run.zarr", steps=4, examples=12)
     _downgrade(store)
     _chunk(store, "0.weight", 1).unlink()  # read as zeros
     shutil.copy(_chunk(store, "2.weight", 0), _chunk(store, "2.weight", 3))  # step 0's weights at step 3
@@ -93,7 +94,7 @@ def test_an_upgraded_store_is_appended_to_as_v2(tmp_path: Path) -> None:
 
 
 def test_a_v2_record_that_lost_its_digests_is_an_error(tmp_path: Path) -> None:
-    store = write_mlp_run(tmp_path / "run.zarr", steps=2, examples=8)
+    store = write_example_run(tmp_path / "run.zarr", steps=2, examples=8)
     record = store / "zarr.json"
     document = json.loads(record.read_text())
     del document["attributes"]["ckpt"]["digests"]
@@ -105,7 +106,7 @@ def test_a_v2_record_that_lost_its_digests_is_an_error(tmp_path: Path) -> None:
 
 
 def test_upgrade_of_a_v2_store_changes_nothing_and_waits_for_no_writer(tmp_path: Path) -> None:
-    store = write_mlp_run(tmp_path / "run.zarr", steps=2, examples=8)
+    store = write_example_run(tmp_path / "run.zarr", steps=2, examples=8)
     before = tree_digest(store)
     result = run_ckpt("upgrade", str(store))
     assert result.returncode == 0 and "nothing to do" in result.stdout

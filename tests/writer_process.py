@@ -2,7 +2,7 @@
 
 Usage: python tests/writer_process.py STORE COUNT SLEEP
 Appends COUNT checkpoints (forever when COUNT is 0) after the last committed
-step, each recomputable from its step (tests.conftest.make_tensors plus a
+step, each recomputable from its step (tests.helpers.make_tensors plus a
 larger tensor, so that a kill often lands inside a write), printing "ready"
 once the store is open.
 """
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 import ckpt.store as ckptstore
-from tests.conftest import make_tensors
+from tests.helpers import make_tensors
 
 
 def checkpoint(step: int) -> dict[str, np.ndarray]:

@@ -1,0 +1,103 @@
+"""Helpers shared by the test modules: the real ``ckpt`` command, refusals, deterministic tensors, a GPT-2 run.
+
+Fixtures live in ``tests/conftest.py``; plugin authors' helpers (``write_example_run``,
+``tree_digest``) are public, in :mod:`ckpt.plugins.testing`. This module imports no pytest: the
+writer and crash processes the tests start import it too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# from the light module, not ckpt.plugins.testing: the writer and crash processes import these helpers
+from ckpt.plugins.examples import tree_digest
+
+__all__ = ["CKPT", "assert_refused", "make_tensors", "run_ckpt", "state_dict", "tree_digest", "write_gpt2_run"]
+
+CKPT = Path(sys.executable).with_name("ckpt")
+
+
+def run_ckpt(
+    *args: str, cwd: Path | None = None, timeout: float = 120, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``ckpt`` console script, as a user would."""
+    command = [str(CKPT)] if CKPT.exists() else [sys.executable, "-m", "ckpt.cli"]
+    # the repository root on the path: stores in tests name model factories like tests.models:mlp
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path, **(extra_env or {})}
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env, check=False
+    )
+
+
+def assert_refused(path: Path, analyzer: str, args: list[str], expected: str) -> None:
+    """``ckpt analyze ANALYZER PATH ARGS`` fails with one ``Error:`` line containing ``expected``, store unchanged."""
+    before = tree_digest(path)
+    done = run_ckpt("analyze", analyzer, str(path), "--no-progress", *args)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("Error:") and expected in lines[0], lines[0]
+    assert tree_digest(path) == before
+
+
+def make_tensors(step: int) -> dict[str, np.ndarray]:
+    """Deterministic tensors of a checkpoint, recomputable from the step alone."""
+    rng = np.random.default_rng(step)
+    return {
+        "embed.weight": rng.standard_normal((10, 4)).astype(np.float32),
+        "block.0.fc.weight": rng.standard_normal((8, 4)).astype(np.float32),
+        "block.0.fc.bias": rng.standard_normal(8).astype(np.float16),
+        "counter": np.asarray(step, dtype=np.int64),
+    }
+
+
+def state_dict(seed: int) -> dict[str, Any]:
+    """A tiny torch state_dict holding every dtype an importer must keep bit-exact."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "fc.weight": torch.randn(3, 4, generator=g),
+        "fc.bias": torch.randn(4, generator=g).half(),
+        "emb.weight": torch.randn(5, 2, generator=g).to(torch.bfloat16),
+        "counts": torch.randint(-1000, 1000, (2,), generator=g),
+    }
+
+
+def write_gpt2_run(folder: Path, checkpoints: int = 1, sequences: int = 16, length: int = 24) -> Path:
+    """``folder/run.zarr``: a 1.7M-parameter GPT-2 (vocabulary 4,096) imported from ``save_pretrained`` folders.
+
+    A checkpoint every two AdamW steps on 8 random sequences of 32 tokens, and an eval split of
+    ``sequences`` random sequences of ``length`` tokens (seeded).
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_head=4, n_embd=192, vocab_size=4096, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    model = GPT2LMHeadModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 4096, (8, 32), generator=torch.Generator().manual_seed(1))
+    for checkpoint in range(1, checkpoints + 1):
+        for _ in range(2):
+            loss = model(ids, labels=ids).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.save_pretrained(folder / "run" / f"checkpoint-{checkpoint}")
+    np.save(folder / "ids.npy", np.random.default_rng(2).integers(0, 4096, (sequences, length)))
+    store = folder / "run.zarr"
+    imported = run_ckpt("import", str(folder / "run"), str(store))
+    assert imported.returncode == 0, imported.stderr
+    added = run_ckpt("data", "add", str(store), "eval", "--inputs", str(folder / "ids.npy"))
+    assert added.returncode == 0, added.stderr
+    return store
