@@ -93,3 +93,14 @@ def ckpt_register_tasks(register: Callable[[str, Any], None]) -> None:
         def ckpt_register_tasks(register):
             register("modular-addition", ModularAddition())
     """
+
+
+__all__ = [
+    "PROJECT",
+    "ckpt_register_analyzers",
+    "ckpt_register_importers",
+    "ckpt_register_objectives",
+    "ckpt_register_tasks",
+    "hookimpl",
+    "hookspec",
+]
