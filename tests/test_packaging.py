@@ -411,3 +411,52 @@ def test_every_error_and_warning_class_lives_in_ckpt_errors() -> None:
     assert defined_elsewhere == []
     assert {"PluginWarning", "CkptError", "CkptWarning"} <= set(ckpt.errors.__all__)
     assert all(issubclass(getattr(ckpt.errors, name), Exception | Warning) for name in ckpt.errors.__all__)
+
+
+# Imports that only an optional feature makes (its module says so); everything else must be a dependency.
+OPTIONAL_IMPORTS = {
+    "transformers": "hf",  # Hugging Face runs and callbacks
+    "dask-cuda": "gpu",  # one worker per GPU
+    "lightning": "test",  # ckpt.store.lightning: for users who train with Lightning, who have it
+    "pytest": "test",  # ckpt.plugins.testing, the conformance kit: for plugin authors' test suites
+}
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    """Normalised distribution names of ``requirements``, with those their extras bring (``dask[distributed]``)."""
+    names = set()
+    for requirement in requirements:
+        match = re.match(r"([A-Za-z0-9_.-]+)(?:\[([^\]]*)\])?", requirement)
+        names.add(match.group(1))
+        names.update(extra.strip() for extra in (match.group(2) or "").split(",") if extra.strip())
+    return {re.sub(r"[-_.]+", "-", name).lower() for name in names}
+
+
+def test_every_third_party_import_is_declared() -> None:
+    """What the package imports, pyproject.toml declares (scikit-learn was imported and not declared)."""
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    required = _requirement_names(project["dependencies"])
+    extras = {extra: _requirement_names(reqs) for extra, reqs in project["optional-dependencies"].items()}
+    distributions = packages_distributions()
+    imported: dict[str, set[str]] = {}
+    for path in _library_modules(ROOT).values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top == "ckpt":
+                    continue
+                for distribution in distributions.get(top, [top.replace("_", "-")]):
+                    imported.setdefault(re.sub(r"[-_.]+", "-", distribution).lower(), set()).add(path.name)
+    undeclared = {name: sorted(where) for name, where in imported.items() if name not in required}
+    assert set(undeclared) == set(OPTIONAL_IMPORTS), undeclared
+    for name, extra in OPTIONAL_IMPORTS.items():
+        assert name in extras[extra], f"{name} is not in the {extra!r} extra"
