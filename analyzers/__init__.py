@@ -2,3 +2,5 @@
 
 Depends on :mod:`ckpt.plugins` and :mod:`ckpt.store`, never on :mod:`ckpt.cli`.
 """
+
+__all__: list[str] = []  # the package's modules are its API

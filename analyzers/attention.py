@@ -320,3 +320,16 @@ class Attention(Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register the ``attention`` analyzer."""
     register(Attention)
+
+
+__all__ = [
+    "LOOKED_FOR",
+    "WEIGHTS_SHARE",
+    "Attention",
+    "attention_at",
+    "attention_layers",
+    "attention_weights",
+    "ckpt_register_analyzers",
+    "correlation",
+    "weights_at",
+]

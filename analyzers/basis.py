@@ -163,3 +163,16 @@ class BasisReader(HessianOptions, ComputeOptions):
         if o["basis"] == RANDOM_BASIS:
             return {RANDOM_BASIS: {**schedule, "vectors": o["vectors"]}}
         return {o["basis"]: None}
+
+
+__all__ = [
+    "HESSIAN_BASIS",
+    "PASSED_TO_BASIS",
+    "RANDOM_BASIS",
+    "BasisReader",
+    "ComputeOptions",
+    "HessianOptions",
+    "ScheduleOptions",
+    "basis_steps",
+    "sample_examples",
+]

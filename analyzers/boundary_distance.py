@@ -598,3 +598,25 @@ class BoundaryDistance(Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register the ``boundary-distance`` analyzer."""
     register(BoundaryDistance)
+
+
+__all__ = [
+    "FOUND",
+    "LOCAL",
+    "MARCH",
+    "MAX_TIE_PLANES",
+    "NOT_FINITE",
+    "NO_BOUNDARY",
+    "QUANTILES",
+    "REFINE",
+    "BoundaryDistance",
+    "check_readout",
+    "ckpt_register_analyzers",
+    "declared_logits",
+    "declared_readout",
+    "distances_at",
+    "margin",
+    "module_jacobian_norms",
+    "nearest_boundary",
+    "readout_logits",
+]

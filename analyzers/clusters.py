@@ -571,3 +571,14 @@ def _step_text(value: Any) -> str:
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register ``clusters``."""
     register(Clusters)
+
+
+__all__ = [
+    "SOURCES",
+    "Clusters",
+    "aggregate_breakthrough",
+    "ckpt_register_analyzers",
+    "cluster_basis",
+    "prepared",
+    "top_ranked",
+]

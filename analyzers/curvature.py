@@ -316,3 +316,6 @@ class Curvature(Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register the ``curvature`` analyzer."""
     register(Curvature)
+
+
+__all__ = ["MODEL", "Curvature", "ckpt_register_analyzers", "curvature_at", "module_blocks", "top_curvature"]

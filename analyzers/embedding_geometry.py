@@ -690,3 +690,24 @@ def _probe_width(store: Any, module: str, tokens: np.ndarray) -> int:
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register the ``embedding-geometry`` analyzer."""
     register(EmbeddingGeometry)
+
+
+__all__ = [
+    "SEQUENCE_TASK",
+    "EmbeddingGeometry",
+    "circularity",
+    "ckpt_register_analyzers",
+    "cluster_count",
+    "default_embedding",
+    "embedding_geometry",
+    "fourier_spectrum",
+    "grid_imperfection",
+    "grid_labelings",
+    "ideal_cluster_count",
+    "neighbor_agreement",
+    "pair_sums",
+    "probe_sequences",
+    "radial_cv",
+    "silhouette",
+    "within_share",
+]

@@ -89,3 +89,6 @@ class Fisher(BasisReader, Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register ``fisher``."""
     register(Fisher)
+
+
+__all__ = ["Fisher", "ckpt_register_analyzers"]

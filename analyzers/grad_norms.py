@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.errors import AnalysisInputError
 from ckpt.plugins import (
     DTYPES,
     PER_RUN,
@@ -129,10 +130,10 @@ def rolling_baseline(values: Sequence[float], window: int, min_periods: int = MI
     x = np.asarray(values, dtype=np.float64)
     if x.ndim != 1:
         msg = f"spike detection works on 1-D series, got shape {x.shape}"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     if window < 1:
         msg = f"window must be at least 1, got {window}"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     median = np.full(x.shape, np.nan)
     scale = np.full(x.shape, np.nan)
     for t in range(len(x)):
@@ -635,3 +636,24 @@ def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register ``grad-norms`` and ``loss-spikes``."""
     register(GradNorms)
     register(LossSpikes)
+
+
+__all__ = [
+    "EVALUATED",
+    "LOSS_METRICS",
+    "MAD_SCALE",
+    "MIN_PERIODS",
+    "GradNorms",
+    "LossSpikes",
+    "chance_cooccurrence",
+    "checkpoint_norms",
+    "ckpt_register_analyzers",
+    "cooccurrence",
+    "detect_spikes",
+    "layer_index",
+    "layer_of",
+    "minibatches",
+    "near",
+    "rolling_baseline",
+    "spike_table",
+]

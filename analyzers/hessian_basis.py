@@ -223,7 +223,7 @@ def eigenvectors_at(
     datapoints = int(np.isin(example_of, examples).sum())
     if datapoints == 0:
         msg = f"the Hessian subsample of split {split!r} has no datapoints"
-        raise ValueError(msg)
+        raise AnalysisError(msg)
 
     def block_loss(rows: np.ndarray) -> Any:
         return loss_function(worker, params, space, split=split, examples=rows, objective=objective, dtype=dtype)
@@ -472,3 +472,19 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register ``hessian-basis``."""
     register(HessianBasis)
+
+
+__all__ = [
+    "FIXED_VECTORS",
+    "GRAPH_PEAK",
+    "PREFERRED_EXTRA_VECTORS",
+    "REBUILT_PEAK",
+    "HessianBasis",
+    "MemoryPlan",
+    "basis_dataset",
+    "ckpt_register_analyzers",
+    "eigenvectors_at",
+    "graph_growth",
+    "plan_memory",
+    "saved_eigenpairs",
+]

@@ -204,3 +204,6 @@ class Lca(ComputeOptions, Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register ``lca``."""
     register(Lca)
+
+
+__all__ = ["Lca", "allocate", "ckpt_register_analyzers"]

@@ -83,3 +83,6 @@ class Loss(Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register the ``loss`` analyzer."""
     register(Loss)
+
+
+__all__ = ["Loss", "ckpt_register_analyzers", "datapoint_losses"]

@@ -243,3 +243,14 @@ class Normalization(Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register the ``normalization`` analyzer."""
     register(Normalization)
+
+
+__all__ = [
+    "NORMS_SHARE",
+    "QUANTILES",
+    "Normalization",
+    "ckpt_register_analyzers",
+    "input_norms",
+    "normalization_layers",
+    "normalized_axes",
+]

@@ -494,3 +494,21 @@ class Polca(BasisReader, Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register ``polca``."""
     register(Polca)
+
+
+__all__ = [
+    "PASS_PEAK",
+    "PREFERRED_EXAMPLES",
+    "PROJECTION_BLOCK",
+    "SECOND_ORDER",
+    "MemoryPlan",
+    "PassCost",
+    "Polca",
+    "checkpoint_terms",
+    "ckpt_register_analyzers",
+    "measure_passes",
+    "plan_memory",
+    "recent_checkpoint_terms",
+    "step_projections",
+    "worker_space",
+]

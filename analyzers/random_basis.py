@@ -138,3 +138,6 @@ class RandomBasis(ScheduleOptions, Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register ``random-basis``."""
     register(RandomBasis)
+
+
+__all__ = ["BLOCK_ROWS", "RandomBasis", "ckpt_register_analyzers", "gaussian_block", "orthonormal_rows"]

@@ -205,3 +205,6 @@ class Sparsity(Analyzer):
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register the ``sparsity`` analyzer."""
     register(Sparsity)
+
+
+__all__ = ["CAPTURE", "Sparsity", "below_counts", "ckpt_register_analyzers", "epsilon_grid", "sparsity_counts"]

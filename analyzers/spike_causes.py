@@ -77,3 +77,6 @@ def check_model_and_split(store: Any, split: str, analyzer: str) -> None:
     if split not in store.splits:
         msg = f"{store.path} has no data split {split!r}; pass --split one of: {', '.join(store.splits) or '(none)'}"
         raise AnalysisError(msg)
+
+
+__all__ = ["LR_METRICS", "check_model_and_split", "learning_rates"]

@@ -299,3 +299,23 @@ def summary_lines(result: xr.Dataset, basis: int, cluster: int, indent: str = " 
     lines = [f"{indent}tokens: {counted('top_token')}", f"{indent}POS: {counted('top_pos')}"]
     lines += [f"{indent}near medoid: {context}" for context in contexts[:3]]
     return lines
+
+
+__all__ = [
+    "CONTEXT_TOKENS",
+    "DESCRIPTIONS",
+    "NO_MODEL",
+    "RANK_DIM",
+    "SPAN_LABELS",
+    "UNUSED_PIPES",
+    "check_pipeline",
+    "cluster_text",
+    "has_text",
+    "load_pipeline",
+    "nearest_to_medoid",
+    "ranked",
+    "summary_lines",
+    "tag_datapoints",
+    "text_variables",
+    "token_tags",
+]

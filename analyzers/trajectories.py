@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ckpt.errors import AnalysisInputError
+
 MEDOID_BLOCK = 1024
 """Rows per block of the pairwise distances of :func:`medoid` (bounds memory to block x rows)."""
 
@@ -58,17 +60,17 @@ def polca_filter(trajectories: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     Raises
     ------
-    ValueError
+    AnalysisInputError
         When the trajectories are not shaped so, or do not start at L_b(x, θ_0) = 0.
     """
     values = np.asarray(trajectories, dtype=np.float64)
     if values.ndim != 3 or values.shape[0] < 1:
         msg = f"trajectories must be shaped [step, basis, datapoint], got shape {values.shape}"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     finite = np.isfinite(values).all(axis=0)
     if np.any(values[0][finite] != 0):
         msg = "projected-loss trajectories must start at L_b(x, θ_0) = 0 (eq. 10): prepend the θ_0 row"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     final = values[-1]
     basis_kept = np.array([final[b][finite[b]].mean() < 0 for b in range(values.shape[1])], dtype=bool)
     kept = basis_kept[:, None] & finite & ~(final > 0)
@@ -141,19 +143,19 @@ def cluster_matrix(
     rows = np.asarray(rows, dtype=np.float64)
     if rows.ndim != 2:
         msg = f"rows must be a [datapoint, feature] matrix, got shape {rows.shape}"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     if min_cluster_size < 2:
         msg = f"min_cluster_size must be at least 2, got {min_cluster_size}"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     if not np.isfinite(rows).all():
-        raise ValueError("rows must be finite")
+        raise AnalysisInputError("rows must be finite")
     count = rows.shape[0]
     if count < max(2, min_cluster_size):
         return np.full(count, -1, dtype=np.int64)
     samples = default_min_samples(count) if min_samples is None else int(min_samples)
     if samples < 1:
         msg = f"min_samples must be at least 1, got {samples}"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     samples = min(samples, count - 1)
     clusterer = hdbscan.HDBSCAN(
         min_cluster_size=int(min_cluster_size),
@@ -206,7 +208,7 @@ def cluster_statistics(rows: np.ndarray, labels: np.ndarray, slots: int) -> dict
     count = int(labels.max()) + 1 if labels.size and labels.max() >= 0 else 0
     if count > slots:
         msg = f"{count} clusters do not fit in {slots} slots"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     steps = rows.shape[1]
     result = {
         "size": np.full(slots, -1, dtype=np.int64),
@@ -235,7 +237,7 @@ def delta_checkpoints(steps: Sequence[float], delta: float) -> tuple[int, float]
     steps = np.asarray(steps, dtype=np.float64)
     if delta <= 0:
         msg = f"delta must be a positive number of steps, got {delta}"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     if len(steps) < 2:
         return 1, float("nan")
     spacing = float(np.median(np.diff(steps)))
@@ -261,7 +263,7 @@ def breakthrough_scores(curve: np.ndarray, steps: Sequence[float], delta: float)
     curve = np.asarray(curve, dtype=np.float64)
     if curve.shape != steps.shape:
         msg = f"curve has shape {curve.shape}; expected one value per step {steps.shape}"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     _, shift = delta_checkpoints(steps, delta)
     if not np.isfinite(shift):
         return np.zeros(0), np.zeros(0)
@@ -317,10 +319,10 @@ def datapoint_labels(values: np.ndarray, example: np.ndarray, position: np.ndarr
         return values[example]
     if (position < 0).any():
         msg = f"a label shaped {values.shape} (per token) cannot label whole-example datapoints (position -1)"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     if values.ndim != 2:
         msg = f"labels must be [example] or [example, position], got shape {values.shape}"
-        raise ValueError(msg)
+        raise AnalysisInputError(msg)
     return values[example, position]
 
 
@@ -448,3 +450,26 @@ def top_homogeneities(
     top_basis[: len(order)] = basis[order]
     top_cluster[: len(order)] = cluster[order]
     return values, top_basis, top_cluster
+
+
+__all__ = [
+    "MEDOID_BLOCK",
+    "breakthrough",
+    "breakthrough_scores",
+    "cluster_matrix",
+    "cluster_statistics",
+    "datapoint_labels",
+    "default_min_samples",
+    "delta_checkpoints",
+    "from_origin",
+    "hidden_flags",
+    "is_binary",
+    "label_scores",
+    "max_clusters",
+    "medoid",
+    "place_fractions",
+    "polca_filter",
+    "relabel_by_size",
+    "top_homogeneities",
+    "value_shares",
+]

@@ -9,6 +9,7 @@ mixes in the builtin exception a caller would naturally catch (``KeyError``,
 ``FileNotFoundError``, ``ValueError`` ...), as zarr does, so code that does not
 know about ckpt still handles them sensibly. Messages say what was found, what
 was expected and what to do; only :mod:`ckpt.cli` turns them into one-line messages.
+Warnings derive from :class:`CkptWarning` (a ``UserWarning``) and live here too.
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ class MissingDataError(StoreError, FileNotFoundError):
     """A piece the commit record says was written (a result's files ...) is gone from the store."""
 
 
+class InvalidArgumentError(StoreError, ValueError):
+    """A store function was given a value it does not accept (``open``'s mode, a compressor, a framework ...)."""
+
+
 class DataError(StoreError, ValueError):
     """Evaluation data passed to ``add_data`` is inconsistent."""
 
@@ -127,8 +132,16 @@ class AnalysisError(CkptError):
     """An analyzer was misused (unknown analyzer or option, bad value) or failed."""
 
 
+class AnalysisInputError(AnalysisError, ValueError):
+    """Arrays or settings given to an analysis function break its contract (a shape, a range, a missing row)."""
+
+
 class TaskError(CkptError):
     """A training task was asked for something it cannot do (unknown preset, bad option ...)."""
+
+
+class TaskConfigError(TaskError, ValueError):
+    """A sandbox model or data builder was given settings it cannot build (a store's config, a vocabulary size)."""
 
 
 class CkptWarning(UserWarning):
@@ -141,3 +154,16 @@ class UnverifiedStoreWarning(CkptWarning):
 
 class NonFiniteWarning(CkptWarning):
     """A result was computed from checkpoints holding NaN or inf: its values there mean nothing."""
+
+
+class PluginWarning(CkptWarning):
+    """A plugin failed to load or registered a name that was taken; the rest keeps working.
+
+    Also importable as ``ckpt.plugins.PluginWarning``.
+    """
+
+
+# every class of this module is public: derived, so that a new error cannot be left out
+__all__ = sorted(
+    name for name, value in dict(globals()).items() if isinstance(value, type) and value.__module__ == __name__
+)

@@ -27,6 +27,7 @@ from ckpt.errors import (
     CorruptRecordError,
     DataError,
     ImportFormatError,
+    InvalidArgumentError,
     InvalidNameError,
     MissingDataError,
     NonFiniteError,
@@ -112,7 +113,7 @@ def open(path: str | os.PathLike[str], mode: str = "r", **kwargs: Any) -> Store 
 
         return Writer(path, **kwargs)
     msg = f"mode must be 'r' (read) or 'a' (append), got {mode!r}"
-    raise ValueError(msg)
+    raise InvalidArgumentError(msg)
 
 
 __all__ = [
@@ -122,6 +123,7 @@ __all__ = [
     "CorruptRecordError",
     "DataError",
     "ImportFormatError",
+    "InvalidArgumentError",
     "InvalidNameError",
     "MissingDataError",
     "ModelSpec",

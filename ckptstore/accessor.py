@@ -71,3 +71,6 @@ class ProvenanceAccessor:
     def requires(self) -> dict[str, Any]:
         """Identity of each required result it was computed from (analyzer, version, options ...)."""
         return dict(self.provenance.get("requires") or {})
+
+
+__all__ = ["ProvenanceAccessor"]

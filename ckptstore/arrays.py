@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ckpt.errors import UnsupportedTensorError
-from ckpt.store.format import ENCODED_DTYPES, NATIVE_DTYPES
+from ckpt.store.format import ENCODED_DTYPES, NATIVE_DTYPES, STEP
 
 
 def _is_torch_tensor(value: Any) -> bool:
@@ -146,3 +146,11 @@ def tensor_digest(array: np.ndarray) -> str:
     if data.dtype.byteorder == ">" or (data.dtype.byteorder == "=" and np.little_endian is False):
         data = data.astype(data.dtype.newbyteorder("<"))
     return xxhash.xxh3_64_hexdigest(memoryview(data).cast("B") if data.size else b"")
+
+
+def column_digest(name: str, values: list[Any]) -> str:
+    """The digest of a committed metrics column (``step`` as int64, metrics as float64)."""
+    return tensor_digest(np.asarray(values, dtype=np.int64 if name == STEP else np.float64))
+
+
+__all__ = ["column_digest", "count_nonfinite", "decode_numpy", "decode_torch", "tensor_digest", "to_numpy"]

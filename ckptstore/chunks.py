@@ -156,3 +156,6 @@ def _compare(values: np.ndarray, digests: dict[str, str], key: str, what: tuple[
             f"written after the last commit); {remedy}"
         )
         raise CorruptChunkError(msg)
+
+
+__all__ = ["CHUNK_DIGESTS", "block_digest", "chunk_regions", "digest_variable", "node_chunks", "verified"]

@@ -99,3 +99,6 @@ def data_digest(variables: dict[str, tuple[np.ndarray, tuple[str, ...]]]) -> str
         digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
         digest.update(array.tobytes() if array.dtype.kind != "O" else json.dumps(array.tolist()).encode())
     return digest.hexdigest()
+
+
+__all__ = ["check_data", "data_digest"]

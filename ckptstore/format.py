@@ -1,4 +1,4 @@
-"""Constants and small rules of store format v1 (see docs/store-format.md).
+"""Constants and small rules of the store format (see docs/store-format.md).
 
 Everything that defines the on-disk layout lives here so that the reader, the
 writer and the format document can be checked against one place.
@@ -6,7 +6,10 @@ writer and the format document can be checked against one place.
 
 from __future__ import annotations
 
+import datetime as _dt
 import re
+import socket
+from typing import Any
 
 FORMAT_NAME = "ckpt-store"
 """Value of ``attrs["ckpt"]["format"]`` in the root group of every store."""
@@ -119,3 +122,52 @@ def check_name(name: object, what: str) -> str | None:
     if name in _RESERVED_NAMES:
         return f"{what} name {name!r} is reserved by the store format"
     return None
+
+
+def utc_now() -> str:
+    """The current time as the store records it: UTC, ISO 8601 to the second, ``Z`` suffix."""
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def history_entry(event: str, **details: Any) -> dict[str, Any]:
+    """One entry of ``attrs["ckpt"]["history"]``: what happened to the store, when, by which ckpt, where.
+
+    Parameters
+    ----------
+    event
+        What happened (``"create"``, ``"open"``, ``"repair"``, ``"upgrade"`` ...).
+    **details
+        Further JSON fields of the entry.
+    """
+    from ckpt import __version__  # the package's version: ckpt imports this module, not the reverse at import
+
+    return {"event": event, "time": utc_now(), "ckpt": __version__, "host": socket.gethostname(), **details}
+
+
+__all__ = [
+    "ANALYSES",
+    "CHECKPOINTS",
+    "DATA",
+    "DATA_VARIABLES",
+    "DIGESTS",
+    "ENCODED_DTYPES",
+    "FACTORY_RE",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "LABELS",
+    "METRICS",
+    "METRIC_DIGESTS",
+    "NATIVE_DTYPES",
+    "PARENT",
+    "PARTIAL_SUFFIX",
+    "READABLE_VERSIONS",
+    "RENAMED_FACTORIES",
+    "ROOT_ATTR",
+    "STEP",
+    "STEP_FILL_VALUE",
+    "TOP_LEVEL_GROUPS",
+    "check_name",
+    "current_factory",
+    "history_entry",
+    "utc_now",
+]

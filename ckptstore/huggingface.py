@@ -124,3 +124,6 @@ class CkptCallback(TrainerCallback):
             metrics = self.pending.pop(step)
             if metrics:
                 self.writer.log(step, metrics)
+
+
+__all__ = ["CkptCallback", "untied_state"]

@@ -22,17 +22,9 @@ from typing import Any
 from ckpt.errors import CkptError, ImportFormatError, StoreExistsError, StoreNotFoundError
 from ckpt.store import _zarr
 from ckpt.store.format import ROOT_ATTR
+from ckpt.store.publish import lock_replaceable, occupied, publish, publish_url, remove_store, staging_path, staging_url
 from ckpt.store.reader import INCOMPLETE
-from ckpt.store.writer import (
-    _exists,
-    _replaceable,
-    create,
-    publish,
-    publish_url,
-    remove_store,
-    staging_path,
-    staging_url,
-)
+from ckpt.store.writer import create
 
 FORMATS = ("torch", "safetensors", "hf")
 """Source formats of :func:`import_checkpoints` (``"auto"`` picks one of them)."""
@@ -631,12 +623,12 @@ def import_checkpoints(
     # readers refuse a killed import, and a rerun replaces it); a replacement is built at a sibling
     # prefix and copied in, root record last, once complete (docs/store-format.md §4.3.1).
     options = storage_options if local is None else None
-    exists = _exists(where, local, options)
+    exists = occupied(where, local, options)
     interrupted = local is None and exists and _interrupted_import(where, options)
     if exists and not overwrite and not interrupted:
         # a run that is still training: append what the store does not have yet
         return _append(src, where, fmt, sources, key, logged, skipped, progress, options)
-    old_lock = _replaceable(where, local, options) if exists else None
+    old_lock = lock_replaceable(where, local, options) if exists else None
     if local is not None:
         build = str(staging_path(local))
     else:
@@ -683,3 +675,20 @@ def import_checkpoints(
         if old_lock is not None:
             old_lock.release()
     return ImportReport(where, fmt, [s.step for s in sources], tensors, bytes_read, tuple(skipped))
+
+
+__all__ = [
+    "FORMATS",
+    "HF_CAUSAL_LM",
+    "HF_FACTORY",
+    "HF_NOT_MODEL_CONFIG",
+    "HF_STATE",
+    "CheckpointSource",
+    "ImportReport",
+    "detect_format",
+    "discover",
+    "hf_model_config",
+    "import_checkpoints",
+    "load_checkpoint",
+    "skipped_files",
+]

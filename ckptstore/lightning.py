@@ -17,6 +17,7 @@ from typing import Any
 
 import lightning
 
+from ckpt.errors import InvalidArgumentError
 from ckpt.store.writer import Writer, create
 
 
@@ -54,7 +55,7 @@ class CkptCallback(lightning.pytorch.Callback):
         super().__init__()
         if every < 1:
             msg = f"every must be at least 1, got {every}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         self.path, self.every, self.model, self.config = str(path), every, model, config
         self.objective, self.data, self.overwrite = objective, dict(data or {}), overwrite
         self.writer: Writer | None = None
@@ -100,3 +101,6 @@ class CkptCallback(lightning.pytorch.Callback):
         }
         self.writer.write(step, pl_module.state_dict(), metrics=metrics or None)
         self.written = step
+
+
+__all__ = ["CkptCallback"]

@@ -149,3 +149,14 @@ def parent_status(parent: Parent, storage_options: dict[str, Any] | None = None)
             "its weights at that step were changed after this run was made from them",
         )
     return ParentStatus("matches", "reachable, checkpoint digest matches")
+
+
+__all__ = [
+    "PATH_MAX_CHARS",
+    "Parent",
+    "ParentStatus",
+    "parent_location",
+    "parent_problem",
+    "parent_status",
+    "read_parent",
+]

@@ -24,6 +24,7 @@ from zarr.core.sync import sync
 
 from ckpt.errors import (
     CorruptChunkError,
+    InvalidArgumentError,
     MissingDataError,
     SplitNotFoundError,
     StepNotFoundError,
@@ -468,7 +469,7 @@ class Store:
             framework = "torch"
         if framework not in ("numpy", "torch"):
             msg = f"framework must be 'numpy' or 'torch', got {framework!r}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         values = self.stored_tensors(step, names)
         if framework == "torch":
             return {n: decode_torch(v, self._schema[n].dtype, device) for n, v in values.items()}
@@ -809,3 +810,16 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+__all__ = [
+    "INCOMPLETE",
+    "ModelSpec",
+    "Store",
+    "TensorInfo",
+    "check_complete",
+    "check_format",
+    "describe_nonfinite",
+    "nonfinite_counts",
+    "open_zarr_store",
+]

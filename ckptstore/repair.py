@@ -31,10 +31,12 @@ from zarr.core.sync import sync
 
 from ckpt.errors import CkptError, CorruptChunkError, StoreError
 from ckpt.store import _zarr
-from ckpt.store.format import CHECKPOINTS, DATA, DIGESTS, METRIC_DIGESTS, METRICS, ROOT_ATTR, STEP
+from ckpt.store.arrays import column_digest
+from ckpt.store.format import CHECKPOINTS, DATA, DIGESTS, METRIC_DIGESTS, METRICS, ROOT_ATTR, STEP, history_entry
+from ckpt.store.publish import lock_replaceable, publish, staging_path
 from ckpt.store.reader import Store, check_format
 from ckpt.store.results import delete_analysis
-from ckpt.store.writer import Writer, _column_digest, _history_entry, _replaceable, publish, staging_path
+from ckpt.store.writer import Writer
 
 
 @dataclass
@@ -141,7 +143,7 @@ def _beyond_repair(path: Any, exc: BaseException) -> StoreError:
 def _repair(where: str, storage_options: dict[str, Any] | None) -> RepairReport:
     report = RepairReport(where)
     local = _zarr.local_path(where)
-    lock = _replaceable(where, local, storage_options)  # a store, and no writer appending to it
+    lock = lock_replaceable(where, local, storage_options)  # a store, and no writer appending to it
     try:
         zstore = _zarr.open_zarr_store(where, read_only=False, storage_options=storage_options)
         report.restored_steps = _restore_step_array(zstore, where)
@@ -170,7 +172,7 @@ def _repair(where: str, storage_options: dict[str, Any] | None) -> RepairReport:
     for name in report.dropped_analyses:
         delete_analysis(where, name, storage_options=storage_options)
     details = {k: v for k, v in _details(report).items() if v}
-    writer = Writer(where, storage_options=storage_options, _history=_history_entry("repair", **details))
+    writer = Writer(where, storage_options=storage_options, _history=history_entry("repair", **details))
     writer.close()
     report.removed = _history_removed(where, storage_options)
     report.checkpoints = len(writer.steps)
@@ -244,7 +246,7 @@ def _drop_damaged_data(zstore: Any, where: str, store: Store, report: RepairRepo
         kept[f"{METRICS}/{STEP}"]["shape"] = [0]
     if digests is not None:
         kept_digests = {name: d for name, d in digests.items() if name not in damaged}
-        attrs[ROOT_ATTR][METRIC_DIGESTS] = {STEP: _column_digest(STEP, [])} if STEP in damaged else kept_digests
+        attrs[ROOT_ATTR][METRIC_DIGESTS] = {STEP: column_digest(STEP, [])} if STEP in damaged else kept_digests
     _zarr.commit(zstore, where, attributes=attrs, nodes=kept, owns=lambda p: not _zarr.is_analysis_node(p))
     for path in gone:
         sync(zstore.delete_dir(path))

@@ -118,3 +118,14 @@ def check_trusted(factory: str, where: str) -> None:
         f"ckpt.store.allow({name!r}) in Python; the module, {module}, allows all of it)"
     )
     raise UntrustedFactoryError(msg)
+
+
+__all__ = [
+    "FACTORY_GROUP",
+    "TRUST_ENV",
+    "allow",
+    "allowed_patterns",
+    "check_trusted",
+    "registered_factories",
+    "trust_reason",
+]

@@ -33,6 +33,7 @@ from ckpt.store.format import (
     METRICS,
     ROOT_ATTR,
     STEP,
+    history_entry,
 )
 from ckpt.store.reader import Store, open_zarr_store
 
@@ -170,9 +171,7 @@ def _result_digests(zstore: Any, store: Store, name: str) -> dict[str, dict[str,
 
 
 def _history(report: UpgradeReport) -> dict[str, Any]:
-    from ckpt.store.writer import _history_entry
-
-    return _history_entry(
+    return history_entry(
         "upgrade",
         from_format=report.from_version,
         to_format=FORMAT_VERSION,

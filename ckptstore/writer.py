@@ -12,16 +12,12 @@ rewritten. The next writer trims what a crashed one left beyond the record.
 from __future__ import annotations
 
 import asyncio
-import datetime as _dt
 import json
 import os
 import shutil
-import socket
-import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,19 +30,18 @@ from zarr.storage import StorePath
 from ckpt.errors import (
     CorruptChunkError,
     DataError,
+    InvalidArgumentError,
     InvalidNameError,
     NonFiniteError,
-    NotAStoreError,
     ReadOnlyError,
     SchemaMismatchError,
     StepOrderError,
     StoreExistsError,
     StoreNotFoundError,
-    UnsupportedFormatError,
     UnsupportedTensorError,
 )
 from ckpt.store import _zarr
-from ckpt.store.arrays import count_nonfinite, tensor_digest, to_numpy
+from ckpt.store.arrays import column_digest, count_nonfinite, tensor_digest, to_numpy
 from ckpt.store.data import check_data, data_digest
 from ckpt.store.format import (
     CHECKPOINTS,
@@ -64,8 +59,11 @@ from ckpt.store.format import (
     STEP_FILL_VALUE,
     TOP_LEVEL_GROUPS,
     check_name,
+    history_entry,
+    utc_now,
 )
 from ckpt.store.lineage import Parent, parent_problem
+from ckpt.store.publish import lock_replaceable, occupied, publish, publish_url, remove_store, staging_path, staging_url
 from ckpt.store.reader import INCOMPLETE, Store, check_complete, check_format, open_zarr_store
 
 STEP_CHUNK = 4096
@@ -75,20 +73,6 @@ INITIAL_CAPACITY = 16
 DATA_CHUNK_BYTES = 8 << 20
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _version() -> str:
-    from ckpt import __version__
-
-    return __version__
-
-
-def _history_entry(event: str, **details: Any) -> dict[str, Any]:
-    return {"event": event, "time": _now(), "ckpt": _version(), "host": socket.gethostname(), **details}
-
-
 def _compressors(compressor: str | None) -> list[Any]:
     if compressor is None:
         # fp32 weights compress by only ~7-12% (ARCHITECTURE.md); not worth the CPU by default
@@ -96,7 +80,7 @@ def _compressors(compressor: str | None) -> list[Any]:
     if compressor == "zstd":
         return [ZstdCodec(level=1), Crc32cCodec()]
     msg = f"compressor must be None or 'zstd', got {compressor!r}"
-    raise ValueError(msg)
+    raise InvalidArgumentError(msg)
 
 
 def _as_tensor_mapping(tensors: Any) -> Mapping[str, Any]:
@@ -180,7 +164,7 @@ class Writer:
                 check_complete(self._attrs, self._where)
             self._open_arrays()
             repaired = self._repair()
-            entry = _history or _history_entry("open")
+            entry = _history or history_entry("open")
             if repaired:
                 entry["repaired"] = repaired
             self._attrs[ROOT_ATTR]["history"].append(entry)
@@ -247,7 +231,7 @@ class Writer:
         recorded = self._attrs[ROOT_ATTR][METRIC_DIGESTS]
         assert self._metric_columns is not None
         for name, values in self._metric_columns.items():
-            if name in recorded and _column_digest(name, values) != recorded[name]:
+            if name in recorded and column_digest(name, values) != recorded[name]:
                 msg = (
                     f"metrics {name!r} of {self._where} do not match the commit record (a chunk is missing or "
                     "damaged); appending would build on them: restore the store from a copy"
@@ -583,7 +567,7 @@ class Writer:
             for name, value in row.items():
                 self._metric_columns.setdefault(name, [float("nan")] * index).append(value.item())
             self._attrs[ROOT_ATTR][METRIC_DIGESTS] = {
-                name: _column_digest(name, values) for name, values in self._metric_columns.items()
+                name: column_digest(name, values) for name, values in self._metric_columns.items()
             }
         self._metric_count = index + 1
         self._metric_steps_cache.append(step)
@@ -666,7 +650,7 @@ class Writer:
                 "datapoints": datapoints,
                 "labels": sorted(k.removeprefix(f"{LABELS}/") for k in variables if k.startswith(f"{LABELS}/")),
                 "sha256": data_digest(variables),
-                "created": _now(),
+                "created": utc_now(),
             }
         }
         if overwrite and base in self._nodes:
@@ -738,7 +722,7 @@ class Writer:
         if objective is not None:
             meta["objective"] = changes["objective"] = objective
         if changes:
-            meta["history"].append(_history_entry("set-model", **changes))
+            meta["history"].append(history_entry("set-model", **changes))
             self._commit()
 
     # -- closing ---------------------------------------------------------------------------
@@ -833,7 +817,7 @@ def create(
         raise DataError(msg) from None
     where = str(path)
     local = _zarr.local_path(where)
-    exists = _exists(where, local, storage_options)
+    exists = occupied(where, local, storage_options)
     if exists and not overwrite:
         msg = (
             f"{where} already exists; append to it with ckpt.open({where!r}, mode='a'), "
@@ -849,7 +833,7 @@ def create(
         "framework": framework,
         "model": None if model is None else {"factory": model, "config": config_json},
         "objective": objective,
-        "created": _now(),
+        "created": utc_now(),
         "attrs": attrs_json,
         "history": [],
         DIGESTS: {},
@@ -865,7 +849,7 @@ def create(
         meta[INCOMPLETE] = _incomplete
     if local is None:  # object stores have no rename (docs/store-format.md §4.3.1)
         if exists:  # built aside, so the old store stays until the new one is complete
-            _replaceable(where, None, storage_options).release()
+            lock_replaceable(where, None, storage_options).release()
             staged_url = staging_url(where)
             try:
                 _write_skeleton(
@@ -877,7 +861,7 @@ def create(
         else:  # the root record is written last: no store until the skeleton is complete
             _write_skeleton(_zarr.open_zarr_store(where, read_only=False, storage_options=storage_options), meta)
     else:
-        old_lock = _replaceable(where, local, storage_options) if exists else None
+        old_lock = lock_replaceable(where, local, storage_options) if exists else None
         staged = staging_path(local)
         try:
             _write_skeleton(_zarr.open_zarr_store(staged, read_only=False), meta)
@@ -891,22 +875,9 @@ def create(
         storage_options=storage_options,
         reject_nonfinite=reject_nonfinite,
         compressor=compressor,
-        _history=_history_entry("create") | ({} if parent is None else {"init_from": str(parent)}),
+        _history=history_entry("create") | ({} if parent is None else {"init_from": str(parent)}),
         _building=bool(_incomplete),
     )
-
-
-def _column_digest(name: str, values: list[Any]) -> str:
-    """The digest of a committed metrics column (``step`` as int64, metrics as float64)."""
-    return tensor_digest(np.asarray(values, dtype=np.int64 if name == STEP else np.float64))
-
-
-def _exists(where: str, local: Any, storage_options: dict[str, Any] | None) -> bool:
-    """Whether ``create`` would write over something: a store at a URL, anything but an empty folder locally."""
-    if local is None:
-        zstore = _zarr.open_zarr_store(where, read_only=True, storage_options=storage_options)
-        return _zarr.read_json(zstore, _zarr.ROOT_KEY) is not None
-    return bool(local.exists() and (not local.is_dir() or any(local.iterdir())))
 
 
 def _write_skeleton(zstore: Any, meta: dict[str, Any]) -> None:
@@ -937,118 +908,4 @@ def _write_skeleton(zstore: Any, meta: dict[str, Any]) -> None:
     _zarr.write_json(zstore, _zarr.ROOT_KEY, _zarr.root_document({ROOT_ATTR: meta}, nodes))
 
 
-STAGING_PREFIX = "."
-STAGING_SUFFIX = ".incomplete-"
-"""A store being created or imported is built at ``.<name>.incomplete-<id>`` beside its destination."""
-
-
-def staging_path(final: Path) -> Path:
-    """A fresh hidden sibling of ``final`` to build a store in, moved into place when complete."""
-    return final.parent / f"{STAGING_PREFIX}{final.name}{STAGING_SUFFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def _replaceable(where: str, local: Path | None, storage_options: dict[str, Any] | None) -> _zarr.DirectoryLock:
-    """The writer lock of the ckpt store at ``where``, held; refuse anything that is not a store, or is being written.
-
-    ``overwrite`` replaces a store, never a folder of other files: a user's ``precious.txt``
-    is not deleted because a path was mistyped.
-    """
-    try:
-        attrs, _ = _zarr.read_root(_zarr.open_zarr_store(where, read_only=True, storage_options=storage_options), where)
-        check_format(attrs, where)
-    except (NotAStoreError, UnsupportedFormatError) as exc:
-        msg = f"refusing to overwrite {where}: it is not a ckpt store this ckpt writes ({exc}); remove it yourself"
-        raise StoreExistsError(msg) from None
-    lock = _zarr.DirectoryLock(None if local is None else local / CHECKPOINTS)
-    lock.acquire(
-        blocking=False,
-        busy_message=f"another process is writing to {where}; it cannot be overwritten until that writer closes",
-    )
-    return lock
-
-
-def publish(staged: Path, final: Path, *, replace: bool) -> None:
-    """Move the complete store ``staged`` to ``final`` (replacing the store there when ``replace``).
-
-    A new store appears in one ``rename``. A replaced one is swapped with the new one
-    in one ``renameat2(RENAME_EXCHANGE)`` and then deleted. Where the system cannot
-    swap (not Linux), the old store is renamed aside first: a crash between the two
-    renames then leaves it, complete, at ``.<name>.replaced-<id>``, never a mix of both runs.
-    """
-    if not replace:
-        os.rename(staged, final)
-        return
-    if _exchange(staged, final):  # one atomic swap: final is the old store or the new one, at every instant
-        shutil.rmtree(staged, ignore_errors=True)  # now the old store
-        return
-    aside = final.parent / f"{STAGING_PREFIX}{final.name}.replaced-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    os.rename(final, aside)
-    os.rename(staged, final)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def staging_url(final: str) -> str:
-    """A fresh hidden sibling prefix of the URL ``final`` to build a replacement store in."""
-    parent, _, name = final.rstrip("/").rpartition("/")
-    return f"{parent}/{STAGING_PREFIX}{name}{STAGING_SUFFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def publish_url(staged: str, final: str, storage_options: dict[str, Any] | None = None) -> None:
-    """Replace the store at URL ``final`` with the complete store at ``staged`` (object stores cannot swap).
-
-    The old store is deleted, then the new one's objects are copied in (server-side where
-    the file system can) with its root ``zarr.json`` last, then ``staged`` is deleted.
-    Until that last put ``final`` holds no store, never a mix of the two; a crash before it
-    leaves the complete new store at ``staged`` (docs/store-format.md §4.3.1).
-    """
-    import fsspec
-
-    fs, source = fsspec.core.url_to_fs(staged, **(storage_options or {}))
-    _, target = fsspec.core.url_to_fs(final, **(storage_options or {}))
-    source, target = source.rstrip("/"), target.rstrip("/")
-    remove_store(final, storage_options)
-    root = f"{source}/{_zarr.ROOT_KEY}"
-    objects = [path for path in fs.find(source) if path != root]
-    if objects:
-        fs.copy(objects, [target + path[len(source) :] for path in objects])
-    fs.copy(root, f"{target}/{_zarr.ROOT_KEY}")
-    fs.rm(source, recursive=True)
-
-
-def _exchange(first: Path, second: Path) -> bool:
-    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system has no such call."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    result = renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange)
-    if result != 0:
-        errno = ctypes.get_errno()
-        if errno in (38, 22, 95):  # ENOSYS, EINVAL, EOPNOTSUPP: the kernel or file system cannot swap
-            return False
-        raise OSError(errno, os.strerror(errno), str(second))
-    return True
-
-
-def remove_store(where: str, storage_options: dict[str, Any] | None = None) -> None:
-    """Delete the store at ``where`` (a local folder or a URL), if there is one."""
-    local = _zarr.local_path(where)
-    if local is not None:
-        shutil.rmtree(local, ignore_errors=True)
-        return
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(where, **(storage_options or {}))
-    root = f"{path.rstrip('/')}/{_zarr.ROOT_KEY}"
-    if fs.exists(root):  # first: the store is gone for readers at once, not half-deleted under its record
-        fs.rm(root)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
-
-
-__all__ = ["Writer", "create", "publish", "publish_url", "remove_store", "staging_path", "staging_url"]
+__all__ = ["Writer", "create"]

@@ -57,7 +57,8 @@ def ckpt_warnings_as_lines() -> Any:
         yield
 
 
-def _click_option(name: str, option: Any) -> click.Option:
+def click_option(name: str, option: Any) -> click.Option:
+    """The click option of an analyzer or task :class:`~ckpt.plugins.Option` (bounds and choices checked by click)."""
     flag = "--" + name.replace("_", "-")
     if option.type is bool:
         return click.Option(
@@ -141,8 +142,10 @@ def expand_stores(patterns: tuple[str, ...]) -> list[str]:
 
 def _make_command(name: str, analyzer: Any) -> click.Command:
     def callback(stores: tuple[str, ...], **values: Any) -> None:
-        from ckpt.plugins import ENGINE_SETTINGS  # analyzer options never take these names
-        from ckpt.plugins._engine import run
+        from ckpt.plugins import (
+            ENGINE_SETTINGS,  # analyzer options never take these names
+            run,
+        )
         from ckpt.store import allow
 
         allow(*values.pop("trust_factory"))
@@ -173,7 +176,7 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
             )
 
     params: list[click.Parameter] = [click.Argument(["stores"], metavar="STORE...", nargs=-1, required=True)]
-    params += [_click_option(key, option) for key, option in analyzer.option_spec().items()]
+    params += [click_option(key, option) for key, option in analyzer.option_spec().items()]
     params += _engine_options()
     requires = f"\n\nRequires: {', '.join(analyzer.requires)}." if analyzer.requires else ""
     return click.Command(
@@ -282,3 +285,16 @@ def rm_command(store: str, name: str) -> None:
 
     delete_analysis(store, name)
     click.echo(f"removed analyses/{name} from {store}")
+
+
+__all__ = [
+    "AnalyzeGroup",
+    "analyze",
+    "ckpt_warnings_as_lines",
+    "click_option",
+    "expand_stores",
+    "plugins_command",
+    "registry",
+    "rm_command",
+    "show",
+]

@@ -144,7 +144,7 @@ def _scored(store: Any, split: str) -> str:
     else the examples).
     """
     from ckpt.cli.analyze import registry
-    from ckpt.plugins._runtime import datapoint_index
+    from ckpt.plugins import datapoint_index
 
     name = store.objective
     if name is None or name not in registry().objectives:
@@ -169,7 +169,7 @@ def set_model(
     """
     import ckpt.store as ckptstore
     from ckpt.cli.analyze import registry
-    from ckpt.cli.io import _parse_config
+    from ckpt.cli.io import parse_config
 
     if factory is None and hf_config is None and objective is None:
         raise click.UsageError("pass --model (with --config), --hf-config, or --objective")
@@ -187,7 +187,7 @@ def set_model(
     elif factory is not None:
         if ":" not in factory:
             raise click.BadParameter(f"expected 'package.module:function', got {factory!r}", param_hint="--model")
-        settings.update(model=factory, config=_parse_config(config) or {})
+        settings.update(model=factory, config=parse_config(config) or {})
     if objective is not None:
         known = registry().objectives
         if objective not in known:
@@ -204,3 +204,6 @@ def set_model(
     opened = ckptstore.open(store)
     model = opened.model.factory if opened.model else "-"
     click.echo(f"{store}: model {model}, objective {opened.objective or '-'}")
+
+
+__all__ = ["add_command", "data", "set_model"]

@@ -284,7 +284,7 @@ def seed_spread(tables: Mapping[int, Mapping[str, Any]]) -> list[str]:
 def _demo_run(folder: Path, preset: str, device: str, steps: int | None, seed: int) -> dict[str, Any]:
     """Train (or reuse) the run in ``folder``, analyze it, print the report; the clusters per method."""
     import ckpt.store as ckptstore
-    from ckpt.plugins._engine import run
+    from ckpt.plugins import run
     from ckpt.sandboxes.base import cpu_kernels, train
     from ckpt.sandboxes.reproducible import kernel_description
 
@@ -397,3 +397,20 @@ def _report(store: Any, loss: Any, clustered: Mapping[str, Any], label: str) -> 
     )
     for line in cluster_makeup(polca, bases):
         echo(line)
+
+
+__all__ = [
+    "DEMO_ANALYSES",
+    "PAPER_TABLE_3",
+    "PLACES",
+    "best_bases",
+    "carry_base_rate",
+    "cluster_makeup",
+    "demo",
+    "place_table",
+    "seed_spread",
+    "table_3",
+    "token_labels",
+    "top_homogeneities",
+    "verdict",
+]

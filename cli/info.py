@@ -218,3 +218,6 @@ def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
         from ckpt.cli.main import EXIT_UNVERIFIED
 
         sys.exit(EXIT_UNVERIFIED)
+
+
+__all__ = ["info", "nonfinite_in", "verify"]

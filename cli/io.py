@@ -7,7 +7,8 @@ import json
 import click
 
 
-def _parse_config(text: str | None) -> dict | None:
+def parse_config(text: str | None) -> dict | None:
+    """The JSON object of a ``--config`` option (None when not given); a usage error otherwise."""
     if text is None:
         return None
     try:
@@ -67,7 +68,7 @@ def import_command(
     if fmt != "auto" and fmt not in importers:
         choices = ", ".join(["auto", *sorted(importers)])
         raise click.BadParameter(f"unknown format {fmt!r}; choose from {choices}", param_hint="--format")
-    parsed_config = _parse_config(config)
+    parsed_config = parse_config(config)
     options = {"model": model, "config": parsed_config, "objective": objective, "step_pattern": step_pattern}
     options.update(key=key, overwrite=overwrite)
     if fmt != "auto" and fmt not in FORMATS:  # a plugin's importer
@@ -143,3 +144,6 @@ def upgrade(store: str) -> None:
         f"{store}: format v{report.from_version} -> v2; recorded digests of {', '.join(parts)} "
         "(trust on first use: taken from the bytes as they are now)"
     )
+
+
+__all__ = ["import_command", "parse_config", "repair", "upgrade"]

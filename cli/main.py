@@ -115,3 +115,16 @@ _register_commands()
 def main() -> None:
     """Entry point of the ``ckpt`` console script."""
     cli.main(prog_name="ckpt")
+
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_UNVERIFIED",
+    "EXIT_USAGE",
+    "CkptGroup",
+    "cli",
+    "environment_problem",
+    "fail",
+    "main",
+]

@@ -74,7 +74,7 @@ def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int, 
         return
     store = ckptstore.open(paths[0])
     if with_parent:
-        from ckpt.plugins._lineage import join_lineage, stored_result
+        from ckpt.plugins import join_lineage, stored_result
 
         result = join_lineage(store, name, stored_result(name))
     else:
@@ -154,3 +154,6 @@ def animate_command(store: str, out: str | None, fps: int, limit: int, dpi: int)
     _check_writable(out)
     count = animate(ckptstore.open(store), out, fps=fps, limit=limit, dpi=dpi)
     click.echo(f"wrote {out} ({count} frames at {fps} fps)")
+
+
+__all__ = ["animate_command", "plot_command", "report_command"]

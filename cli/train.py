@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ckpt.cli.analyze import _click_option, registry
+from ckpt.cli.analyze import click_option, registry
 
 TRAIN_OPTIONS = (
     "preset",
@@ -64,7 +64,7 @@ def _make_train_command(name: str, task: Any) -> click.Command:
         click.Option(["--progress/--no-progress"], default=True, show_default=True, help="Show a progress bar."),
     ]
     for key, option in task.option_spec().items():
-        params.append(_click_option(key, option))
+        params.append(click_option(key, option))
     return click.Command(name, callback=callback, params=params, help=task.description, short_help=task.description)
 
 
@@ -106,3 +106,6 @@ def train_command() -> None:
     evaluation data with its labels, and the model spec, through the public
     ckpt.store writer.
     """
+
+
+__all__ = ["TRAIN_OPTIONS", "TrainGroup", "train_command"]

@@ -14,9 +14,10 @@ Depends on :mod:`ckpt.store` only.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from ckpt.errors import AnalysisError, PluginError, TaskError
+from ckpt.errors import AnalysisError, PluginError, PluginWarning, TaskError
 from ckpt.plugins._activations import capture, iter_activations, select_modules
 from ckpt.plugins._analyzer import (
     ENGINE_SETTINGS,
@@ -55,7 +56,7 @@ from ckpt.plugins._lanczos import (
     product_limit,
     top_eigenpairs,
 )
-from ckpt.plugins._manager import PluginWarning, Provider, Registry, load_registry, registry, reset_registry
+from ckpt.plugins._manager import Provider, Registry, load_registry, registry, reset_registry
 from ckpt.plugins._memory import format_size, held_bytes, parse_size, peak_bytes
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
 from ckpt.plugins._resume import Journal
@@ -65,6 +66,26 @@ from ckpt.plugins.hookspecs import hookimpl, hookspec
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+
+    from ckpt.plugins._engine import data_hash, model_hash, run, stored_identity
+    from ckpt.plugins._lineage import join_lineage, stored_result
+
+# The engine imports dask, xarray and zarr: its names load on first use (PEP 562), so that
+# importing ckpt.plugins (every plugin does) and `ckpt --help` stay cheap.
+_LAZY = {
+    "data_hash": "ckpt.plugins._engine",
+    "model_hash": "ckpt.plugins._engine",
+    "run": "ckpt.plugins._engine",
+    "stored_identity": "ckpt.plugins._engine",
+    "join_lineage": "ckpt.plugins._lineage",
+    "stored_result": "ckpt.plugins._lineage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ckpt.plugins' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)  # imported once; Python caches modules
 
 
 def analyze(name: str, store: Any, **kwargs: Any) -> xr.Dataset:
@@ -160,6 +181,7 @@ __all__ = [
     "check_basis",
     "chunks",
     "clear_cache",
+    "data_hash",
     "datapoint_index",
     "declared_options",
     "directional_derivatives",
@@ -171,11 +193,13 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "iter_activations",
+    "join_lineage",
     "lanczos_bytes",
     "load_basis",
     "load_registry",
     "logits_of",
     "loss_function",
+    "model_hash",
     "objective_for",
     "parameter_space",
     "parse_size",
@@ -185,8 +209,11 @@ __all__ = [
     "reset_registry",
     "resolve_device",
     "resolve_task",
+    "run",
     "select_modules",
+    "stored_identity",
     "stored_provenance",
+    "stored_result",
     "top_eigenpairs",
     "torch_dtype",
     "trainable",

@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ckpt.plugins._derivatives import BlockLoss, _directional_derivatives, forward_mode
+from ckpt.plugins._derivatives import BlockLoss, eager_directional_derivatives, forward_mode
 
 # keyed by the model's id: each program holds its model, so the id stays its own
 _PROGRAMS: dict[tuple, _Program] = {}
@@ -94,7 +94,7 @@ def directional_derivatives(
     if compiled and isinstance(f, BlockLoss):
         return compiled_directional_derivatives(f, primal, directions, order)
     with forward_mode(composite=order == 2):
-        return _directional_derivatives(f, primal, directions, order)
+        return eager_directional_derivatives(f, primal, directions, order)
 
 
 def compile_seconds() -> float:
@@ -194,7 +194,7 @@ def _pass(f: BlockLoss, order: int) -> Any:
         def loss(trainable: Mapping[str, Any]) -> Any:
             return f.of(trainable, batch)
 
-        return _directional_derivatives(loss, primal, directions, order)
+        return eager_directional_derivatives(loss, primal, directions, order)
 
     return traced
 

@@ -220,9 +220,10 @@ def trainable(params: Mapping[str, Any], space: ParamSpace, dtype: str = "float3
     return {name: params[name].to(precision) for name in space.names}
 
 
-def _directional_derivatives(
+def eager_directional_derivatives(
     f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any], directions: Mapping[str, Any], order: int
 ) -> tuple[Any, Any, Any]:
+    """``directional_derivatives`` uncompiled: ``vmap`` over nested ``jvp`` (see ``ckpt.plugins._compiled``)."""
     from torch.func import jvp, vmap
 
     if order == 1:

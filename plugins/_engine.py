@@ -40,7 +40,7 @@ from ckpt.plugins._manager import registry as shared_registry
 from ckpt.plugins._memory import default_budget, format_size, parse_size
 from ckpt.plugins._resume import Journal
 from ckpt.plugins._runtime import TaskSpec, concurrent_computations, resolve_device, utc_timestamp
-from ckpt.store._zarr import local_path
+from ckpt.store.publish import local_path
 from ckpt.store.results import result_lock, write_analysis
 
 SCHEDULERS = ("threads", "processes", "sync")
@@ -90,8 +90,8 @@ def _identity(provenance: Mapping[str, Any]) -> dict[str, Any]:
     return {k: provenance.get(k) for k in keys}
 
 
-def _stored_identity(stored: Mapping[str, Any], store: ckptstore.Store, current_model: str) -> dict[str, Any]:
-    """``_identity`` of a stored result, as computed with the current model when it cannot tell.
+def stored_identity(stored: Mapping[str, Any], store: ckptstore.Store, current_model: str) -> dict[str, Any]:
+    """The identity of a stored result (what decides its reuse), as computed with the current model when it cannot tell.
 
     A result from before ckpt recorded the model's hash counts as computed with the current
     model while the store's model was never changed (``ckpt set-model``).
@@ -328,7 +328,7 @@ def run(
         wanted = _wanted_steps(analyzer, opened)
         stored = stored_provenance(opened, target)
         covered: list[int] = []
-        if stored is not None and not force and _stored_identity(stored, opened, model) == _identity(provenance):
+        if stored is not None and not force and stored_identity(stored, opened, model) == _identity(provenance):
             covered = [int(s) for s in stored.get("steps", [])]
             if analyzer.per == PER_RUN and covered != wanted:
                 covered = []

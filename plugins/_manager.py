@@ -22,7 +22,7 @@ from typing import Any
 
 import pluggy
 
-from ckpt.errors import PluginError
+from ckpt.errors import PluginError, PluginWarning
 from ckpt.plugins import hookspecs
 from ckpt.plugins._analyzer import validate_analyzer
 
@@ -48,10 +48,6 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
 """Modules of ckpt's own plugins, registered exactly like third-party ones."""
 
 KINDS = ("analyzers", "objectives", "importers", "tasks")
-
-
-class PluginWarning(UserWarning):
-    """A plugin failed to load or registered a name that was taken; the rest keeps working."""
 
 
 @dataclass(frozen=True)

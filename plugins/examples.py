@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+__all__ = ["EXAMPLE_FACTORY", "mlp", "tree_digest", "write_example_run"]
+
 EXAMPLE_FACTORY = "ckpt.plugins.examples:mlp"
 """The model factory :func:`write_example_run` records (registered, hence trusted)."""
 

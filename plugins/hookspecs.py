@@ -8,7 +8,7 @@ entry-point group of its distribution::
     my-plugin = "my_package.ckpt_plugin"
 
 ckpt's own analyzers, objectives and importers register through these same
-hooks (``ckpt.plugins._manager.DEFAULT_PLUGINS``). Every hook receives a
+hooks, listed by ``ckpt plugins``. Every hook receives a
 ``register`` callback, so ckpt owns validation and duplicate names in one
 place: a second registration of a name is a warning naming both plugins, and
 the first one is kept.
@@ -32,14 +32,18 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
     """Register analyzer classes.
 
-    :param register: call ``register(AnalyzerSubclass)`` once per analyzer; the
-        class's ``name`` is the name users type (``ckpt analyze NAME``).
+    Parameters
+    ----------
+    register
+        Call ``register(AnalyzerSubclass)`` once per analyzer (a subclass of
+        :class:`ckpt.plugins.Analyzer`); the class's ``name`` is the name users
+        type (``ckpt analyze NAME``).
 
-    Example::
-
-        @hookimpl
-        def ckpt_register_analyzers(register):
-            register(WeightNorm)
+    Examples
+    --------
+    >>> @hookimpl
+    ... def ckpt_register_analyzers(register):
+    ...     register(WeightNorm)
     """
 
 
@@ -47,17 +51,19 @@ def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
 def ckpt_register_objectives(register: Callable[[str, Any], None]) -> None:
     """Register per-datapoint loss functions (objectives).
 
-    :param register: call ``register(name, objective)`` where ``objective`` is a
-        :class:`ckpt.plugins._objectives.Objective`: ``losses(outputs, targets, mask)``
-        returns one loss per datapoint, ``datapoints(targets, mask)`` says which
-        (example, position) each one is. Stores name their objective in
-        ``attrs["ckpt"]["objective"]``.
+    Parameters
+    ----------
+    register
+        Call ``register(name, objective)`` with a :class:`ckpt.plugins.Objective`:
+        ``losses(outputs, targets, mask)`` returns one loss per datapoint,
+        ``datapoints(targets, mask)`` says which (example, position) each one is.
+        Stores name their objective in ``attrs["ckpt"]["objective"]``.
 
-    Example::
-
-        @hookimpl
-        def ckpt_register_objectives(register):
-            register("mse", Objective(losses=per_example_mse, datapoints=every_example))
+    Examples
+    --------
+    >>> @hookimpl
+    ... def ckpt_register_objectives(register):
+    ...     register("mse", Objective(losses=per_example_mse, datapoints=every_example))
     """
 
 
@@ -65,16 +71,19 @@ def ckpt_register_objectives(register: Callable[[str, Any], None]) -> None:
 def ckpt_register_importers(register: Callable[[str, Any], None]) -> None:
     """Register importers of existing runs, for ``ckpt import --format NAME``.
 
-    :param register: call ``register(name, importer)`` where ``importer`` is a
-        :class:`ckpt.plugins._importers.Importer`: a one-line ``description`` and
-        ``run(src, dest, *, model, config, objective, step_pattern, key, overwrite)``,
-        which creates the store ``dest`` through the public ckpt.store writer.
+    Parameters
+    ----------
+    register
+        Call ``register(name, importer)`` with a :class:`ckpt.plugins.Importer`: a
+        one-line ``description`` and ``run(src, dest, *, model, config, objective,
+        step_pattern, key, overwrite)``, which creates the store ``dest`` with
+        :func:`ckpt.store.create`.
 
-    Example::
-
-        @hookimpl
-        def ckpt_register_importers(register):
-            register("orbax", Importer("Orbax checkpoint folders", import_orbax))
+    Examples
+    --------
+    >>> @hookimpl
+    ... def ckpt_register_importers(register):
+    ...     register("orbax", Importer("Orbax checkpoint folders", import_orbax))
     """
 
 
@@ -82,14 +91,28 @@ def ckpt_register_importers(register: Callable[[str, Any], None]) -> None:
 def ckpt_register_tasks(register: Callable[[str, Any], None]) -> None:
     """Register training tasks (sandboxes) for ``ckpt train TASK``.
 
-    :param register: call ``register(name, task)`` where ``task`` is an instance
-        of a ``ckpt.sandboxes.base.Task`` subclass: its data, model factory, optimizer,
-        presets and typed options; ``ckpt train`` runs it with the shared loop,
-        which writes through the public ckpt.store writer.
+    Parameters
+    ----------
+    register
+        Call ``register(name, task)`` with an instance of a :class:`ckpt.plugins.Task`
+        subclass (or a :class:`ckpt.plugins.LazyTask`): its data, model factory,
+        optimizer, presets and typed options. ``ckpt train`` runs it with the shared
+        loop, which writes through :func:`ckpt.store.create`.
 
-    Example::
-
-        @hookimpl
-        def ckpt_register_tasks(register):
-            register("modular-addition", ModularAddition())
+    Examples
+    --------
+    >>> @hookimpl
+    ... def ckpt_register_tasks(register):
+    ...     register("modular-addition", ModularAddition())
     """
+
+
+__all__ = [
+    "PROJECT",
+    "ckpt_register_analyzers",
+    "ckpt_register_importers",
+    "ckpt_register_objectives",
+    "ckpt_register_tasks",
+    "hookimpl",
+    "hookspec",
+]

@@ -48,3 +48,6 @@ def ckpt_register_tasks(register: Callable[[str, Any], None]) -> None:
     """Register the sandboxes lazily: their modules import torch, which listing them must not."""
     for name, (target, description) in TASKS.items():
         register(name, LazyTask(name, target, description))
+
+
+__all__ = ["TASKS", "ckpt_register_tasks"]

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ckpt.errors import TaskError
+from ckpt.errors import TaskConfigError, TaskError
 from ckpt.plugins import Dataset, Option, Task
 
 PLUS, EQUALS = 10, 11
@@ -143,7 +143,7 @@ class Block(nn.Module):
         super().__init__()
         if d_model % heads:
             msg = f"d_model ({d_model}) must be divisible by heads ({heads})"
-            raise ValueError(msg)
+            raise TaskConfigError(msg)
         self.heads = heads
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
@@ -358,3 +358,24 @@ class Addition(TransformerTask):
             test_mask=data.test_mask,
         )
         return super().evaluate(model, subset)
+
+
+__all__ = [
+    "ANSWER_POSITIONS",
+    "EQUALS",
+    "EVAL_PROBLEMS",
+    "PLUS",
+    "PROBLEMS",
+    "SEQ_LEN",
+    "TRAIN_METRIC_EXAMPLES",
+    "VOCAB",
+    "Addition",
+    "AdditionTransformer",
+    "Block",
+    "TransformerTask",
+    "build_model",
+    "carries",
+    "split_arrays",
+    "text",
+    "tokens",
+]

@@ -248,3 +248,6 @@ def train(
                     pending.pop(0)
             epoch += 1
     return ckptstore.open(store)
+
+
+__all__ = ["SMALL_MODEL_PARAMETERS", "checkpoint_steps", "cpu_kernels", "train"]

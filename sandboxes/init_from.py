@@ -151,3 +151,6 @@ def initial_state(task: Task, model: torch.nn.Module, parent: ParentCheckpoint) 
 
 def _dtype(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
+
+
+__all__ = ["LISTED_STEPS", "ParentCheckpoint", "initial_state", "open_parent", "split_source"]

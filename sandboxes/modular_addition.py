@@ -193,3 +193,6 @@ class ModularAddition(Task):
             model.parameters(), lr=float(config["lr"]), weight_decay=float(config["weight_decay"])
         )
         return optimizer, None
+
+
+__all__ = ["TRAIN_FRACTION", "ModularAddition", "ModularAdditionModel", "all_pairs", "build_model", "split_pairs"]

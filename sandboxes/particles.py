@@ -248,3 +248,6 @@ class Particles(Task):
             # the model's potential is the strength-weighted sum of the two; not computed a second time
             potential = model.clustering * clustering + model.alignment * alignment
             return {"clustering_potential": clustering, "alignment_potential": alignment, "potential": potential}
+
+
+__all__ = ["ParticleSystem", "Particles", "alignment_potential", "build_model", "clustering_potential"]

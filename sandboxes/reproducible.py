@@ -79,3 +79,6 @@ def kernel_description() -> str:
     pinned = all(os.environ.get(key) == value for key, value in PINNED.items()) and capability == "DEFAULT"
     state = "pinned: the same arithmetic whatever the instruction set" if pinned else "this CPU's fastest, not pinned"
     return f"CPU kernels: {capability} ({state}), {torch.get_num_threads()} torch threads"
+
+
+__all__ = ["PINNED", "PINNED_THREADS", "kernel_description", "pin_cpu_kernels"]

@@ -335,3 +335,18 @@ class SparseModularAddition(Task):
     def make_optimizer(self, model: torch.nn.Module, config: Mapping[str, Any]) -> tuple[torch.optim.Optimizer, Any]:
         """Adam (betas 0.9, 0.999) at ``lr``, no schedule."""
         return torch.optim.Adam(model.parameters(), lr=float(config["lr"]), betas=(0.9, 0.999)), None
+
+
+__all__ = [
+    "EPS",
+    "MLP",
+    "ClusteringHeadTransformer",
+    "GainlessRMSNorm",
+    "QueryAttention",
+    "SparseModularAddition",
+    "build_model",
+    "make_sequences",
+    "prefix_code",
+    "rms_normalize",
+    "sparse_sum",
+]

@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ckpt.errors import TaskError
+from ckpt.errors import TaskConfigError, TaskError
 from ckpt.plugins import Dataset, Option
 from ckpt.sandboxes.addition import AdditionTransformer, TransformerTask
 
@@ -87,7 +87,7 @@ def vocabulary(tokens: list[str], size: int) -> list[str]:
     """``<unk>`` and the ``size - 1`` most frequent lower-cased tokens (by count, then alphabetically)."""
     if size < 2:
         msg = f"the vocabulary needs at least 2 entries (<unk> and one token), got {size}"
-        raise ValueError(msg)
+        raise TaskConfigError(msg)
     counts = Counter(token.lower() for token in tokens)
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     return [UNKNOWN] + [token for token, _ in ranked[: size - 1]]
@@ -230,3 +230,19 @@ class TinyLM(TransformerTask):
             test_mask=torch.from_numpy(eval_split["mask"]),
             splits={"eval": eval_split, "train": train_split},
         )
+
+
+__all__ = [
+    "HELD_OUT_EVERY",
+    "TEXT_PATH",
+    "TOKEN_PATTERN",
+    "UNKNOWN",
+    "TinyLM",
+    "build_model",
+    "corpus",
+    "encode",
+    "split_arrays",
+    "tokenize",
+    "vocabulary",
+    "window_starts",
+]

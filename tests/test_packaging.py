@@ -294,3 +294,167 @@ def test_plugin_guide_and_builtin_plugins_use_only_the_public_api() -> None:
     for name in ckpt.plugins.__all__:
         assert hasattr(ckpt.plugins, name), name
     assert {"datapoint_index", "PER_PAIR", "PER_RUN", "AnalysisError", "Objective", "Importer", "Task"} <= used
+
+
+LAYER_PACKAGES = {
+    "ckpt": "ckpt",
+    "ckptstore": "ckpt.store",
+    "plugins": "ckpt.plugins",
+    "analyzers": "ckpt.analyzers",
+    "sandboxes": "ckpt.sandboxes",
+    "cli": "ckpt.cli",
+}
+
+
+def _library_modules(root: Path) -> dict[str, Path]:
+    """Every module of the installed package, by its import name (``ckpt.store.writer`` ...)."""
+    modules = {}
+    for folder, package in LAYER_PACKAGES.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = [package, *path.relative_to(root / folder).with_suffix("").parts]
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    return modules
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__") and name != "__main__")
+
+
+def _modules_without_all(root: Path) -> list[str]:
+    """Public modules (no ``_`` in their own name) that do not declare ``__all__``, or name what they lack."""
+    problems = []
+    for path in _library_modules(root).values():
+        relative = str(path.relative_to(root))
+        if _is_private(path.stem) or path.stem == "__main__":
+            continue
+        tree = ast.parse(path.read_text())
+        bound, exported = set(), None
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if isinstance(node, ast.Assign | ast.AnnAssign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in targets
+            ):
+                try:
+                    exported = ast.literal_eval(node.value) if node.value is not None else []
+                except ValueError:  # computed (ckpt.errors): checked where it is imported
+                    exported = []
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                bound.add(node.name)
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+            else:
+                for target in targets if isinstance(node, ast.Assign | ast.AnnAssign) else []:
+                    bound.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        if exported is None:
+            problems.append(f"{relative} has no __all__")
+            continue
+        if "__getattr__" in bound:  # names loaded on first use (PEP 562)
+            continue
+        missing = sorted(set(exported) - bound - {"__version__"})
+        if missing:
+            problems.append(f"{relative}: __all__ names {missing}, which it does not define")
+    return problems
+
+
+def _private_imports(root: Path) -> list[str]:
+    """Imports of another module's private names, or of a private module from outside its package."""
+    problems = []
+    for name, path in _library_modules(root).items():
+        package = name if path.stem == "__init__" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ckpt"):
+                for alias in node.names:  # `from ckpt.store import _zarr` inside ckpt.store is a private module
+                    own_submodule = node.module == package and (path.parent / f"{alias.name}.py").exists()
+                    if _is_private(alias.name) and not own_submodule:
+                        where = f"{path.relative_to(root)}:{node.lineno}"
+                        problems.append(f"{where} imports {alias.name} from {node.module}")
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names if a.name.startswith("ckpt")]
+            else:
+                continue
+            for module in modules:
+                parts = module.split(".")
+                for i, part in enumerate(parts):
+                    owner = ".".join(parts[:i])
+                    if _is_private(part) and owner != package:
+                        problems.append(f"{path.relative_to(root)}:{node.lineno} imports {module}, private to {owner}")
+                        break
+    return problems
+
+
+def test_every_public_module_declares_its_api() -> None:
+    """A module is private (``_name``) or says what it exports, as pytest and pooch do (issue 31)."""
+    assert _modules_without_all(ROOT) == []
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """``_name`` is private to its module, ``_module`` to its package: other layers use public homes."""
+    assert _private_imports(ROOT) == []
+
+
+def test_every_error_and_warning_class_lives_in_ckpt_errors() -> None:
+    """One hierarchy in one module; other modules re-export (``ckpt.plugins.PluginWarning``), never define."""
+    import ckpt.errors
+
+    defined_elsewhere = [
+        f"{path.relative_to(ROOT)}: {node.name}"
+        for path in _library_modules(ROOT).values()
+        if path != ROOT / "ckpt" / "errors.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any(ast.unparse(base).endswith(("Error", "Exception", "Warning")) for base in node.bases)
+    ]
+    assert defined_elsewhere == []
+    assert {"PluginWarning", "CkptError", "CkptWarning"} <= set(ckpt.errors.__all__)
+    assert all(issubclass(getattr(ckpt.errors, name), Exception | Warning) for name in ckpt.errors.__all__)
+
+
+# Imports that only an optional feature makes (its module says so); everything else must be a dependency.
+OPTIONAL_IMPORTS = {
+    "transformers": "hf",  # Hugging Face runs and callbacks
+    "dask-cuda": "gpu",  # one worker per GPU
+    "lightning": "test",  # ckpt.store.lightning: for users who train with Lightning, who have it
+    "pytest": "test",  # ckpt.plugins.testing, the conformance kit: for plugin authors' test suites
+}
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    """Normalised distribution names of ``requirements``, with those their extras bring (``dask[distributed]``)."""
+    names = set()
+    for requirement in requirements:
+        match = re.match(r"([A-Za-z0-9_.-]+)(?:\[([^\]]*)\])?", requirement)
+        names.add(match.group(1))
+        names.update(extra.strip() for extra in (match.group(2) or "").split(",") if extra.strip())
+    return {re.sub(r"[-_.]+", "-", name).lower() for name in names}
+
+
+def test_every_third_party_import_is_declared() -> None:
+    """What the package imports, pyproject.toml declares (scikit-learn was imported and not declared)."""
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    required = _requirement_names(project["dependencies"])
+    extras = {extra: _requirement_names(reqs) for extra, reqs in project["optional-dependencies"].items()}
+    distributions = packages_distributions()
+    imported: dict[str, set[str]] = {}
+    for path in _library_modules(ROOT).values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top == "ckpt":
+                    continue
+                for distribution in distributions.get(top, [top.replace("_", "-")]):
+                    imported.setdefault(re.sub(r"[-_.]+", "-", distribution).lower(), set()).add(path.name)
+    undeclared = {name: sorted(where) for name, where in imported.items() if name not in required}
+    assert set(undeclared) == set(OPTIONAL_IMPORTS), undeclared
+    for name, extra in OPTIONAL_IMPORTS.items():
+        assert name in extras[extra], f"{name} is not in the {extra!r} extra"

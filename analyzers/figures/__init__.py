@@ -117,3 +117,20 @@ def png_bytes(figure: Figure, dpi: int = 80) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
+
+
+__all__ = [
+    "COLORS",
+    "MAX_PANELS",
+    "PANEL_HEIGHT",
+    "PANEL_WIDTH",
+    "hide_unused",
+    "limited",
+    "log_spaced",
+    "new_figure",
+    "png_bytes",
+    "positive_log",
+    "quartile_band",
+    "save",
+    "step_axis",
+]

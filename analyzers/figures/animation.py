@@ -216,3 +216,6 @@ def animate(store: Any, out: str, *, fps: int = 20, limit: int | None = 200, dpi
             writer.grab_frame()
             count += 1
     return count
+
+
+__all__ = ["LOSS_METRICS", "REGION_GRID", "Frames", "animate"]

@@ -62,3 +62,6 @@ def attention_figures(result: xr.Dataset) -> dict[str, Figure]:
         fontsize="medium",
     )
     return {"maps": figure}
+
+
+__all__ = ["MAX_MAPS", "MAX_ROWS", "attention_figures"]

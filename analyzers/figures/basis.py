@@ -108,3 +108,6 @@ def polca_figures(result: xr.Dataset, store: Any) -> dict[str, Figure]:
     axes.legend(fontsize="small")
     figures["explained"] = figure
     return figures
+
+
+__all__ = ["basis_figures", "polca_figures", "projected_figures"]

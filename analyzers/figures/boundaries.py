@@ -131,3 +131,6 @@ def boundary_figures(result: xr.Dataset, store: Any, *, readout: str | None, spl
     plane.suptitle("Sequence embeddings ξ and the read-out's decision boundaries (Clustering Head Fig. 13)")
     figures["boundaries"] = plane
     return figures
+
+
+__all__ = ["GRID", "MAX_CLASSES", "boundary_figures", "grid_margins"]

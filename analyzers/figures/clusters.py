@@ -229,3 +229,6 @@ def compare(results: dict[str, xr.Dataset]) -> dict[str, Figure]:
     axes.set_title("best clusters of each result (0: no cluster)")
     axes.legend(fontsize="small")
     return {"homogeneity": figure}
+
+
+__all__ = ["MAX_BASIS_FIGURES", "MAX_CLUSTERS", "TRAJECTORY", "compare", "figures"]

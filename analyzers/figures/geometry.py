@@ -266,3 +266,18 @@ def runs_figure(stores: Sequence[str]) -> Figure:
     axes.set_title(f"{len(points)} runs")
     axes.legend(fontsize="small")
     return figure
+
+
+__all__ = [
+    "CYCLIC",
+    "SNAPSHOTS",
+    "EmbeddingView",
+    "default_view",
+    "draw_sequences",
+    "embedding_view",
+    "figures",
+    "project_sequences",
+    "runs_figure",
+    "sequence_plane",
+    "snapshot_steps",
+]

@@ -82,3 +82,6 @@ def _lines(axes: Any, steps: Any, loss: np.ndarray, groups: np.ndarray, name: st
     for index, value in enumerate(np.unique(groups)):
         members = groups == value
         quartile_band(axes, steps, loss[:, members], COLORS[index % len(COLORS)], f"{name} = {value}")
+
+
+__all__ = ["MAX_GROUPS", "datapoint_labels", "figures"]

@@ -141,9 +141,9 @@ def _analysis_section(store: Any, name: str, registry: Any, current_data: tuple[
     record = result.ckpt
     analyzer_name = record.analyzer or name
     steps = record.steps
-    from ckpt.plugins._engine import _stored_identity
+    from ckpt.plugins import stored_identity
 
-    identity = _stored_identity(record.provenance, store, current_data[1])
+    identity = stored_identity(record.provenance, store, current_data[1])
     stale = identity["data_sha256"] not in (None, current_data[0]) or identity["model_sha256"] != current_data[1]
     rows = [
         ("analyzer", f"{analyzer_name} v{record.version or '?'}"),
@@ -224,7 +224,7 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
         The plugin registry whose analyzers draw the figures.
     """
     import ckpt.store as ckptstore
-    from ckpt.plugins._engine import data_hash, model_hash
+    from ckpt.plugins import data_hash, model_hash
 
     store = ckptstore.open(where)
     current = (data_hash(store), model_hash(store))
@@ -252,3 +252,6 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
     ]
     Path(out).write_text("\n".join(page), encoding="utf-8")
     return problems
+
+
+__all__ = ["SLIDER_FRAMES", "SLIDER_SCRIPT", "STYLE", "write_report"]

@@ -73,3 +73,6 @@ def _run_name(result: xr.Dataset, index: int) -> str:
         if key in result.coords and result[key].dims == ("run",):
             return f"{key} {result[key].values[index]}"
     return str(result["run"].values[index]).rsplit("/", 1)[-1]
+
+
+__all__ = ["CURVES", "figures"]

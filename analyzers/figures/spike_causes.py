@@ -118,3 +118,6 @@ def normalization_figures(result: xr.Dataset, store: Any) -> dict[str, Figure]:
     axes.legend(fontsize="x-small")
     below.suptitle("Inputs within one learning rate of the origin (Clustering Head §4.3)" + note)
     return {"norms": figure, "below-lr": below}
+
+
+__all__ = ["QUANTILE_BANDS", "SERIES", "curvature_figures", "normalization_figures", "quantile_bands"]

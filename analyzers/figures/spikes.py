@@ -95,3 +95,6 @@ def spike_figures(result: xr.Dataset, store: Any) -> dict[str, Figure]:
         title = f"{cooccurrence:.2f} of the loss spikes co-occur with a gradient-norm spike (chance {chance:.2f})"
     figure.suptitle(title)
     return {"spikes": figure}
+
+
+__all__ = ["MAX_LAYERS", "grad_norm_figures", "spike_figures"]

@@ -171,3 +171,15 @@ class FrequentTokensView:
         else:
             ax.set_xlim(limits[0][0])
             ax.set_ylim(limits[0][1])
+
+
+__all__ = [
+    "LABELLED",
+    "PAIR_SUM_MAX_TOKENS",
+    "TOKENS_SHOWN",
+    "FrequentTokensView",
+    "bounds",
+    "frequent_tokens",
+    "principal_plane",
+    "table_rows",
+]
