@@ -12,11 +12,18 @@ every datapoint's loss allocated to i:
 These are POLCA's first order with coordinate directions b = e_i, so the same
 vectorized JVPs compute them. The selection depends on the last checkpoint, so
 the result is recomputed whole when checkpoints are added (``per = "run"``).
+
+Each pair's allocation is committed to the journal (``analyses/lca.partial``,
+:class:`ckpt.plugins.Journal`) as soon as it is computed, keyed by the pair's steps,
+both checkpoints' digests and a digest of the selection; a rerun of the same request
+after a kill takes those pairs and computes only the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +36,7 @@ from ckpt.plugins import (
     AnalysisContext,
     AnalysisError,
     Analyzer,
+    Journal,
     Option,
     Worker,
     chunks,
@@ -122,6 +130,39 @@ def allocate(
     return {"first_order": (g["start"] * scale).numpy(), "lca": (simpson * scale).numpy(), "delta": delta.cpu().numpy()}
 
 
+def journaled_allocation(
+    worker: Worker,
+    step: int,
+    next_step: int,
+    *,
+    journal: Journal | None,
+    keys: Mapping[int, Any],
+    resumed: frozenset[int],
+    **options: Any,
+) -> dict[str, np.ndarray]:
+    """The pair's allocation from ``journal`` when it was ``resumed``, else computed and committed to it."""
+    import xarray as xr
+
+    if step in resumed:
+        assert journal is not None
+        loaded = journal.pieces([keys[step]])
+        if loaded is None:
+            msg = f"the pieces of {journal.partial} changed while this run read them (another run?); rerun the command"
+            raise AnalysisError(msg)
+        saved, found = loaded
+        piece = saved.isel(step=found[0])
+        return {name: piece[name].values for name in PIECE}
+    allocation = allocate(worker, step, next_step, **options)
+    if journal is not None:
+        variables = {name: (("step", *dims), allocation[name][None]) for name, dims in PIECE.items()}
+        journal.add(xr.Dataset(variables, coords={"step": [step]}), "step", keys[step])
+    return allocation
+
+
+PIECE = {"first_order": ("parameter", "datapoint"), "lca": ("parameter", "datapoint"), "delta": ("parameter",)}
+"""The variables of one pair's allocation, and their dims (without ``step``)."""
+
+
 class Lca(ComputeOptions, Analyzer):
     """Loss Change Allocation of the largest parameters, per datapoint and checkpoint pair."""
 
@@ -157,15 +198,19 @@ class Lca(ComputeOptions, Analyzer):
         owner = np.searchsorted(np.asarray(space.offsets), selected, side="right") - 1
         example, position = datapoint_index(store, self.split, self.objective)
         sizes = {"parameter": len(selected), "datapoint": len(example)}
+        steps = [int(s) for s in store.steps[:-1]]
+        keys = pair_keys(store, selected)
+        # a store recording no digests cannot tie a piece to its checkpoints: nothing is journaled
+        journal = ctx.journal if all(key is not None for key in keys.values()) else None
+        ctx.resumed = self._resumable(journal, keys, sizes)
         result = ctx.map_pairs(
-            allocate,
-            {
-                "first_order": (("parameter", "datapoint"), np.float64),
-                "lca": (("parameter", "datapoint"), np.float64),
-                "delta": (("parameter",), np.float64),
-            },
+            journaled_allocation,
+            {name: (dims, np.float64) for name, dims in PIECE.items()},
             sizes=sizes,
-            steps=[int(s) for s in store.steps[:-1]],
+            steps=steps,
+            journal=journal,
+            keys=keys,
+            resumed=frozenset(ctx.resumed),
             selected=selected,
             split=self.split,
             objective=self.objective,
@@ -184,6 +229,29 @@ class Lca(ComputeOptions, Analyzer):
         result["first_order"].attrs["description"] = "dloss/dtheta_i at theta_t times the step of theta_i"
         return result
 
+    def _resumable(self, journal: Journal | None, keys: Mapping[int, Any], sizes: Mapping[str, int]) -> list[int]:
+        """The pairs (first steps) an interrupted run of this request committed that this one can take.
+
+        A journal of another request, or holding none of these pairs, or whose pieces do not
+        have the layout this request writes, is discarded: nothing is taken from it.
+        """
+        if journal is None:
+            return []
+        steps = list(keys)
+        loaded = journal.pieces([keys[step] for step in steps])
+        if loaded is None:
+            journal.discard()
+            return []
+        saved, found = loaded
+        shapes = {name: tuple(sizes[d] for d in dims) for name, dims in PIECE.items()}
+        held = saved["step"].values.tolist() if "step" in saved.coords else []
+        if any(name not in saved or saved[name].shape[1:] != shape for name, shape in shapes.items()) or any(
+            held[position] != steps[index] for index, position in found.items()
+        ):
+            journal.discard()
+            return []
+        return sorted(steps[index] for index in found)
+
     def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
         """``trajectories``: cumulative LCA per parameter, median and quartiles over datapoints."""
         from ckpt.analyzers.figures.basis import projected_figures
@@ -198,6 +266,22 @@ class Lca(ComputeOptions, Analyzer):
         for i in [*order[:3], *order[-3:]]:
             rows.append(f"  {result['tensor'].values[i]:<28} {int(result['index'].values[i]):>7}  {total[i]:>12.5g}")
         return "\n".join(rows)
+
+
+def pair_keys(store: Any, selected: np.ndarray) -> dict[int, Any]:
+    """Journal key of each pair (by first step): what its allocation is computed from besides the request.
+
+    The pair's steps, both checkpoints' digests and a digest of the selected parameters (which
+    the last checkpoint decides); None when the store records no digests (nothing is resumed).
+    """
+    selection = hashlib.sha256(np.ascontiguousarray(selected, dtype=np.int64).tobytes()).hexdigest()
+    checkpoints = [int(s) for s in store.steps]
+    digests = {step: store.checkpoint_digest(step) for step in checkpoints}
+    keys: dict[int, Any] = {}
+    for step, after in itertools.pairwise(checkpoints):
+        known = digests[step] is not None and digests[after] is not None
+        keys[step] = [step, after, digests[step], digests[after], selection] if known else None
+    return keys
 
 
 @hookimpl

@@ -1,19 +1,34 @@
 """Pieces of a per-run result committed as they are found, so that a killed run resumes (:class:`Journal`).
 
 The engine commits a per-checkpoint result block by block; a per-run result (a basis grown
-checkpoint by checkpoint) is one value, written when the whole run is done, so a run killed
-after hours kept nothing. Its analyzer can commit each piece, as soon as it is found, to
-``analyses/<name>.partial``: an ordinary committed result (crash-safe, checksummed like any
-other) whose provenance says it is partial, which request it belongs to and which pieces
-it holds, in order. A rerun of the same request takes the pieces whose keys are a prefix of
-what it would compute, and computes only the rest; the engine removes the journal once the
-whole result is committed. A journal of another request (other options, data, model or
-checkpoints) is never read: it is discarded and everything is computed anew.
+checkpoint by checkpoint, an allocation per checkpoint pair) is one value, written when the
+whole run is done, so a run killed after hours kept nothing. Its analyzer can commit each
+piece, as soon as it is found, to ``analyses/<name>.partial``: an ordinary committed result
+(crash-safe, checksummed like any other) whose provenance says it is partial, which request
+it belongs to and the keys of the pieces it holds, in the order they were committed.
+
+Two kinds of pieces:
+
+- *a chain* (:meth:`Journal.append`, :meth:`Journal.load`): each piece depends on those before
+  it (a basis deflated against earlier vectors); a rerun takes the pieces whose keys are a
+  prefix of what it would compute, and computes only the rest.
+- *independent pieces* (:meth:`Journal.add`, :meth:`Journal.pieces`): each piece depends only
+  on what its key names (one checkpoint pair), so tasks run in parallel and commit in whatever
+  order they finish; a rerun takes every committed piece whose key it would compute, in any
+  order, and computes the others. Commits are serialised by a lock on the journal's directory
+  (local stores; a remote store has no lock, so there one process should commit at a time).
+
+The engine removes the journal once the whole result is committed. A journal of another
+request (other options, data, model) is never read: it is discarded and everything is
+computed anew; what a piece was computed from besides the request (its checkpoints' digests)
+belongs in its key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +38,9 @@ from ckpt.store.format import PARTIAL_SUFFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+
+_COMMITTING = threading.Lock()
+"""Serialises one process's commits of independent pieces (threads; and stores with no directory lock)."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +121,6 @@ class Journal:
 
         The journal must hold exactly the pieces of ``keys[:-1]`` (the first piece starts a new one).
         """
-        from ckpt.store.results import write_analysis
-
         keys = _json(list(keys))
         if len(keys) > 1:
             opened = self._held(self._open())
@@ -115,16 +131,72 @@ class Journal:
                     f"{self.analyzer!r} wrote it meanwhile; rerun the command"
                 )
                 raise CkptError(msg)
+        self._write(piece, dim if len(keys) > 1 else None, keys)
+
+    def _write(self, piece: xr.Dataset, append_dim: str | None, keys: list[Any]) -> None:
+        """Commit ``piece`` (appended along ``append_dim``, or starting the journal) as holding ``keys``."""
+        from ckpt.store.results import write_analysis
+
         record = {"of": self.name, "identity": self.identity, "keys": keys}
         attrs = {"ckpt": {"analyzer": self.analyzer, "partial": record, "created": utc_timestamp()}}
         write_analysis(
-            self.where,
-            self.partial,
-            piece,
-            append_dim=dim if len(keys) > 1 else None,
-            attrs=attrs,
-            storage_options=self.storage_options,
+            self.where, self.partial, piece, append_dim=append_dim, attrs=attrs, storage_options=self.storage_options
         )
+
+    def pieces(self, keys: Sequence[Any]) -> tuple[xr.Dataset, dict[int, int]] | None:
+        """The committed independent pieces of an interrupted run of this request that are among ``keys``.
+
+        Parameters
+        ----------
+        keys
+            JSON values naming the pieces this run would compute.
+
+        Returns
+        -------
+        (xarray.Dataset, dict) or None
+            The journal (lazy) and ``{index in keys: index of that piece in the journal}``
+            for each piece it holds whose key is in ``keys``, in any order; None when it holds
+            none of them, or belongs to another request, or cannot be read.
+        """
+        held = self._held(self._open())
+        if held is None:
+            return None
+        position = {_canonical(key): index for index, key in enumerate(held[1])}
+        found = {i: position[_canonical(key)] for i, key in enumerate(_json(list(keys))) if _canonical(key) in position}
+        return (held[0], found) if found else None
+
+    def add(self, piece: xr.Dataset, dim: str, key: Any) -> None:
+        """Commit ``piece``, named ``key``, next to the independent pieces the journal holds (along ``dim``).
+
+        Pieces of one request may be added in any order and from parallel tasks: each commit
+        holds the journal's lock and appends to what is committed then. A journal of another
+        request is replaced; a piece whose key is already held is not committed twice.
+        """
+        key = _json(key)
+        with self._committing():
+            opened = self._held(self._open())
+            held = opened[1] if opened is not None else []
+            if _canonical(key) in {_canonical(k) for k in held}:
+                return
+            self._write(piece, dim if held else None, [*held, key])
+
+    @contextlib.contextmanager
+    def _committing(self) -> Iterator[None]:
+        """Hold the journal's lock: this process's, and on a local store the ``flock`` of ``analyses/``."""
+        from ckpt.store import _zarr
+        from ckpt.store.format import ANALYSES
+
+        with _COMMITTING:
+            local = _zarr.local_path(self.where)
+            if local is None:
+                yield
+                return
+            # analyses/ itself: a result's own directory is made anew when the result is replaced, and
+            # a lock on the old one would no longer exclude anybody (so would the root's, the commit lock)
+            directory = local / ANALYSES
+            directory.mkdir(parents=True, exist_ok=True)
+            with _zarr.DirectoryLock(directory):
+                yield
 
     def discard(self) -> None:
         """Remove the journal of result ``name`` (of any request), if there is one."""
@@ -146,6 +218,13 @@ def _json(value: Any) -> Any:
     import json
 
     return json.loads(json.dumps(value))
+
+
+def _canonical(key: Any) -> str:
+    """A hashable spelling of a JSON key."""
+    import json
+
+    return json.dumps(key, sort_keys=True)
 
 
 __all__ = ["PARTIAL_SUFFIX", "Journal"]

@@ -7,10 +7,6 @@ same request takes them instead of computing them again.
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,36 +15,17 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.plugins._engine import run
 from ckpt.plugins.testing import write_example_run
+from tests import resume
 from tests.helpers import run_ckpt
-
-ROOT = Path(__file__).resolve().parents[1]
 
 STEPS = 30
 OPTIONS = ("--every", "1", "-k", "1", "--dtype", "float64", "--tol", "1e-10")
 JOURNAL = "hessian-basis.partial"
 
 
-def journal_steps(path: Path) -> list[int]:
-    """Steps of the pieces the journal holds now ([] when there is none)."""
-    store = ckptstore.open(path)
-    if JOURNAL not in store.analyses:
-        return []
-    return [key[0] for key in store.analysis(JOURNAL).attrs["ckpt"]["partial"]["keys"]]
-
-
-def killed_mid_run(path: Path, pieces: int = 3) -> list[int]:
-    """Run ``ckpt analyze hessian-basis`` and SIGKILL it once the journal holds ``pieces`` pieces."""
-    command = [sys.executable, "-m", "ckpt.cli", "analyze", "hessian-basis", str(path), "--scheduler", "sync"]
-    process = subprocess.Popen([*command, *OPTIONS], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None and len(journal_steps(path)) < pieces:
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    _, stderr = process.communicate()
-    saved = journal_steps(path)
-    assert pieces <= len(saved) < STEPS, f"the kill should land mid-run ({len(saved)} of {STEPS}): {stderr[-500:]!r}"
-    assert "hessian-basis" not in ckptstore.open(path).analyses, "the whole basis was never committed"
-    return saved
+def killed_mid_run(path: Path) -> list[int]:
+    """Steps of the pieces a ``ckpt analyze hessian-basis`` killed mid-run committed."""
+    return resume.killed_mid_run(path, "hessian-basis", OPTIONS, STEPS)
 
 
 @pytest.fixture
@@ -70,10 +47,7 @@ def test_a_killed_run_resumes_at_the_next_basis_checkpoint(store: Path) -> None:
 
 
 def test_the_cli_says_what_it_resumed(store: Path) -> None:
-    saved = killed_mid_run(store)
-    done = run_ckpt("analyze", "hessian-basis", str(store), "--scheduler", "sync", *OPTIONS)
-    assert done.returncode == 0, done.stderr
-    assert f"resumed {len(saved)} step(s) of an interrupted run" in done.stdout
+    resume.assert_cli_reports_resumed(store, "hessian-basis", OPTIONS, killed_mid_run(store))
 
 
 def test_pieces_of_another_request_are_never_taken(store: Path) -> None:
