@@ -88,6 +88,7 @@ from scipy import stats
 import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.analyzers.grad_norms import chance_cooccurrence, near
+from ckpt.sandboxes.base import learning_rate
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
 
 PRESET = "paper"
@@ -164,7 +165,8 @@ def stacked_metrics(
             for i, row in enumerate(rows):
                 row[f"{part}_loss"] = float(task.per_datapoint_loss(logits[i], targets[part][i], None).mean())
                 row[f"{part}_accuracy"] = float((logits[i].argmax(-1) == targets[part][i]).float().mean())
-    return rows
+    lr = learning_rate(stacked.optimizer)  # one Adam over every seed: the same rate for all
+    return [row | {"lr": lr} for row in rows]
 
 
 def write_all(writers: list[ckptstore.Writer], stacked: Any, step: int, metrics: list[dict[str, float]]) -> None:
