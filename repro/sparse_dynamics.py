@@ -10,7 +10,7 @@ preset: 2,048 train / 2,048 test sequences, lr 3e-3, batch 32, 1,000 epochs):
 
 The script trains ``--num-seeds`` seeds (0 .. N-1) into one checkpoint store
 each under ``--out``, a checkpoint (with the training metrics ``train_loss``,
-``train_accuracy``, ``test_loss``, ``test_accuracy``) every epoch. By default
+``train_accuracy``, ``test_loss``, ``test_accuracy``, and ``lr``) every epoch. By default
 all seeds train at once (``repro/vectorized.py``: the sandbox's model under
 ``torch.func.vmap`` over the stacked parameters, one Adam over them, which is
 each seed's own Adam); at every epoch each seed's parameters are unstacked and
@@ -54,6 +54,10 @@ Then the project's analyzers run over all stores (``ckpt.plugins.analyze_runs``)
   checkpoints, the difference (successful - failed) with a 95% percentile
   bootstrap interval (runs resampled within each group, 10,000 resamples,
   ``numpy.random.default_rng(0)``) and the two-sided Mann-Whitney U p-value.
+
+``repro/spike_causes.py`` runs on the same stores (``--out``): the paper's causes of
+loss spikes (§4.3) at the spike onsets, and the attention start-to-end correlation
+(Fig. 8) across seeds.
 
 Nothing is tuned to the outcome: seeds, thresholds and the ε grid are fixed up
 front. Run by hand (not in CI). On the shared 2-core CPU, one process, 24 seeds
