@@ -87,7 +87,8 @@ def test_curvature_equals_the_explicit_hessian_of_each_block(store: Path) -> Non
         np.testing.assert_allclose(float(row["model_eigenvalue"]), whole, rtol=1e-7)
         # Cauchy interlacing: a principal block's top eigenvalue never exceeds the whole Hessian's
         assert (row["eigenvalue"].values <= float(row["model_eigenvalue"]) * (1 + 1e-9)).all()
-    assert np.isnan(result["learning_rate"].values).all(), "no --lr and no lr metric: η unknown, NaN"
+    # no --lr: η is the `lr` metric `ckpt train` logged at every checkpoint
+    np.testing.assert_array_equal(result["learning_rate"].values, ckptstore.open(store).metrics["lr"].values)
 
 
 def test_curvature_modules_option_and_a_one_parameter_block(store: Path) -> None:
@@ -199,6 +200,12 @@ def test_a_fresh_ckpt_train_run_gives_normalization_its_learning_rate(store: Pat
     for module, norms in norms_by_hand(store, 16).items():
         share = float(result["below_lr"].sel(step=16, module=module))
         np.testing.assert_allclose(share, np.mean(norms < 3e-3), atol=1 / norms.size)
+
+
+def test_curvature_without_a_learning_rate_metric_leaves_eta_unknown(store: Path, tmp_path: Path) -> None:
+    unlogged = without_lr_metric(store, tmp_path / "unlogged.zarr")
+    result = run("curvature", unlogged, samples=16, modules="attn").dataset.load()
+    assert np.isnan(result["learning_rate"].values).all(), "no --lr and no lr metric: η unknown, NaN"
 
 
 def test_normalization_bad_input_is_one_error_line_and_leaves_the_store(store: Path, tmp_path: Path) -> None:
