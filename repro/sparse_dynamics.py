@@ -57,7 +57,7 @@ Then the project's analyzers run over all stores (``ckpt.plugins.analyze_runs``)
 
 ``repro/spike_causes.py`` runs on the same stores (``--out``): the paper's causes of
 loss spikes (§4.3) at the spike onsets, and the attention start-to-end correlation
-(Fig. 8) across seeds.
+(Fig. 8) across seeds; ``--spike-causes`` runs it after this script's report.
 
 Nothing is tuned to the outcome: seeds, thresholds and the ε grid are fixed up
 front. Run by hand (not in CI). On the shared 2-core CPU, one process, 24 seeds
@@ -403,6 +403,7 @@ def main() -> None:
     parser.add_argument("--shifts", type=int, default=10_000, help="circular shifts for the chance level")
     parser.add_argument("--scheduler", default="sync", choices=["sync", "threads", "processes"])
     parser.add_argument("--workers", type=int, default=None, help="analyzer workers (threads/processes)")
+    parser.add_argument("--spike-causes", action="store_true", help="then run repro/spike_causes.py on the stores")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
@@ -441,6 +442,11 @@ def main() -> None:
         f"\n(training {trained - began:.0f} s, grad-norms + loss-spikes {spiked - trained:.0f} s, "
         f"sparsity {analyzed - spiked:.0f} s, total {analyzed - began:.0f} s)"
     )
+    if args.spike_causes:
+        from spike_causes import main as spike_causes
+
+        print("\n== spike causes and attention start vs end (repro/spike_causes.py)", flush=True)
+        spike_causes(["--num-seeds", str(args.num_seeds), "--epochs", str(args.epochs), "--out", args.out])
 
 
 if __name__ == "__main__":

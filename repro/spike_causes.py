@@ -131,16 +131,19 @@ def pair_checkpoints(flags: np.ndarray, onsets: np.ndarray, rng: np.random.Gener
 def thin_copy(source: str, dest: str, steps: Sequence[int], splits: dict[str, dict[str, Any]]) -> str:
     """A store holding ``source``'s checkpoints (and ``lr``, ``train_loss``) at ``steps`` and ``splits``.
 
-    Reused when it already holds exactly those steps (its stored analyses then are too).
+    Reused when it already holds exactly those checkpoints (same steps and digests as
+    ``source``'s), and with it the analyses stored in it.
     """
     steps = sorted({int(s) for s in steps})
+    store = ckptstore.open(source)
     if os.path.exists(dest):
         try:
-            if [int(s) for s in ckptstore.open(dest).steps] == steps:
+            thin = ckptstore.open(dest)
+            same = [int(s) for s in thin.steps] == steps
+            if same and all(thin.checkpoint_digest(s) == store.checkpoint_digest(s) for s in steps):
                 return dest
         except ckptstore.CkptError:
             pass
-    store = ckptstore.open(source)
     metrics = store.metrics.sel(step=steps)
     with ckptstore.create(
         dest,
