@@ -88,6 +88,12 @@ MEASURES: dict[str, tuple[str, int]] = {
     "log10 lambda_max lr/2": ("sharper (nearer 2/lr)", +1),
 }
 """Each measure: what the paper predicts before a spike, and the sign of pre-onset − control it predicts."""
+CONDITIONS = {
+    "min|x| < lr at norm": "share |x|<lr (norm)",
+    "min|x| < lr at mlp.norm": "share |x|<lr (mlp.norm)",
+    "lambda_max > 2/lr": "log10 lambda_max lr/2",
+}
+"""The paper's conditions for a spike, each met where its measure is above 0."""
 
 
 # -- onsets and controls ---------------------------------------------------------------------------------
@@ -302,9 +308,15 @@ def spike_causes(
     stats = {}
     for name, (_, sign) in MEASURES.items():
         if len(groups):
-            diffs = np.array(values[name]["pre"]) - np.array(values[name]["control"])
-            stats[name] = paired_statistics(diffs, groups, sign)
-    return {"onsets": onset_counts, "pairs": rows, "values": values, "statistics": stats}
+            pre, control = np.array(values[name]["pre"]), np.array(values[name]["control"])
+            stats[name] = paired_statistics(pre - control, groups, sign)
+            stats[name] |= {"pre_mean": float(pre.mean()), "control_mean": float(control.mean())}
+    conditions = {  # the paper's conditions themselves: how many checkpoints meet them
+        f"{kind} meets {name}": int(np.sum(np.array(values[measure][kind]) > 0))
+        for name, measure in CONDITIONS.items()
+        for kind in ("pre", "control")
+    }
+    return {"onsets": onset_counts, "pairs": rows, "values": values, "statistics": stats, "conditions": conditions}
 
 
 def attention_start_end(paths: Sequence[str], out: str, probes: int) -> dict[str, Any]:
@@ -338,6 +350,15 @@ def print_report(causes: dict[str, Any], attention: dict[str, Any]) -> None:
         print(
             f"{name:<30} {MEASURES[name][0]:<24} {stat['pairs']:>5} {stat['mean_diff']:>+9.3f}"
             f" [{low:>+8.3f}, {high:>+8.3f}] [{nlow:>+8.3f}, {nhigh:>+8.3f}] {stat['p']:>7.2g}  {stat['verdict']}"
+        )
+    pairs = len(causes["pairs"]["seed"])
+    print(f"{'':<30} {'mean at pre-onset':>17} {'mean at control':>15}")
+    for name, stat in causes["statistics"].items():
+        print(f"{name:<30} {stat['pre_mean']:>17.4g} {stat['control_mean']:>15.4g}")
+    for name in CONDITIONS:
+        met = causes["conditions"]
+        print(
+            f"   {name}: {met['pre meets ' + name]}/{pairs} pre-onset, {met['control meets ' + name]}/{pairs} control"
         )
     print(f"\n== attention start vs end over {attention['seeds']} seeds (shared probes)")
     low, high = attention["own_ci95"]
