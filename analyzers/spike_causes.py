@@ -4,9 +4,10 @@
 (Clustering Head §4.3: a step is safe only while η < ‖x‖), and ``curvature`` draws the
 2/η stability line of gradient descent. Both read η the same way: ``--lr`` when given,
 else a learning-rate metric the training loop stored (``lr`` or ``learning_rate``, on
-the checkpoint steps). ``ckpt train`` records the configured rate in the store's attrs
-but logs no learning-rate metric, so its runs need ``--lr``; the error message quotes
-the recorded value, without using it: under a schedule it is not the rate in force.
+the checkpoint steps). ``ckpt train`` logs ``lr`` at every checkpoint (the rate the
+next step uses, after the schedule); a store without such a metric needs ``--lr``, and
+the error message quotes the rate its training config records, without using it:
+under a schedule it is not the rate in force.
 """
 
 from __future__ import annotations

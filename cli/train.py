@@ -102,9 +102,9 @@ class TrainGroup(click.Group):
 def train_command() -> None:
     """Train a sandbox task and record the run: ckpt train TASK STORE [OPTIONS].
 
-    Writes checkpoints, training metrics (train/test loss and accuracy), the
-    evaluation data with its labels, and the model spec, through the public
-    ckpt.store writer.
+    Writes checkpoints, training metrics (train/test loss and accuracy, and lr:
+    the learning rate in force), the evaluation data with its labels, and the
+    model spec, through the public ckpt.store writer.
     """
 
 

@@ -10,7 +10,7 @@ preset: 2,048 train / 2,048 test sequences, lr 3e-3, batch 32, 1,000 epochs):
 
 The script trains ``--num-seeds`` seeds (0 .. N-1) into one checkpoint store
 each under ``--out``, a checkpoint (with the training metrics ``train_loss``,
-``train_accuracy``, ``test_loss``, ``test_accuracy``) every epoch. By default
+``train_accuracy``, ``test_loss``, ``test_accuracy``, and ``lr``) every epoch. By default
 all seeds train at once (``repro/vectorized.py``: the sandbox's model under
 ``torch.func.vmap`` over the stacked parameters, one Adam over them, which is
 each seed's own Adam); at every epoch each seed's parameters are unstacked and
@@ -55,6 +55,10 @@ Then the project's analyzers run over all stores (``ckpt.plugins.analyze_runs``)
   bootstrap interval (runs resampled within each group, 10,000 resamples,
   ``numpy.random.default_rng(0)``) and the two-sided Mann-Whitney U p-value.
 
+``repro/spike_causes.py`` runs on the same stores (``--out``): the paper's causes of
+loss spikes (§4.3) at the spike onsets, and the attention start-to-end correlation
+(Fig. 8) across seeds; ``--spike-causes`` runs it after this script's report.
+
 Nothing is tuned to the outcome: seeds, thresholds and the ε grid are fixed up
 front. Run by hand (not in CI). On the shared 2-core CPU, one process, 24 seeds
 x 1,000 epochs took 67 minutes: 15 to train (vectorized, writing 24,024
@@ -88,6 +92,7 @@ from scipy import stats
 import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.analyzers.grad_norms import chance_cooccurrence, near
+from ckpt.sandboxes.base import learning_rate
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
 
 PRESET = "paper"
@@ -164,7 +169,8 @@ def stacked_metrics(
             for i, row in enumerate(rows):
                 row[f"{part}_loss"] = float(task.per_datapoint_loss(logits[i], targets[part][i], None).mean())
                 row[f"{part}_accuracy"] = float((logits[i].argmax(-1) == targets[part][i]).float().mean())
-    return rows
+    lr = learning_rate(stacked.optimizer)  # one Adam over every seed: the same rate for all
+    return [row | {"lr": lr} for row in rows]
 
 
 def write_all(writers: list[ckptstore.Writer], stacked: Any, step: int, metrics: list[dict[str, float]]) -> None:
@@ -397,6 +403,7 @@ def main() -> None:
     parser.add_argument("--shifts", type=int, default=10_000, help="circular shifts for the chance level")
     parser.add_argument("--scheduler", default="sync", choices=["sync", "threads", "processes"])
     parser.add_argument("--workers", type=int, default=None, help="analyzer workers (threads/processes)")
+    parser.add_argument("--spike-causes", action="store_true", help="then run repro/spike_causes.py on the stores")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
@@ -435,6 +442,11 @@ def main() -> None:
         f"\n(training {trained - began:.0f} s, grad-norms + loss-spikes {spiked - trained:.0f} s, "
         f"sparsity {analyzed - spiked:.0f} s, total {analyzed - began:.0f} s)"
     )
+    if args.spike_causes:
+        from spike_causes import main as spike_causes
+
+        print("\n== spike causes and attention start vs end (repro/spike_causes.py)", flush=True)
+        spike_causes(["--num-seeds", str(args.num_seeds), "--epochs", str(args.epochs), "--out", args.out])
 
 
 if __name__ == "__main__":

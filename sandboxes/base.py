@@ -76,6 +76,17 @@ def _threads_for(model: torch.nn.Module, device: torch.device) -> Iterator[None]
             torch.set_num_threads(previous)
 
 
+def learning_rate(optimizer: torch.optim.Optimizer) -> float:
+    """The learning rate the optimizer's next step uses: its first parameter group's.
+
+    Recorded as the ``lr`` metric at every checkpoint, after the scheduler has
+    stepped, so it is the rate in force from that checkpoint on (what
+    ``normalization`` and ``curvature`` compare with). Tasks whose groups differ
+    record the first group's.
+    """
+    return float(optimizer.param_groups[0]["lr"])
+
+
 def _to(data: Dataset, device: torch.device) -> Dataset:
     moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(data).items() if k != "splits"}
     return Dataset(**moved, splits=data.splits)
@@ -223,7 +234,7 @@ def train(
         epoch = step // per_epoch
         if pending and pending[0] == step:
             model.eval()
-            writer.write(step, model, metrics=task.evaluate(model, data))
+            writer.write(step, model, metrics=task.evaluate(model, data) | {"lr": learning_rate(optimizer)})
             pending.pop(0)
         skip = step - epoch * per_epoch  # a resumed run continues inside its epoch
         while step < steps:
@@ -244,7 +255,7 @@ def train(
                 bar.update(1)
                 if pending and pending[0] == step:
                     model.eval()
-                    writer.write(step, model, metrics=task.evaluate(model, data))
+                    writer.write(step, model, metrics=task.evaluate(model, data) | {"lr": learning_rate(optimizer)})
                     pending.pop(0)
             epoch += 1
     return ckptstore.open(store)

@@ -47,6 +47,23 @@ class Blobs(Task):
         return torch.optim.SGD(model.parameters(), lr=config["lr"]), None
 
 
+class HalvingBlobs(Blobs):
+    """Blobs under a schedule: the rate halves every 4 steps."""
+
+    def make_optimizer(self, model, config):
+        optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+        return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # resume's catch-up
+def test_lr_metric_is_the_rate_in_force_at_each_checkpoint(tmp_path: Path) -> None:
+    # the rate the next step uses, after the schedule stepped: 0.1 from step 0, 0.05 from step 4, ...
+    store = train(HalvingBlobs(), tmp_path / "run.zarr", seed=1)
+    np.testing.assert_allclose(store.metrics["lr"].sel(step=[0, 4, 8, 12]).values, [0.1, 0.05, 0.025, 0.0125])
+    resumed = train(HalvingBlobs(), tmp_path / "run.zarr", steps=16, seed=1, resume=True)
+    assert float(resumed.metrics["lr"].sel(step=16)) == pytest.approx(0.00625)
+
+
 def test_checkpoint_schedule() -> None:
     assert checkpoint_steps(10, 4, False) == [0, 4, 8, 10]
     dense = checkpoint_steps(1000, 500, True)
@@ -57,7 +74,7 @@ def test_train_writes_checkpoints_metrics_and_data(tmp_path: Path) -> None:
     store = train(Blobs(), tmp_path / "run.zarr", seed=1)
     assert store.steps.tolist() == [0, 4, 8, 12]
     assert store.model == ckptstore.ModelSpec("tests.models:mlp", {"d_in": 3, "hidden": 8, "classes": 4})
-    assert set(store.metrics.data_vars) == {"train_loss", "train_accuracy", "test_loss", "test_accuracy"}
+    assert set(store.metrics.data_vars) == {"train_loss", "train_accuracy", "test_loss", "test_accuracy", "lr"}
     assert store.metrics["train_loss"].values[-1] < store.metrics["train_loss"].values[0]
     assert store.data("eval").attrs["labels"] == ["split"]
     assert store.attrs["task"] == "blobs" and store.attrs["seed"] == 1

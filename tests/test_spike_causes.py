@@ -85,7 +85,8 @@ def test_curvature_equals_the_explicit_hessian_of_each_block(store: Path) -> Non
         np.testing.assert_allclose(float(row["model_eigenvalue"]), whole, rtol=1e-7)
         # Cauchy interlacing: a principal block's top eigenvalue never exceeds the whole Hessian's
         assert (row["eigenvalue"].values <= float(row["model_eigenvalue"]) * (1 + 1e-9)).all()
-    assert np.isnan(result["learning_rate"].values).all(), "no --lr and no lr metric: η unknown, NaN"
+    # no --lr: η is the `lr` metric `ckpt train` logged at every checkpoint
+    np.testing.assert_array_equal(result["learning_rate"].values, ckptstore.open(store).metrics["lr"].values)
 
 
 def test_curvature_modules_option_and_a_one_parameter_block(store: Path) -> None:
@@ -169,11 +170,48 @@ def test_normalization_reads_a_stored_learning_rate_metric(store: Path, tmp_path
             np.testing.assert_allclose(share, np.mean(norms < lr), atol=1 / norms.size)
 
 
+def without_lr_metric(store: Path, path: Path) -> Path:
+    """``store`` rewritten without its ``lr`` metric, as a loop that logs no learning rate leaves it."""
+    source = ckptstore.open(store)
+    with ckptstore.create(
+        path,
+        model=source.model.factory,
+        config=source.model.config,
+        objective=source.objective,
+        attrs={"config": source.attrs["config"]},
+    ) as w:
+        for step in source.steps.tolist():
+            w.write(step, source.tensors(step), metrics={"train_loss": 1.0})
+        data = source.data("eval")
+        w.add_data("eval", inputs=data["inputs"].values, targets=data["targets"].values)
+    return path
+
+
+def test_a_fresh_ckpt_train_run_gives_normalization_its_learning_rate(store: Path) -> None:
+    # `ckpt train` logs the rate in force as the `lr` metric at every checkpoint: no --lr needed
+    metrics = ckptstore.open(store).metrics
+    np.testing.assert_array_equal(metrics["step"].values, [0, 8, 16])
+    np.testing.assert_array_equal(metrics["lr"].values, SparseModularAddition.presets["default"]["lr"])
+    result = run("normalization", store).dataset.load()
+    np.testing.assert_array_equal(result["learning_rate"].values, metrics["lr"].values)
+    assert result["learning_rate"].attrs["description"] == "from the store's learning-rate metric"
+    for module, norms in norms_by_hand(store, 16).items():
+        share = float(result["below_lr"].sel(step=16, module=module))
+        np.testing.assert_allclose(share, np.mean(norms < 3e-3), atol=1 / norms.size)
+
+
+def test_curvature_without_a_learning_rate_metric_leaves_eta_unknown(store: Path, tmp_path: Path) -> None:
+    unlogged = without_lr_metric(store, tmp_path / "unlogged.zarr")
+    result = run("curvature", unlogged, samples=16, modules="attn").dataset.load()
+    assert np.isnan(result["learning_rate"].values).all(), "no --lr and no lr metric: η unknown, NaN"
+
+
 def test_normalization_bad_input_is_one_error_line_and_leaves_the_store(store: Path, tmp_path: Path) -> None:
     mlp_store = write_example_run(tmp_path / "mlp.zarr", steps=2)  # nn.Sequential of Linear and Tanh: no norm
+    unlogged = without_lr_metric(store, tmp_path / "unlogged.zarr")
     for path, args, expected in (
         (
-            store,
+            unlogged,
             [],
             "stores no learning-rate metric (lr or learning_rate) (its training config records lr=0.003): pass --lr",
         ),

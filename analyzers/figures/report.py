@@ -78,8 +78,9 @@ def _metrics_figure(store: Any) -> bytes | None:
     if not names:
         return None
     losses = [n for n in names if "loss" in n]
-    others = [n for n in names if n not in losses]
-    groups = [g for g in (losses, others) if g]
+    rates = [n for n in names if n in ("lr", "learning_rate")]  # ~1e-3: flat at 0 beside accuracies
+    others = [n for n in names if n not in losses and n not in rates]
+    groups = [g for g in (losses, others, rates) if g]
     figure = new_figure(len(groups), columns=2, width=5.5)
     for axes, group in zip(figure.axes, groups, strict=True):
         for index, name in enumerate(group):
