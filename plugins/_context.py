@@ -129,12 +129,13 @@ class AnalysisContext:
             raise AnalysisError(f"{self.store.path} has no checkpoints yet")
         return int(self.store.steps[0])
 
-    def delayed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def delayed(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """A ``dask.delayed`` call of ``fn(worker, *args, **kwargs)`` on a worker.
 
         For analyzers whose tasks depend on each other (a basis grown
         checkpoint by checkpoint): pass earlier delayed results as arguments;
-        Dask computes them first and hands ``fn`` their values.
+        Dask computes them first and hands ``fn`` their values. ``fn`` is
+        positional-only, so ``fn`` may itself take a keyword named ``fn``.
         """
         import dask
 
@@ -187,6 +188,7 @@ class AnalysisContext:
         self,
         fn: Callable[..., dict[str, np.ndarray]],
         outputs: Mapping[str, Output],
+        /,
         *,
         sizes: Mapping[str, int] | None = None,
         coords: Mapping[str, Any] | None = None,
@@ -195,6 +197,11 @@ class AnalysisContext:
         **kwargs: Any,
     ) -> xr.Dataset:
         """Map ``fn(worker, step, **kwargs)`` over ``self.steps``; one Dask task per step.
+
+        ``fn`` and ``outputs`` are positional-only, so a task function may take keywords of
+        those names; ``sizes``, ``coords``, ``datapoint_blocks`` and ``steps`` are this
+        method's own and never reach ``fn`` (a task function requiring one is refused,
+        naming the analyzer).
 
         Parameters
         ----------
@@ -239,6 +246,7 @@ class AnalysisContext:
         self,
         fn: Callable[..., dict[str, np.ndarray]],
         outputs: Mapping[str, Output],
+        /,
         *,
         sizes: Mapping[str, int] | None = None,
         coords: Mapping[str, Any] | None = None,
@@ -249,7 +257,8 @@ class AnalysisContext:
 
         The result's ``step`` coordinate is the first step of each pair:
         ``self.steps``, or ``steps`` when given (a ``per="run"`` analyzer passes
-        every checkpoint but the last).
+        every checkpoint but the last). ``fn`` and ``outputs`` are positional-only;
+        ``sizes``, ``coords`` and ``steps`` are this method's own and never reach ``fn``.
         """
         sizes = dict(sizes or {})
         self._check_keywords(fn, kwargs, "map_pairs", ("sizes", "coords", "steps"))

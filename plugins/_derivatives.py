@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ckpt.errors import AnalysisError
+from ckpt.plugins._runtime import cast_floating
 
 # torch's forward-mode AD levels are process-global, not per thread: two threads running
 # jvp at once fail ("Trying to access a forward AD level with an invalid index", seen
@@ -102,9 +103,28 @@ def parameter_space(store: Any, model: Any = None) -> ParamSpace:
     Parameters
     ----------
     store
-        A :class:`ckpt.store.Store`.
+        A :class:`ckpt.store.Store` (``ctx.store``, ``worker.store``).
     model
-        The built model, when the caller has it (otherwise built from the spec).
+        The built model, when the caller has it: in a task, ``worker.model`` (cached per thread).
+        None: the model is built from the store's spec, which runs its factory (it must be
+        trusted) and allocates a full set of weights; cheap for small models, but in a task
+        pass ``worker.model`` and cache the result with ``worker.cached``.
+
+    Returns
+    -------
+    ParamSpace
+        The trainable tensors' names (in store order) and shapes.
+
+    Raises
+    ------
+    AnalysisError
+        When the store has no floating-point parameter.
+
+    Examples
+    --------
+    >>> space = worker.cached(("space",), lambda: parameter_space(worker.store, worker.model))  # doctest: +SKIP
+    >>> space.names, space.size  # doctest: +SKIP
+    (('0.weight', '0.bias', '2.weight', '2.bias'), 68)
     """
     floating = [name for name, info in store.schema.items() if "float" in info.dtype]
     if model is None and store.model is not None:
@@ -119,7 +139,18 @@ def parameter_space(store: Any, model: Any = None) -> ParamSpace:
 
 
 def torch_dtype(name: str) -> Any:
-    """The torch dtype of a ``--dtype`` value."""
+    """The torch dtype of a ``--dtype`` value: ``torch_dtype("float64") is torch.float64``.
+
+    Parameters
+    ----------
+    name
+        One of :data:`DTYPES`.
+
+    Raises
+    ------
+    AnalysisError
+        When ``name`` is not one of :data:`DTYPES`.
+    """
     import torch
 
     if name not in DTYPES:
@@ -149,15 +180,28 @@ def loss_function(
     worker
         The :class:`ckpt.plugins.Worker` of the task.
     params
-        Every tensor of the checkpoint (torch, on the worker's device).
+        Every tensor of the checkpoint: ``worker.params(step)``.
     space
-        Which of them are the function's arguments.
+        Which of them are the function's arguments (:func:`parameter_space`).
     split, examples
         The data: a split and a slice or index array of its examples.
     objective
         Per-datapoint loss (default: the store's).
     dtype
-        ``"float32"`` or ``"float64"``: the precision of the whole computation.
+        ``"float32"`` or ``"float64"``: the precision of the whole computation (the
+        model of ``worker.model_for``, the floating-point inputs and the held buffers).
+
+    Returns
+    -------
+    BlockLoss
+        ``f(trainable) -> [X]``, the losses of the block's X datapoints; ``trainable`` is a
+        dict ``{name: tensor}`` of the tensors of ``space`` (:func:`trainable`), not a flat
+        vector (``space.unflatten`` turns one into it).
+
+    Examples
+    --------
+    >>> f = loss_function(worker, params, space, split="eval", examples=slice(0, 64))  # doctest: +SKIP
+    >>> losses = f(trainable(params, space))  # [X] torch  # doctest: +SKIP
     """
     import torch
 
@@ -170,7 +214,7 @@ def loss_function(
     mask = data["mask"][rows] if "mask" in data else None
     if inputs.is_floating_point():
         inputs = inputs.to(precision)
-    fixed = {k: _cast(v, precision) for k, v in params.items() if k not in space.names}
+    fixed = {k: cast_floating(v, precision) for k, v in params.items() if k not in space.names}
     batch = {"fixed": fixed, "inputs": inputs, "targets": targets, "mask": mask}
     return BlockLoss(model, worker.objective(objective).losses, batch)
 
@@ -210,12 +254,24 @@ class BlockLoss:
         return self.losses(outputs, batch["targets"], batch["mask"])
 
 
-def _cast(tensor: Any, dtype: Any) -> Any:
-    return tensor.to(dtype) if tensor.is_floating_point() else tensor
-
-
 def trainable(params: Mapping[str, Any], space: ParamSpace, dtype: str = "float32") -> dict[str, Any]:
-    """The tensors of ``space`` from ``params``, in the computation precision."""
+    """The tensors of ``space`` from ``params``, in the computation precision: the point to differentiate at.
+
+    Parameters
+    ----------
+    params
+        Every tensor of the checkpoint: ``worker.params(step)``.
+    space
+        The trainable tensors (:func:`parameter_space`).
+    dtype
+        One of :data:`DTYPES`.
+
+    Returns
+    -------
+    dict
+        ``{name: tensor}`` for the names of ``space``, in its order; ``space.flatten`` of it is
+        the flat ``[D]`` vector.
+    """
     precision = torch_dtype(dtype)
     return {name: params[name].to(precision) for name in space.names}
 
@@ -389,6 +445,18 @@ def chunks(total: int, size: int) -> Iterator[slice]:
 
     Their lengths differ by at most one (1,250 in blocks of 256: five of 250),
     so that a program traced or compiled per shape serves every block.
+
+    Parameters
+    ----------
+    total
+        Items to cover (examples of a split, directions).
+    size
+        Most items per slice (at least 1).
+
+    Examples
+    --------
+    >>> [(s.start, s.stop) for s in chunks(10, 4)]
+    [(0, 4), (4, 7), (7, 10)]
     """
     size = max(1, int(size))
     count = -(-total // size)

@@ -186,6 +186,11 @@ def _widened(tensor: Any) -> Any:
     return tensor
 
 
+def cast_floating(tensor: Any, dtype: Any) -> Any:
+    """``tensor`` in ``dtype`` when it is floating-point (integer token ids and masks stay as they are)."""
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+
 def _without_weights(model: Any, stored: set[str], device: str, dtype: Any = None) -> Any:
     """``model`` with the parameters named in ``stored`` replaced by memoryless stand-ins of their shape.
 
@@ -420,11 +425,40 @@ class Worker:
         """The objective (per-datapoint loss) registered as ``name``, default the store's."""
         return objective_for(self._store, name)
 
-    def outputs(self, params: dict[str, Any], inputs: Any) -> Any:
-        """The model's outputs with ``params`` (functional: the module's own weights are unused)."""
+    def outputs(self, params: Mapping[str, Any], inputs: Any, *, dtype: Any = None) -> Any:
+        """The model's outputs with ``params`` (functional: the module's own weights are unused).
+
+        Parameters
+        ----------
+        params
+            Every tensor of the checkpoint, as :meth:`params` gives them (some may be replaced,
+            e.g. by copies that require gradients). The module's own stand-ins hold no values,
+            so a tensor left out would be computed with as zeros: that is an error.
+        inputs
+            A batch of the split's ``inputs`` (:meth:`data`).
+        dtype
+            A torch floating-point dtype to compute in (``torch.float64``): the floating-point
+            ``params`` and ``inputs`` are cast to it and the model of :meth:`model_for` runs.
+            None: as given, with :attr:`model`.
+
+        Raises
+        ------
+        AnalysisError
+            When ``params`` lacks a tensor of the checkpoints.
+        """
         from torch.func import functional_call
 
-        return functional_call(self.model, params, (inputs,))
+        missing = [name for name in self._store.schema if name not in params]
+        if missing:
+            msg = (
+                f"worker.outputs got no tensor {missing[0]!r} ({len(missing)} of the checkpoint's are missing): "
+                "pass every tensor of worker.params(step), replacing those you differentiate, never a subset"
+            )
+            raise AnalysisError(msg)
+        if dtype is None:
+            return functional_call(self.model, dict(params), (inputs,))
+        params = {name: cast_floating(value, dtype) for name, value in params.items()}
+        return functional_call(self.model_for(dtype), params, (cast_floating(inputs, dtype),))
 
     def losses(
         self,

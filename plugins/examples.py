@@ -58,9 +58,11 @@ def write_example_run(
     """Train :func:`mlp` for a few full-batch steps and write the run to a new store at ``path``.
 
     The store holds a checkpoint before every optimizer step (steps ``0 .. steps-1``),
-    the objective ``"cross-entropy"`` and an ``"eval"`` split of ``examples`` random
-    3-feature inputs with 4-class targets (also the training data) and a label ``"odd"``
-    (target parity). Everything is seeded: the same arguments write the same weights.
+    the objective ``"cross-entropy"`` (the loss it was trained on, one datapoint per
+    example) and an ``"eval"`` split of ``examples`` random 3-feature inputs (float32,
+    ``[examples, 3]``) with 4-class targets (int64, ``[examples]``), which is also the
+    training data, and a label ``"odd"`` (target parity). Everything is seeded: the same
+    arguments write the same weights.
 
     Parameters
     ----------

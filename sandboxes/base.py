@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -221,9 +222,16 @@ def train(
         start = 0
     data = _to(data, target)
     optimizer, scheduler = task.make_optimizer(model, config)
-    for _ in range(start):  # keep the learning-rate schedule where the run left it
-        if scheduler is not None:
-            scheduler.step()
+    if scheduler is not None and start:
+        # Fast-forward the schedule to where the run left it: `start` scheduler steps give
+        # the learning rate an uninterrupted run has at step `start` (tests/test_sandbox_base.py
+        # compares every step's rate). torch warns because no optimizer step came first, which
+        # matters in a training loop (it skips the schedule's first value) but not here, where
+        # the optimizer has yet to take its first step of this session.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)`", UserWarning)
+            for _ in range(start):
+                scheduler.step()
     pending = [s for s in schedule if s > start or (s == 0 and writer.last_step is None)]
     with (
         _threads_for(model, target),

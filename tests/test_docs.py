@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import ckpt.store as ckptstore
 
@@ -68,3 +69,101 @@ def test_analyzer_reference_documents_every_builtin_analyzer_and_option() -> Non
 def test_plugin_guide_shows_the_example_plugin_verbatim() -> None:
     code = (ROOT / "docs" / "examples" / "ckpt-example-plugin" / "ckpt_weight_norm" / "__init__.py").read_text()
     assert code.strip() in (ROOT / "docs" / "plugins.md").read_text(), "docs/plugins.md must show the tested example"
+
+
+def _plugin_guide() -> str:
+    return (ROOT / "docs" / "plugins.md").read_text()
+
+
+def test_plugin_guide_documents_every_public_name() -> None:
+    import ckpt.plugins
+    import ckpt.plugins.testing
+
+    doc = _plugin_guide()
+    for module in (ckpt.plugins, ckpt.plugins.testing):
+        missing = [name for name in module.__all__ if f"`{name}" not in doc]
+        assert not missing, f"docs/plugins.md does not mention {module.__name__}.{missing}"
+
+
+def test_plugin_guide_lists_the_engine_settings_of_the_code() -> None:
+    from ckpt.plugins import ENGINE_SETTINGS
+
+    listed = re.search(r"\(`ckpt\.plugins\.ENGINE_SETTINGS`: (.+?)\)", _plugin_guide(), flags=re.S)
+    assert listed is not None
+    assert re.findall(r"`(\w+)`", listed.group(1)) == list(ENGINE_SETTINGS)
+
+
+def test_plugin_guide_lists_the_reserved_task_keywords_of_the_code() -> None:
+    import inspect
+
+    from ckpt.plugins import AnalysisContext
+
+    own = []
+    for method in (AnalysisContext.map_checkpoints, AnalysisContext.map_pairs):
+        for parameter in inspect.signature(method).parameters.values():
+            if parameter.kind is parameter.KEYWORD_ONLY and parameter.name not in own:
+                own.append(parameter.name)
+            assert parameter.kind is not parameter.POSITIONAL_OR_KEYWORD, f"{method.__name__}: {parameter.name}"
+    listed = re.search(r"\(reserved: (.+?)\)", _plugin_guide(), flags=re.S)
+    assert listed is not None
+    assert sorted(re.findall(r"`(\w+)`", listed.group(1))) == sorted(own)
+
+
+def _guide_function(name: str) -> Any:
+    """The module-level function ``name`` that a code block of docs/plugins.md defines."""
+    import numpy as np
+
+    from ckpt.plugins import Worker
+
+    block = next(b for b in re.findall(r"```python\n(.+?)```", _plugin_guide(), flags=re.S) if f"def {name}(" in b)
+    namespace: dict[str, Any] = {"np": np, "Worker": Worker}
+    exec(compile(block, f"docs/plugins.md:{name}", "exec"), namespace)
+    return namespace[name]
+
+
+def _reference_gradients(store: Path, step: int) -> Any:
+    """Per-example gradients ``[N, D]`` (float64) of the example run's cross-entropy, by hand."""
+    import torch
+    import torch.nn.functional as F
+
+    from ckpt.plugins.testing import mlp
+
+    opened = ckptstore.open(store)
+    model = mlp().double()
+    model.load_state_dict({k: torch.from_numpy(v).double() for k, v in opened.tensors(step).items()})
+    data = opened.data("eval")
+    inputs, targets = torch.from_numpy(data["inputs"].values).double(), torch.from_numpy(data["targets"].values)
+    rows = []
+    for x, y in zip(inputs, targets, strict=True):
+        model.zero_grad()
+        F.cross_entropy(model(x[None]), y[None]).backward()
+        rows.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    return torch.stack(rows)
+
+
+def test_plugin_guide_task_functions_compute_what_they_say(tmp_path: Path) -> None:
+    import numpy as np
+
+    from ckpt.plugins import TaskSpec
+    from ckpt.plugins._runtime import worker_for
+    from ckpt.plugins.testing import write_example_run
+
+    store = write_example_run(tmp_path / "run.zarr", steps=2, examples=20)
+    worker = worker_for(TaskSpec(str(store)))
+    gradients = _reference_gradients(store, 1)
+    norm = float(gradients.mean(0).norm())
+    gradient_norm = _guide_function("gradient_norm")
+    for dtype, rtol in (("float32", 1e-5), ("float64", 1e-12)):
+        np.testing.assert_allclose(gradient_norm(worker, 1, split="eval", dtype=dtype)["grad_norm"], norm, rtol=rtol)
+    mean = gradients.mean(0)
+    expected = (gradients @ mean / (gradients.norm(dim=1) * mean.norm())).numpy()
+    alignment = _guide_function("gradient_alignment")(worker, 1, split="eval", examples_per_block=7)
+    np.testing.assert_allclose(alignment["cosine"], expected, rtol=1e-4, atol=1e-6)
+    import pytest
+
+    from ckpt.errors import AnalysisError
+
+    params = dict(worker.params(1))
+    params.pop("0.bias")
+    with pytest.raises(AnalysisError, match=r"no tensor '0.bias'.*never a subset"):  # stand-ins would read as zeros
+        worker.outputs(params, worker.data("eval")["inputs"])

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -398,6 +399,31 @@ def test_an_analyzers_own_declaration_mistakes_name_it_and_the_fix(mlp_store: Pa
         run("misdeclared", mlp_store, registry=registry, mistake=mistake)
     assert message in str(caught.value)
     assert "misdeclared" not in ckptstore.open(mlp_store).analyses
+
+
+def named_like_the_helpers(worker, *steps: int, fn: str, outputs: int) -> dict[str, np.ndarray]:
+    """A task whose keywords are named like map_checkpoints' positional arguments."""
+    return {"value": np.array(float(len(fn) + outputs))}
+
+
+class HelperNames(ckpt.plugins.Analyzer):
+    name = "helper-names"
+    description = "d"
+    per = "pair"
+
+    def compute(self, ctx: ckpt.plugins.AnalysisContext) -> Any:
+        pairs = ctx.map_pairs(named_like_the_helpers, {"value": ((), np.float64)}, fn="ab", outputs=1)
+        checkpoints = ctx.map_checkpoints(named_like_the_helpers, {"value": ((), np.float64)}, fn="abc", outputs=1)
+        return pairs + checkpoints
+
+
+def test_task_keywords_named_fn_or_outputs_reach_the_task(mlp_store: Path) -> None:
+    """``fn`` and ``outputs`` are positional-only: they were a raw TypeError naming no analyzer."""
+    hook = ckpt.plugins.hookimpl(lambda register: register(HelperNames))
+    registry = load_registry(extra=[types.SimpleNamespace(ckpt_register_analyzers=hook)])
+    run("helper-names", mlp_store, registry=registry)
+    result = ckptstore.open(mlp_store).analysis("helper-names")
+    assert result["value"].values.tolist() == [7.0] * result.sizes["step"]
 
 
 def test_the_context_names_the_previous_and_first_checkpoints(mlp_store: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import ClassVar
 
@@ -99,6 +100,29 @@ def test_existing_store_is_refused_unless_resumed_and_resume_is_exact(tmp_path: 
     assert resumed.steps.tolist() == [0, 4, 6, 8, 12]
     for name, value in whole.tensors(12).items():  # plain SGD has no state: resuming is exact
         np.testing.assert_allclose(resumed.tensors(12)[name], value, rtol=1e-6, atol=1e-7)
+
+
+class WarmBlobs(Blobs):
+    """Blobs with a linear warm-up schedule; records the learning rate of every optimizer step."""
+
+    rates: ClassVar[list[float]] = []
+
+    def make_optimizer(self, model, config):
+        optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+        optimizer.register_step_pre_hook(lambda opt, args, kwargs: self.rates.append(opt.param_groups[0]["lr"]))
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(step / 8, 1.0))
+
+
+def test_a_resumed_schedule_gives_every_step_the_uninterrupted_rate_without_warning(tmp_path: Path) -> None:
+    WarmBlobs.rates = []
+    train(WarmBlobs(), tmp_path / "whole.zarr", steps=12, every=4)
+    whole, WarmBlobs.rates = WarmBlobs.rates, []
+    train(WarmBlobs(), tmp_path / "part.zarr", steps=6, every=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "lr_scheduler.step() before optimizer.step()" was printed
+        train(WarmBlobs(), tmp_path / "part.zarr", steps=12, every=4, resume=True)
+    assert WarmBlobs.rates == whole and len(whole) == 12
+    assert whole[:2] == [0.0, 0.1 / 8]
 
 
 def test_small_cpu_model_trains_on_one_thread_and_restores_the_count(tmp_path: Path) -> None:
