@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import ckpt.store as ckptstore
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest
+
+pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
 
 
 def weights_only_store(tmp_path: Path, dtype: torch.dtype = torch.float32) -> tuple[Path, list[dict]]:

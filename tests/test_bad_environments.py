@@ -17,6 +17,8 @@ import pytest
 import ckpt.store as ckptstore
 from tests.helpers import run_ckpt, tree_digest
 
+pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
+
 
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:

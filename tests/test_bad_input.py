@@ -18,6 +18,8 @@ from ckpt.plugins.testing import write_example_run
 from ckpt.store.trust import TRUST_ENV
 from tests.helpers import run_ckpt
 
+pytestmark = pytest.mark.slow  # one ckpt process per bad input: every command, every mistake
+
 USAGE = 2  # click usage errors (bad option values, unknown names)
 ERROR = 1  # everything else
 

@@ -18,6 +18,8 @@ from ckpt.plugins.testing import write_example_run
 from tests import resume
 from tests.helpers import run_ckpt
 
+pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
+
 STEPS = 30
 OPTIONS = ("--every", "1", "-k", "1", "--dtype", "float64", "--tol", "1e-10")
 JOURNAL = "hessian-basis.partial"

@@ -12,6 +12,8 @@ import pytest
 import ckpt.store as ckptstore
 from tests.helpers import run_ckpt
 
+pytestmark = pytest.mark.slow  # repro, bench and demo scripts end to end at small sizes
+
 pytest.importorskip("transformers")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "scale.py"

@@ -32,7 +32,7 @@ from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
 from tests.helpers import assert_refused
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 SMALL = {"steps": 8, "every": 8, "seed": 0, "train_size": 32, "test_size": 32}
 """Checkpoints at steps 0 and 8; 64 eval sequences."""

@@ -27,6 +27,8 @@ from ckpt.plugins._engine import data_hash, run
 from ckpt.plugins.testing import write_example_run
 from ckpt.store.results import write_analysis
 
+pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
+
 STEPS = np.arange(30) * 10
 DROPS = (6, 14, 22)  # checkpoint index of each group's drop
 DEPTHS = (3.0, 1.5, 1.5)  # group 0 dominates the mean loss: its breakthrough is the visible one

@@ -33,7 +33,7 @@ from tests.helpers import state_dict
 
 BUILTINS = load_registry(entry_points=False)  # ckpt's own plugins, none installed by others
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 # -- the stores the analyzers run on ------------------------------------------------------------------

@@ -24,6 +24,8 @@ from ckpt.errors import StoreError, StoreExistsError, StoreLockedError
 from tests.crash_process import provenance, result, split, tensors, write_sources
 from tests.helpers import run_ckpt
 
+pytestmark = pytest.mark.slow  # crash trials: every file write of a store killed
+
 CHILD = Path(__file__).with_name("crash_process.py")
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,9 +7,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import ckpt.store as ckptstore
 from tests.helpers import run_ckpt, tree_digest
+
+pytestmark = pytest.mark.slow  # repro, bench and demo scripts end to end at small sizes
 
 
 def _row(out: str, method: str) -> list[str]:

@@ -24,7 +24,7 @@ N = 17
 NAME = "embedding-geometry"
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 def rotation(angle: float) -> np.ndarray:

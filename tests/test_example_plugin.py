@@ -19,6 +19,8 @@ import pytest
 import ckpt.store as ckptstore
 from tests.helpers import run_ckpt
 
+pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "ckpt-example-plugin"
 

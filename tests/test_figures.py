@@ -21,6 +21,8 @@ from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
 from tests.helpers import run_ckpt
 
+pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
+
 TINY = {"layers": 1, "d_model": 16, "heads": 2, "d_mlp": 32}
 BASIS = {"every": 30, "samples": 64}  # basis vectors found at steps 0 and 30
 CLUSTERING = {"label": "carry", "min_cluster_size": 40, "delta": 10.0, "tau": 20.0}

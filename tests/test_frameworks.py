@@ -16,6 +16,8 @@ import pytest
 import ckpt.store as ckptstore
 from tests.helpers import run_ckpt, tree_digest
 
+pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
+
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 

@@ -21,6 +21,8 @@ from ckpt.plugins.testing import write_example_run
 from tests.fuzz_store import COMMANDS, REPORT_EVERY, Mutant, Worker, judge, mutate, tree_hash
 from tests.helpers import run_ckpt
 
+pytestmark = pytest.mark.slow  # crash trials: every file write of a store killed
+
 EXAMPLES = int(os.environ.get("CKPT_FUZZ_EXAMPLES", "1000"))
 SEED = os.environ.get("CKPT_FUZZ_SEED", "0")
 

@@ -25,7 +25,7 @@ from ckpt.plugins._engine import run
 from ckpt.plugins.testing import write_example_run
 from tests.models import mlp
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

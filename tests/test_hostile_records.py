@@ -20,6 +20,8 @@ from ckpt.plugins.testing import write_example_run
 from ckpt.store.record import MAX_JSON_DEPTH, parse_record
 from tests.helpers import run_ckpt, tree_digest
 
+pytestmark = pytest.mark.slow  # one ckpt process per bad input: every command, every mistake
+
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:

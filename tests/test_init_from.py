@@ -23,7 +23,7 @@ from ckpt.store.importers import import_checkpoints
 from ckpt.store.lineage import Parent, parent_status
 from tests.helpers import run_ckpt, tree_digest
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 SMALL = {"train_size": 64, "test_size": 64}
 """Options of every run here: a few seconds each."""

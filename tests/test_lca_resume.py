@@ -20,6 +20,8 @@ from ckpt.plugins._engine import run
 from ckpt.plugins.testing import write_example_run
 from tests import resume
 
+pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
+
 STEPS = 30
 PAIRS = list(range(STEPS - 1))
 OPTIONS = {"dtype": "float64", "parameters": 8}

@@ -98,6 +98,7 @@ def lm_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("analyzer", "kind"), [("loss", "loss"), ("grad-norms", "grad")])
 def test_peak_memory_within_1_3x_of_a_plain_loop(lm_store: Path, analyzer: str, kind: str) -> None:
     plain = peak_mib([sys.executable, "-c", PLAIN.format(config=CONFIG), str(lm_store), kind])

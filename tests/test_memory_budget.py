@@ -46,6 +46,7 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("Error:")]
 
 
+@pytest.mark.slow
 def test_the_budget_is_honoured_under_an_address_space_limit(gpt2_store: Path) -> None:
     """256 MiB of budget fits a 650 MiB limit; the same run told it may use 100 GiB does not."""
     args = ("analyze", "hessian-basis", str(gpt2_store), "--samples", "16", "--scheduler", "sync", "--no-progress")
@@ -72,6 +73,7 @@ def test_the_budget_is_honoured_under_an_address_space_limit(gpt2_store: Path) -
     assert abs(overlap) > 1 - 1e-3
 
 
+@pytest.mark.slow
 def test_an_impossible_budget_is_one_error_line_naming_the_knob(gpt2_store: Path) -> None:
     before = tree_digest(gpt2_store)
     for budget, expected in (

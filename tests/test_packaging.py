@@ -61,6 +61,7 @@ def test_the_facade_works_from_outside_the_checkout(tmp_path: Path) -> None:
     assert heavy.strip() == "['zarr', 'xarray']"  # ckpt.open resolved: the store's reader, and no more
 
 
+@pytest.mark.slow
 def test_wheel_holds_one_tree(tmp_path: Path) -> None:
     pytest.importorskip("setuptools", reason="the test extra installs setuptools to build the wheel")
     source = tmp_path / "source"  # setuptools writes build/ next to pyproject.toml: not into the checkout

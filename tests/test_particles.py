@@ -18,7 +18,7 @@ from ckpt.sandboxes.modular_addition import all_pairs
 from ckpt.sandboxes.particles import Particles, ParticleSystem, alignment_potential, clustering_potential
 from tests.helpers import run_ckpt
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 def brute_clustering(sums: np.ndarray, classes: np.ndarray, temperature: float) -> list[float]:

@@ -265,8 +265,8 @@ def test_builtin_objectives_and_importers_register_through_hooks() -> None:
 def test_every_hook_is_documented(hook: str) -> None:
     doc = inspect.getdoc(getattr(hookspecs, hook)) or ""
     assert doc.splitlines()[0].endswith("."), f"{hook}: a one-line summary first"
-    assert ":param register:" in doc, f"{hook}: document the register callback"
-    assert "Example::" in doc, f"{hook}: give an example"
+    assert "Parameters\n----------\nregister\n" in doc, f"{hook}: document the register callback (numpydoc)"
+    assert "Examples\n--------\n>>> " in doc, f"{hook}: give an example (numpydoc)"
     assert f"`{hook}" in (ROOT / "docs" / "plugins.md").read_text(), f"{hook}: missing from docs/plugins.md"
 
 

@@ -41,6 +41,8 @@ from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest
 from tests.models import mlp
 
+pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
+
 EXAMPLES = 12
 
 

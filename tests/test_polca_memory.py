@@ -20,6 +20,8 @@ from ckpt.plugins import AnalysisError, peak_bytes
 from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
 from tests.test_memory_budget import error_lines, limited
 
+pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
+
 MiB = 2**20
 VECTORS = 8
 POLCA = ("--basis", "random-basis", "--second-order", "exact", "--scheduler", "sync")

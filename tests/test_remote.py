@@ -17,6 +17,8 @@ import pytest
 import ckpt.store as ckptstore
 from tests.helpers import run_ckpt
 
+pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
+
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 torch = pytest.importorskip("torch")

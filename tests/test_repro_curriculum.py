@@ -17,7 +17,7 @@ import ckpt.store as ckptstore
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 REPRO = Path(__file__).resolve().parents[1] / "repro"
 

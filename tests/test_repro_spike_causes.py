@@ -17,7 +17,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.analyzers.grad_norms import detect_spikes
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 REPRO = Path(__file__).resolve().parents[1] / "repro"
 ARGS = ["--num-seeds", "2", "--epochs", "25", "--threshold", "0.5", "--radius", "10"]

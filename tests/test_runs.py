@@ -14,6 +14,8 @@ from ckpt.plugins import clear_cache
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest
 
+pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
+
 
 def write_run(path: Path, seed: int, weight_decay: float, steps: int) -> Path:
     """A tiny AdamW run recording its settings as ``ckpt train`` does (attrs seed and config)."""

@@ -18,6 +18,8 @@ from ckpt.sandboxes.addition import ANSWER_POSITIONS, Addition, build_model, spl
 from ckpt.sandboxes.base import train
 from tests.helpers import run_ckpt
 
+pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
+
 TINY = {"layers": 1, "d_model": 16, "heads": 2, "d_mlp": 32}
 
 

@@ -14,6 +14,8 @@ from ckpt.sandboxes.base import train
 from ckpt.sandboxes.modular_addition import ModularAddition, ModularAdditionModel, build_model
 from tests.helpers import run_ckpt
 
+pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
+
 N = 17
 
 

@@ -15,7 +15,7 @@ from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition, build_model
 from tests.helpers import run_ckpt
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 def data_for(seed: int = 0, **options: object):

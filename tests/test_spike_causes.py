@@ -24,7 +24,7 @@ from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
 from tests.helpers import run_ckpt, tree_digest
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 SMALL = {"steps": 16, "every": 8, "seed": 0, "train_size": 128, "test_size": 64}
 """Checkpoints at steps 0, 8 and 16; 128 train and 192 eval sequences."""

@@ -19,6 +19,8 @@ from ckpt import errors
 from tests.helpers import make_tensors, run_ckpt, tree_digest
 from tests.writer_process import checkpoint
 
+pytestmark = pytest.mark.slow  # crash trials: every file write of a store killed
+
 WRITER = Path(__file__).with_name("writer_process.py")
 
 

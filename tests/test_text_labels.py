@@ -25,7 +25,7 @@ from ckpt.plugins._engine import run
 from ckpt.plugins.testing import AnalyzerTests, write_example_run
 from tests.helpers import run_ckpt, tree_digest
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 SAMPLE = Path(__file__).with_name("data") / "ud_english_ewt_sample.txt"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

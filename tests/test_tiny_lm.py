@@ -18,7 +18,7 @@ from ckpt.sandboxes.base import train
 from ckpt.sandboxes.tiny_lm import TEXT_PATH, TinyLM, build_model
 from tests.helpers import run_ckpt
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"layers": 1, "d_model": 16, "heads": 2, "d_mlp": 32, "vocab": 128, "context": 12, "eval_sequences": 8}

@@ -13,6 +13,8 @@ import ckpt.store as ckptstore
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest
 
+pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
+
 ROOT_DIR = Path(__file__).resolve().parents[1]
 V1_STORE = ROOT_DIR / "tests" / "data" / "v0.1.0-modular-addition.zarr"
 EXIT_UNVERIFIED = 3
