@@ -374,14 +374,16 @@ class DirectoryLock:
     """An advisory ``flock`` on a directory of a local store (no-op for remote stores).
 
     ``flock`` is released by the kernel when the holder dies, so a crashed
-    process never leaves a stale lock behind. Directories, not lock files,
-    carry the locks: a file inside the store would show up as a stray node to
-    zarr, and ``zarr.json`` is renamed over at every commit.
+    process never leaves a stale lock behind. The store's own folders carry
+    these locks (``zarr.json`` is renamed over at every commit, so it could not).
 
     Two locks exist (docs/store-format.md, "One writer at a time"): the
     *writer lock* on ``checkpoints/``, held by a checkpoint writer for its
     whole session, and the *commit lock* on the store's root, held for the
-    milliseconds of a read-merge-write of the root ``zarr.json``.
+    milliseconds of a read-merge-write of the root ``zarr.json``. Neither
+    folder is made anew while its store exists (a store replaced as a whole is
+    swapped in by ``rename``, under the old store's writer lock); what is, a
+    result's folder, is locked through a :class:`FileLock`.
     """
 
     def __init__(self, directory: Path | None) -> None:
@@ -414,6 +416,55 @@ class DirectoryLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class FileLock(DirectoryLock):
+    """An advisory ``flock`` on a lock file of a local store (no-op for remote stores).
+
+    For what is rewritten while it is locked: a result's folder is made anew when the result
+    is replaced, and a lock on the old folder would exclude nobody who opens the new one. A lock
+    file is never replaced while it is held: only its holder removes it, just before letting
+    go, and whoever locked a file that was removed meanwhile (its path now names another file,
+    or none) lets go of it and locks the one there now. Every holder therefore holds the file
+    its path names, and excludes everyone else locking that path. A killed holder leaves an
+    unlocked file behind (the kernel releases the ``flock``), which the next holder takes over.
+    """
+
+    def acquire(self, *, blocking: bool, busy_message: str = "") -> None:
+        """Take the lock; when not ``blocking``, raise StoreLockedError(busy_message) if it is held."""
+        if self._path is None:
+            return
+        import fcntl
+
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self._path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+                opened = os.fstat(fd)
+                try:
+                    named = os.stat(self._path, follow_symlinks=False)
+                except FileNotFoundError:
+                    named = None
+            except BlockingIOError:
+                os.close(fd)
+                raise StoreLockedError(busy_message) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if named is not None and (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino):
+                self._fd = fd
+                return
+            os.close(fd)  # its holder removed it between our open and our lock: take the one there now
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock (idempotent)."""
+        if self._fd is not None:
+            assert self._path is not None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path)  # while still held, so nobody takes a file that is going away
+            os.close(self._fd)
+            self._fd = None
 
 
 def is_analysis_node(path: str) -> bool:

@@ -43,6 +43,10 @@ PARTIAL_SUFFIX = ".partial"
 """``analyses/<name>.partial``: the pieces an unfinished run of result ``<name>`` committed (a killed
 ``hessian-basis``), which a rerun of the same request resumes from (docs/store-format.md)."""
 
+LOCKS = ".locks"
+"""``.locks/analyses/<name>``: the lock file of result ``<name>`` while a process writes it (local
+stores). Not a Zarr node, and not a node name any store can hold at its root (docs/store-format.md)."""
+
 RENAMED_FACTORIES: dict[str, str] = {
     f"sandboxes.{module}:build_model": f"ckpt.sandboxes.{module}:build_model"
     for module in ("addition", "modular_addition", "sparse_modular_addition", "tiny_lm")
@@ -155,6 +159,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "LABELS",
+    "LOCKS",
     "METRICS",
     "METRIC_DIGESTS",
     "NATIVE_DTYPES",

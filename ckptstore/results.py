@@ -24,7 +24,7 @@ from zarr.core.sync import sync
 from ckpt.errors import InvalidNameError, StoreError
 from ckpt.store import _zarr
 from ckpt.store.chunks import CHUNK_DIGESTS, digest_variable
-from ckpt.store.format import ANALYSES, STEP, check_name
+from ckpt.store.format import ANALYSES, LOCKS, STEP, check_name
 from ckpt.store.reader import check_format, open_zarr_store
 
 
@@ -67,51 +67,32 @@ def _trim_to_committed(zstore: Any, name: str, committed: dict[str, dict[str, An
 
 
 @contextlib.contextmanager
-def result_lock(path: str | os.PathLike[str], name: str) -> Iterator[None]:
-    """Hold the lock of result ``name``: one process computes and writes a result at a time.
+def result_lock(path: str | os.PathLike[str], name: str, *, blocking: bool = False) -> Iterator[None]:
+    """Hold the lock of result ``name``: one process writes a result at a time.
 
-    An advisory ``flock`` on the result's directory (kept across rewrites of the
-    result, see :func:`write_analysis`), taken without waiting: a second
-    ``ckpt analyze`` of the same result gets :class:`StoreLockedError` instead
-    of interleaving its blocks with the first one's. A crashed holder never
-    leaves a stale lock (the kernel releases it). Remote stores have no lock.
+    An advisory ``flock`` on the lock file ``.locks/analyses/<name>`` of a local store
+    (:class:`~ckpt.store._zarr.FileLock`), not on the result's folder, which is made anew when
+    the result is replaced. Without ``blocking`` (``ckpt analyze``, ``ckpt rm``), a second
+    process gets :class:`StoreLockedError` instead of interleaving its blocks with the first
+    one's; with it (a journal's pieces, committed by parallel tasks) it waits its turn. Results
+    of other names are not held up. A crashed holder never leaves a stale lock (the kernel
+    releases it). Remote stores have no lock: there the user must make sure one process writes
+    a result at a time.
     """
     problem = check_name(name, "analysis")
     if problem:
         raise InvalidNameError(problem)
     local = _zarr.local_path(path)
-    if local is None:
-        yield
-        return
-    directory = local / _prefix(name)
-    created = not directory.exists()
-    directory.mkdir(parents=True, exist_ok=True)
-    lock = _zarr.DirectoryLock(directory)
+    lock = _zarr.FileLock(None if local is None else local / LOCKS / ANALYSES / name)
     busy = (
         f"analysis {name!r} of {path} is being computed by another process; wait for it to finish "
         "(or stop it), then run again"
     )
-    lock.acquire(blocking=False, busy_message=busy)
+    lock.acquire(blocking=blocking, busy_message=busy)
     try:
         yield
     finally:
         lock.release()
-        if created and not (directory / _zarr.ROOT_KEY).exists():
-            with contextlib.suppress(OSError):  # nothing was written: leave no empty folder behind
-                directory.rmdir()
-
-
-def _clear(zstore: Any, prefix: str) -> None:
-    """Delete what is under ``prefix``; a local result's directory itself stays (it carries the result lock)."""
-    if isinstance(zstore, zarr.storage.LocalStore):
-
-        async def children() -> list[str]:
-            return [child async for child in zstore.list_dir(prefix)]
-
-        for child in sync(children()):
-            sync(zstore.delete(f"{prefix}/{child}"))
-    else:
-        sync(zstore.delete_dir(prefix))
 
 
 def write_analysis(
@@ -186,7 +167,7 @@ def _write(
         else:
             if exists:  # readers must stop seeing the old result before it is deleted
                 _zarr.commit(zstore, where, attributes=None, nodes={}, owns=owned)
-            _clear(zstore, prefix)
+            sync(zstore.delete_dir(prefix))
             dataset.to_zarr(
                 zstore, group=prefix, mode="w", consolidated=False, zarr_format=3, encoding=_checksummed(dataset)
             )

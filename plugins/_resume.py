@@ -15,8 +15,9 @@ Two kinds of pieces:
 - *independent pieces* (:meth:`Journal.add`, :meth:`Journal.pieces`): each piece depends only
   on what its key names (one checkpoint pair), so tasks run in parallel and commit in whatever
   order they finish; a rerun takes every committed piece whose key it would compute, in any
-  order, and computes the others. Commits are serialised by a lock on the journal's directory
-  (local stores; a remote store has no lock, so there one process should commit at a time).
+  order, and computes the others. Commits wait for the result lock of ``<name>.partial``
+  (:func:`ckpt.store.results.result_lock`; local stores: a remote store has no lock, so there
+  one process should commit at a time).
 
 The engine removes the journal once the whole result is committed. A journal of another
 request (other options, data, model) is never read: it is discarded and everything is
@@ -182,21 +183,11 @@ class Journal:
 
     @contextlib.contextmanager
     def _committing(self) -> Iterator[None]:
-        """Hold the journal's lock: this process's, and on a local store the ``flock`` of ``analyses/``."""
-        from ckpt.store import _zarr
-        from ckpt.store.format import ANALYSES
+        """Hold the journal's lock: this process's, and the result lock of ``<name>.partial`` (waiting for it)."""
+        from ckpt.store.results import result_lock
 
-        with _COMMITTING:
-            local = _zarr.local_path(self.where)
-            if local is None:
-                yield
-                return
-            # analyses/ itself: a result's own directory is made anew when the result is replaced, and
-            # a lock on the old one would no longer exclude anybody (so would the root's, the commit lock)
-            directory = local / ANALYSES
-            directory.mkdir(parents=True, exist_ok=True)
-            with _zarr.DirectoryLock(directory):
-                yield
+        with _COMMITTING, result_lock(self.where, self.partial, blocking=True):
+            yield
 
     def discard(self) -> None:
         """Remove the journal of result ``name`` (of any request), if there is one."""

@@ -48,7 +48,7 @@ def test_store_format_doc_names_every_constant() -> None:
     from ckpt.store import format as fmt
 
     doc = (ROOT / "docs" / "store-format.md").read_text()
-    for value in (fmt.FORMAT_NAME, *fmt.TOP_LEVEL_GROUPS, *fmt.DATA_VARIABLES, *fmt.ENCODED_DTYPES):
+    for value in (fmt.FORMAT_NAME, *fmt.TOP_LEVEL_GROUPS, fmt.LOCKS, *fmt.DATA_VARIABLES, *fmt.ENCODED_DTYPES):
         assert value in doc, value
     assert f'"format_version": {fmt.FORMAT_VERSION}' in doc
     assert fmt.DIGESTS in doc

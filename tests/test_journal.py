@@ -96,3 +96,34 @@ def test_parallel_processes_lose_no_piece(store: Path) -> None:
     assert sorted(found) == steps
     for index, position in found.items():
         assert saved["value"].values[position].tolist() == [float(index)] * 3
+
+
+def add_piece_when_started(where: str, step: int, started) -> None:
+    """Tell ``started``, then commit piece ``step`` (in a process of its own)."""
+    started.set()
+    add_piece(where, step)
+
+
+def test_a_piece_waits_for_whoever_holds_the_journals_result_lock(store: Path) -> None:
+    # `ckpt rm STORE result.partial` (or the engine discarding the journal) holds the lock of the
+    # result `result.partial`: a task committing a piece to it meanwhile waits, then commits; the
+    # lock of another result holds nobody up
+    import multiprocessing
+
+    from ckpt.store.results import result_lock
+
+    # spawn, as the engine's process workers: a forked child would share this process's hold of the lock
+    context = multiprocessing.get_context("spawn")
+    started = context.Event()
+    with result_lock(store, "other.partial"):
+        with result_lock(store, "result.partial"):
+            child = context.Process(target=add_piece_when_started, args=(str(store), 1, started))
+            child.start()
+            assert started.wait(60)
+            child.join(3)
+            waited = child.is_alive()
+        child.join(60)
+        assert waited, "the piece was committed while another process held the journal's lock"
+        assert child.exitcode == 0
+    loaded = journal(store).pieces([key(1)])
+    assert loaded is not None and loaded[1] == {0: 0}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
 import ckpt
 import ckpt.plugins
@@ -18,7 +19,8 @@ import ckpt.store as ckptstore
 from ckpt.errors import CorruptChunkError, MissingDataError, StoreLockedError
 from ckpt.plugins import PER_PAIR, AnalysisContext, AnalysisError, Analyzer, Option, PluginWarning, load_registry
 from ckpt.plugins._engine import run
-from ckpt.store.results import result_lock
+from ckpt.store.format import TOP_LEVEL_GROUPS
+from ckpt.store.results import result_lock, write_analysis
 from tests.helpers import run_ckpt, tree_digest
 
 # --------------------------------------------------------------------------- files gone
@@ -92,12 +94,101 @@ def test_a_second_process_computing_the_same_result_is_refused(mlp_store: Path) 
     assert run_ckpt("analyze", "loss", str(mlp_store), "--force", "--no-progress").returncode == 0  # released
 
 
-def test_the_lock_leaves_no_folder_behind_when_nothing_was_written(mlp_store: Path) -> None:
+def test_a_result_replaced_under_its_lock_stays_locked(mlp_store: Path) -> None:
+    # a --force run's first block replaces the stored result, and the result's folder is made anew:
+    # a lock on that folder would no longer exclude a second `ckpt analyze` of the same result
+    ckpt.analyze("loss", mlp_store)
+    stored = ckptstore.open(mlp_store).analysis("loss").load()
+    with result_lock(mlp_store, "loss"):
+        write_analysis(mlp_store, "loss", stored, attrs=stored.attrs)
+        second = run_ckpt("analyze", "loss", str(mlp_store), "--force", "--no-progress")
+        removed = run_ckpt("rm", str(mlp_store), "loss")
+    assert second.returncode == 1, second.stdout
+    assert second.stderr.strip() == (
+        f"Error: analysis 'loss' of {mlp_store} is being computed by another process; "
+        "wait for it to finish (or stop it), then run again"
+    )
+    assert removed.returncode == 1 and "being computed by another process" in removed.stderr
+    np.testing.assert_array_equal(ckptstore.open(mlp_store).analysis("loss")["loss"].values, stored["loss"].values)
+
+
+def test_the_lock_leaves_nothing_behind(mlp_store: Path) -> None:
     with result_lock(mlp_store, "never-written"):
-        assert (mlp_store / "analyses" / "never-written").is_dir()
+        assert not (mlp_store / "analyses" / "never-written").exists(), "the lock is not the result's folder"
         with pytest.raises(StoreLockedError), result_lock(mlp_store, "never-written"):
             pass
     assert not (mlp_store / "analyses" / "never-written").exists()
+    assert list((mlp_store / ".locks" / "analyses").iterdir()) == [], "the lock file goes with its holder"
+
+
+def hold(where: str, name: str, started, held, release) -> None:
+    """Wait for the lock of result ``name``, tell ``held``, keep it until ``release`` (a process of its own)."""
+    started.set()
+    with result_lock(where, name, blocking=True):
+        held.set()
+        release.wait(60)
+
+
+def test_a_waiting_process_never_holds_a_lock_file_its_holder_removed(mlp_store: Path) -> None:
+    # the holder removes its lock file as it lets go: a process that was waiting on that file must
+    # lock the file now there (or make one), never the removed one next to a third holder
+    import multiprocessing
+    import time
+
+    # spawn, not fork: a forked child would share this process's hold of the lock (flock is per open file)
+    context = multiprocessing.get_context("spawn")
+    started, held, release = context.Event(), context.Event(), context.Event()
+    first = result_lock(mlp_store, "loss")
+    first.__enter__()
+    waiting = context.Process(target=hold, args=(str(mlp_store), "loss", started, held, release))
+    waiting.start()
+    try:
+        assert started.wait(60)
+        time.sleep(1)  # it opened the lock file and waits for it
+        assert not held.is_set()
+        first.__exit__(None, None, None)
+        try:
+            with result_lock(mlp_store, "loss"):  # a third process taking the lock at once
+                assert not held.wait(2), "two processes hold the lock of 'loss'"
+        except StoreLockedError:  # the waiting one was faster: it holds it, alone
+            assert held.wait(10)
+        assert held.wait(10), "the waiting process got the lock once the third one let go"
+    finally:
+        release.set()
+        waiting.join(30)
+    assert waiting.exitcode == 0
+
+
+def test_a_lock_held_or_left_by_a_killed_process_is_no_result(mlp_store: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    ckpt.analyze("loss", mlp_store)
+    info, listed = run_ckpt("info", str(mlp_store)), ckptstore.open(mlp_store).analyses
+    code = "import sys; from ckpt.store.results import result_lock\nwith result_lock(sys.argv[1], 'loss'):\n"
+    code += "    print('held', flush=True); sys.stdin.read()"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(mlp_store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        for _ in range(2):  # while it holds the lock, then after it was killed holding it
+            assert [p.name for p in (mlp_store / ".locks" / "analyses").iterdir()] == ["loss"]
+            assert ckptstore.open(mlp_store).analyses == listed
+            assert sorted(zarr.open_group(mlp_store, mode="r").group_keys()) == sorted(TOP_LEVEL_GROUPS)
+            shown = run_ckpt("info", str(mlp_store))
+            assert (shown.returncode, shown.stdout) == (0, info.stdout)
+            verified = run_ckpt("verify", str(mlp_store))
+            assert verified.returncode == 0, verified.stdout + verified.stderr
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(30)
+    finally:
+        holder.kill()
+        holder.wait(30)
+    again = run_ckpt("analyze", "loss", str(mlp_store), "--force", "--no-progress")  # the kernel released it
+    assert again.returncode == 0, again.stderr
+    assert list((mlp_store / ".locks" / "analyses").iterdir()) == [], "its next holder removed the file"
 
 
 # --------------------------------------------------------------------------- the result contract
