@@ -428,7 +428,15 @@ class FileLock(DirectoryLock):
     or none) lets go of it and locks the one there now. Every holder therefore holds the file
     its path names, and excludes everyone else locking that path. A killed holder leaves an
     unlocked file behind (the kernel releases the ``flock``), which the next holder takes over.
+
+    ``prune_up_to``: folders between the lock file and this one (included) are made when the lock
+    is taken and removed, when empty, when it is released, so that a store looks as it did
+    before (a refused ``ckpt analyze`` leaves it unchanged, down to its folder listing).
     """
+
+    def __init__(self, path: Path | None, prune_up_to: Path | None = None) -> None:
+        super().__init__(path)
+        self._prune_up_to = prune_up_to
 
     def acquire(self, *, blocking: bool, busy_message: str = "") -> None:
         """Take the lock; when not ``blocking``, raise StoreLockedError(busy_message) if it is held."""
@@ -436,9 +444,12 @@ class FileLock(DirectoryLock):
             return
         import fcntl
 
-        self._path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self._path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self._path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except FileNotFoundError:  # another holder pruned the empty folders meanwhile: make them again
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
                 opened = os.fstat(fd)
@@ -465,6 +476,13 @@ class FileLock(DirectoryLock):
                 os.unlink(self._path)  # while still held, so nobody takes a file that is going away
             os.close(self._fd)
             self._fd = None
+            folder = self._path.parent
+            while self._prune_up_to is not None and folder.is_relative_to(self._prune_up_to):
+                try:
+                    folder.rmdir()  # only when empty: another process's lock file keeps it
+                except OSError:
+                    break
+                folder = folder.parent
 
 
 def is_analysis_node(path: str) -> bool:

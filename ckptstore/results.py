@@ -83,7 +83,9 @@ def result_lock(path: str | os.PathLike[str], name: str, *, blocking: bool = Fal
     if problem:
         raise InvalidNameError(problem)
     local = _zarr.local_path(path)
-    lock = _zarr.FileLock(None if local is None else local / LOCKS / ANALYSES / name)
+    lock = _zarr.FileLock(
+        None if local is None else local / LOCKS / ANALYSES / name, None if local is None else local / LOCKS
+    )
     busy = (
         f"analysis {name!r} of {path} is being computed by another process; wait for it to finish "
         "(or stop it), then run again"

@@ -118,7 +118,7 @@ def test_the_lock_leaves_nothing_behind(mlp_store: Path) -> None:
         with pytest.raises(StoreLockedError), result_lock(mlp_store, "never-written"):
             pass
     assert not (mlp_store / "analyses" / "never-written").exists()
-    assert list((mlp_store / ".locks" / "analyses").iterdir()) == [], "the lock file goes with its holder"
+    assert not (mlp_store / ".locks").exists(), "the lock file and its folders go with its holder"
 
 
 def hold(where: str, name: str, started, held, release) -> None:
@@ -188,7 +188,7 @@ def test_a_lock_held_or_left_by_a_killed_process_is_no_result(mlp_store: Path) -
         holder.wait(30)
     again = run_ckpt("analyze", "loss", str(mlp_store), "--force", "--no-progress")  # the kernel released it
     assert again.returncode == 0, again.stderr
-    assert list((mlp_store / ".locks" / "analyses").iterdir()) == [], "its next holder removed the file"
+    assert not (mlp_store / ".locks").exists(), "its next holder removed the file and its folders"
 
 
 # --------------------------------------------------------------------------- the result contract
@@ -381,3 +381,11 @@ def test_result_chunks_carry_a_crc32c_like_the_rest_of_the_store(mlp_store: Path
     for node in (mlp_store / "analyses" / "loss").glob("*/zarr.json"):
         codecs = [c["name"] for c in json.loads(node.read_text())["codecs"]]
         assert codecs[-1] == "crc32c", (node, codecs)
+
+
+def test_a_refused_analysis_leaves_the_store_folder_as_it_was(mlp_store: Path) -> None:
+    """The lock's folders are made for the lock and removed with it: nothing new in the store's listing."""
+    before = sorted(p.name for p in mlp_store.iterdir())
+    done = run_ckpt("analyze", "loss", str(mlp_store), "--split", "no-such-split")
+    assert done.returncode != 0 and done.stderr.startswith("Error:"), done.stderr
+    assert sorted(p.name for p in mlp_store.iterdir()) == before
