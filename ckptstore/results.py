@@ -150,6 +150,21 @@ def write_analysis(
         raise
 
 
+def _delete_result_node(zstore: Any, where: str, prefix: str) -> None:
+    """Delete what is stored at ``prefix`` before a result is written there anew.
+
+    A damaged store can hold a plain file (or a link) where the result's folder belongs: zarr's
+    ``delete_dir`` refuses a file (a traceback), so it is unlinked, as the folder would have been
+    deleted. A link is removed itself, never followed.
+    """
+    local = _zarr.local_path(where)
+    node = None if local is None else local / prefix
+    if node is not None and (node.is_symlink() or node.is_file()):
+        node.unlink()
+        return
+    sync(zstore.delete_dir(prefix))
+
+
 def _write(
     zstore: Any,
     where: str,
@@ -159,6 +174,16 @@ def _write(
     committed: dict[str, dict[str, Any]],
 ) -> None:
     prefix, owned, exists = _prefix(name), _owned_by(name), _prefix(name) in committed
+    # zarr reads the analyses group's own metadata to write below it, with an unbounded JSON parser
+    # (a hostile document is a RecursionError deep inside zarr): read it bounded first, before
+    # anything of the old result is deleted
+    group = _zarr.read_json(zstore, f"{ANALYSES}/{_zarr.ROOT_KEY}", f"{where} ({ANALYSES}/)")
+    if group is not None and group.get("node_type") != "group":
+        msg = (
+            f"{ANALYSES}/{_zarr.ROOT_KEY} of {where} is not a group's metadata (node_type "
+            f"{group.get('node_type')!r}): it is damaged; restore the store from a copy, or run ckpt repair"
+        )
+        raise StoreError(msg)
     with warnings.catch_warnings():
         # zarr: string/vlen dtypes and consolidated metadata are not in the v3 core spec yet
         warnings.simplefilter("ignore")
@@ -169,7 +194,7 @@ def _write(
         else:
             if exists:  # readers must stop seeing the old result before it is deleted
                 _zarr.commit(zstore, where, attributes=None, nodes={}, owns=owned)
-            sync(zstore.delete_dir(prefix))
+            _delete_result_node(zstore, where, prefix)
             dataset.to_zarr(
                 zstore, group=prefix, mode="w", consolidated=False, zarr_format=3, encoding=_checksummed(dataset)
             )
