@@ -150,6 +150,21 @@ def write_analysis(
         raise
 
 
+def _check_analyses_group(zstore: Any, where: str) -> None:
+    """Read the ``analyses`` group's own metadata bounded, as zarr will read it to create a result below it.
+
+    zarr parses it with an unbounded JSON parser (a hostile document is a RecursionError deep inside
+    zarr): checked first, before anything of the old result is deleted.
+    """
+    group = _zarr.read_json(zstore, f"{ANALYSES}/{_zarr.ROOT_KEY}", f"{where} ({ANALYSES}/)")
+    if group is not None and group.get("node_type") != "group":
+        msg = (
+            f"{ANALYSES}/{_zarr.ROOT_KEY} of {where} is not a group's metadata (node_type "
+            f"{group.get('node_type')!r}): it is damaged; restore the store from a copy, or run ckpt repair"
+        )
+        raise StoreError(msg)
+
+
 def _delete_result_node(zstore: Any, where: str, prefix: str) -> None:
     """Delete what is stored at ``prefix`` before a result is written there anew.
 
@@ -174,16 +189,6 @@ def _write(
     committed: dict[str, dict[str, Any]],
 ) -> None:
     prefix, owned, exists = _prefix(name), _owned_by(name), _prefix(name) in committed
-    # zarr reads the analyses group's own metadata to write below it, with an unbounded JSON parser
-    # (a hostile document is a RecursionError deep inside zarr): read it bounded first, before
-    # anything of the old result is deleted
-    group = _zarr.read_json(zstore, f"{ANALYSES}/{_zarr.ROOT_KEY}", f"{where} ({ANALYSES}/)")
-    if group is not None and group.get("node_type") != "group":
-        msg = (
-            f"{ANALYSES}/{_zarr.ROOT_KEY} of {where} is not a group's metadata (node_type "
-            f"{group.get('node_type')!r}): it is damaged; restore the store from a copy, or run ckpt repair"
-        )
-        raise StoreError(msg)
     with warnings.catch_warnings():
         # zarr: string/vlen dtypes and consolidated metadata are not in the v3 core spec yet
         warnings.simplefilter("ignore")
@@ -192,6 +197,7 @@ def _write(
             dataset.to_zarr(zstore, group=prefix, mode="a", append_dim=append_dim, consolidated=False, zarr_format=3)
             zarr.open_group(zstore, path=prefix, mode="r+", use_consolidated=False).attrs.put(dataset.attrs)
         else:
+            _check_analyses_group(zstore, where)
             if exists:  # readers must stop seeing the old result before it is deleted
                 _zarr.commit(zstore, where, attributes=None, nodes={}, owns=owned)
             _delete_result_node(zstore, where, prefix)
