@@ -16,7 +16,7 @@ learning-rate metric the run stored). Under Adam, which the sandboxes train
 with, the threshold applies to the preconditioned Hessian instead: the line is
 a reference, not a verdict.
 
-Each top eigenvalue comes from Lanczos with full reorthogonalization on
+Each top eigenvalue comes from Lanczos with partial reorthogonalization on
 Hessian-vector products (:func:`ckpt.plugins.top_eigenpairs` and
 :class:`ckpt.plugins.MeanLossHessian`, as in ``hessian-basis``) over the
 :class:`ckpt.plugins.ParamSpace` of the module's parameters alone; a block of one

@@ -10,7 +10,7 @@ append its top ``-k`` eigenvectors to B.
 Hessian-vector products differentiate each data block's gradient graph,
 built once per checkpoint, again along the vector (reverse over reverse,
 :class:`ckpt.plugins.MeanLossHessian`); the eigenvectors come from Lanczos
-with full reorthogonalization (:func:`ckpt.plugins.top_eigenpairs`), which tests
+with partial reorthogonalization (:func:`ckpt.plugins.top_eigenpairs`), which tests
 convergence after every product and takes the residuals from the products it
 kept: the products are almost all of the time (bench/polca.py). The checkpoints depend on each other
 (each needs the basis so far), so the Dask graph is a chain of one task per
