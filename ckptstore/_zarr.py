@@ -432,11 +432,16 @@ class FileLock(DirectoryLock):
     ``prune_up_to``: folders between the lock file and this one (included) are made when the lock
     is taken and removed, when empty, when it is released, so that a store looks as it did
     before (a refused ``ckpt analyze`` leaves it unchanged, down to its folder listing).
+
+    ``shared``: a shared lock (``LOCK_SH``), which excludes exclusive holders only. Its holder
+    removes the file on release only when it can turn its lock exclusive without waiting (no
+    other holder is left); a process opening the file meanwhile finds it removed and starts over.
     """
 
-    def __init__(self, path: Path | None, prune_up_to: Path | None = None) -> None:
+    def __init__(self, path: Path | None, prune_up_to: Path | None = None, *, shared: bool = False) -> None:
         super().__init__(path)
         self._prune_up_to = prune_up_to
+        self._shared = shared
 
     def acquire(self, *, blocking: bool, busy_message: str = "") -> None:
         """Take the lock; when not ``blocking``, raise StoreLockedError(busy_message) if it is held."""
@@ -451,7 +456,7 @@ class FileLock(DirectoryLock):
             except FileNotFoundError:  # another holder pruned the empty folders meanwhile: make them again
                 continue
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+                fcntl.flock(fd, (fcntl.LOCK_SH if self._shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
                 opened = os.fstat(fd)
                 try:
                     named = os.stat(self._path, follow_symlinks=False)
@@ -469,11 +474,20 @@ class FileLock(DirectoryLock):
             os.close(fd)  # its holder removed it between our open and our lock: take the one there now
 
     def release(self) -> None:
-        """Remove the lock file and release the lock (idempotent)."""
+        """Remove the lock file (a shared one only when no other holder is left) and release the lock (idempotent)."""
         if self._fd is not None:
             assert self._path is not None
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path)  # while still held, so nobody takes a file that is going away
+            if self._shared:
+                import fcntl
+
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    last = True
+                except BlockingIOError:
+                    last = False  # another holder: the file stays theirs
+            if not self._shared or last:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._path)  # while still held, so nobody takes a file that is going away
             os.close(self._fd)
             self._fd = None
             folder = self._path.parent

@@ -21,6 +21,7 @@ from ckpt.store import _zarr
 from ckpt.store._zarr import local_path  # re-exported: where a store is on disk, for the engine
 from ckpt.store.format import CHECKPOINTS
 from ckpt.store.reader import check_format
+from ckpt.store.results import store_lock
 
 
 def occupied(where: str, local: Path | None, storage_options: dict[str, Any] | None) -> bool:
@@ -56,8 +57,20 @@ def staging_path(final: Path) -> Path:
     return final.parent / f"{STAGING_PREFIX}{final.name}{STAGING_SUFFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def lock_replaceable(where: str, local: Path | None, storage_options: dict[str, Any] | None) -> _zarr.DirectoryLock:
-    """Take the writer lock of the ckpt store at ``where``, to replace it; refuse anything else.
+class ReplaceLocks:
+    """The locks that :func:`lock_replaceable` holds, released together."""
+
+    def __init__(self, *locks: Any) -> None:
+        self._locks = locks
+
+    def release(self) -> None:
+        """Release them, the last taken first (idempotent)."""
+        for lock in reversed(self._locks):
+            lock.release()
+
+
+def lock_replaceable(where: str, local: Path | None, storage_options: dict[str, Any] | None) -> ReplaceLocks:
+    """Take the writer lock and the store-wide lock of the ckpt store at ``where``, to replace it; refuse anything else.
 
     ``overwrite`` replaces a store, never a folder of other files: a user's ``precious.txt``
     is not deleted because a path was mistyped.
@@ -73,15 +86,17 @@ def lock_replaceable(where: str, local: Path | None, storage_options: dict[str, 
 
     Returns
     -------
-    DirectoryLock
-        The store's writer lock, held: release it once the replacement is published.
+    ReplaceLocks
+        The store's writer lock and its store-wide lock (exclusive: no result is being
+        written, :func:`ckpt.store.results.store_lock`), held: release them once the
+        replacement is published.
 
     Raises
     ------
     StoreExistsError
         When ``where`` holds something other than a ckpt store this ckpt writes.
     StoreLockedError
-        When another process is writing to it.
+        When another process is writing checkpoints or a result to it.
     """
     try:
         attrs, _ = _zarr.read_root(_zarr.open_zarr_store(where, read_only=True, storage_options=storage_options), where)
@@ -94,7 +109,12 @@ def lock_replaceable(where: str, local: Path | None, storage_options: dict[str, 
         blocking=False,
         busy_message=f"another process is writing to {where}; it cannot be overwritten until that writer closes",
     )
-    return lock
+    try:
+        whole = store_lock(where, exclusive=True) if local is not None else None
+    except BaseException:
+        lock.release()
+        raise
+    return ReplaceLocks(lock, *([whole] if whole is not None else []))
 
 
 def publish(staged: Path, final: Path, *, replace: bool) -> None:
@@ -184,6 +204,7 @@ def remove_store(where: str, storage_options: dict[str, Any] | None = None) -> N
 __all__ = [
     "STAGING_PREFIX",
     "STAGING_SUFFIX",
+    "ReplaceLocks",
     "local_path",
     "lock_replaceable",
     "occupied",

@@ -15,13 +15,14 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import xarray as xr
 import zarr
 from zarr.core.sync import sync
 
-from ckpt.errors import InvalidNameError, StoreError
+from ckpt.errors import InvalidNameError, StoreError, StoreLockedError
 from ckpt.store import _zarr
 from ckpt.store.chunks import CHUNK_DIGESTS, digest_variable
 from ckpt.store.format import ANALYSES, LOCKS, STEP, check_name
@@ -66,6 +67,68 @@ def _trim_to_committed(zstore: Any, name: str, committed: dict[str, dict[str, An
             array.resize(tuple(node["shape"]))
 
 
+STORE_LOCK = "store"
+"""``.locks/store``: held shared by every process writing a result, exclusively by one replacing the store."""
+_STORE_LOCK_TRIES = 20
+"""Non-blocking tries, 50 ms apart, for a shared store lock: a last shared holder holds it exclusively
+for the instant it takes to remove the file; a replacement holds it for minutes, and is refused."""
+
+
+_REPLACING: set[Any] = set()
+"""Local stores this process holds the store-wide lock of exclusively: its own result writes (``ckpt repair``
+dropping results) need no shared lock there, and would be refused by their own process's lock."""
+
+
+class _ExclusiveStoreLock(_zarr.FileLock):
+    def __init__(self, path: Path, prune_up_to: Path, key: Any) -> None:
+        super().__init__(path, prune_up_to)
+        self._key = key
+
+    def release(self) -> None:
+        _REPLACING.discard(self._key)
+        super().release()
+
+
+def store_lock(path: str | os.PathLike[str], *, exclusive: bool) -> _zarr.FileLock:
+    """Take the store-wide lock ``.locks/store`` of a local store (a no-op lock for a URL), held; release it.
+
+    Shared by every process that writes a result (``ckpt analyze``, ``ckpt rm``, through
+    :func:`result_lock`), exclusive for one that replaces the whole store (``ckpt import`` or
+    ``ckpt create`` with ``--overwrite``, ``ckpt repair``): a result computed from the old store
+    must never be committed into the new one, with the old one's provenance. Neither side waits:
+    whichever comes second is refused with :class:`StoreLockedError`.
+    """
+    import time
+
+    local = _zarr.local_path(path)
+    key = None if local is None else local.resolve()
+    if local is None or (not exclusive and key in _REPLACING):
+        return _zarr.FileLock(None)
+    if exclusive:
+        lock = _ExclusiveStoreLock(local / LOCKS / STORE_LOCK, local / LOCKS, key)
+        busy = (
+            f"an analysis is being computed or removed in {path} by another process; it cannot be replaced "
+            "until that finishes: wait for it (or stop it), then run again"
+        )
+        lock.acquire(blocking=False, busy_message=busy)
+        _REPLACING.add(key)
+        return lock
+    lock = _zarr.FileLock(local / LOCKS / STORE_LOCK, local / LOCKS, shared=True)
+    busy = (
+        f"{path} is being replaced by another process (ckpt import or create with --overwrite, or ckpt repair); "
+        "run again once it is done"
+    )
+    for attempt in range(_STORE_LOCK_TRIES):
+        try:
+            lock.acquire(blocking=False, busy_message=busy)
+            return lock
+        except StoreLockedError:
+            if attempt == _STORE_LOCK_TRIES - 1:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def result_lock(path: str | os.PathLike[str], name: str, *, blocking: bool = False) -> Iterator[None]:
     """Hold the lock of result ``name``: one process writes a result at a time.
@@ -76,8 +139,9 @@ def result_lock(path: str | os.PathLike[str], name: str, *, blocking: bool = Fal
     process gets :class:`StoreLockedError` instead of interleaving its blocks with the first
     one's; with it (a journal's pieces, committed by parallel tasks) it waits its turn. Results
     of other names are not held up. A crashed holder never leaves a stale lock (the kernel
-    releases it). Remote stores have no lock: there the user must make sure one process writes
-    a result at a time.
+    releases it). The store-wide lock is held shared meanwhile (:func:`store_lock`), so that the
+    store is not replaced under the result. Remote stores have no lock: there the user must make
+    sure one process writes a result at a time.
     """
     problem = check_name(name, "analysis")
     if problem:
@@ -90,11 +154,15 @@ def result_lock(path: str | os.PathLike[str], name: str, *, blocking: bool = Fal
         f"analysis {name!r} of {path} is being computed by another process; wait for it to finish "
         "(or stop it), then run again"
     )
-    lock.acquire(blocking=blocking, busy_message=busy)
+    whole = store_lock(path, exclusive=False)
     try:
-        yield
+        lock.acquire(blocking=blocking, busy_message=busy)
+        try:
+            yield
+        finally:
+            lock.release()
     finally:
-        lock.release()
+        whole.release()
 
 
 def write_analysis(
@@ -268,4 +336,4 @@ def delete_analysis(path: str | os.PathLike[str], name: str, storage_options: di
         sync(zstore.delete_dir(_prefix(name)))
 
 
-__all__ = ["STEP", "delete_analysis", "result_lock", "write_analysis"]
+__all__ = ["STEP", "STORE_LOCK", "delete_analysis", "result_lock", "store_lock", "write_analysis"]

@@ -20,7 +20,7 @@ from ckpt.errors import CorruptChunkError, MissingDataError, StoreLockedError
 from ckpt.plugins import PER_PAIR, AnalysisContext, AnalysisError, Analyzer, Option, PluginWarning, load_registry
 from ckpt.plugins._engine import run
 from ckpt.store.format import TOP_LEVEL_GROUPS
-from ckpt.store.results import result_lock, write_analysis
+from ckpt.store.results import result_lock, store_lock, write_analysis
 from tests.helpers import run_ckpt, tree_digest
 
 # --------------------------------------------------------------------------- files gone
@@ -119,6 +119,61 @@ def test_the_lock_leaves_nothing_behind(mlp_store: Path) -> None:
             pass
     assert not (mlp_store / "analyses" / "never-written").exists()
     assert not (mlp_store / ".locks").exists(), "the lock file and its folders go with its holder"
+
+
+# --------------------------------------------------------------------------- the store replaced under a result
+
+
+def test_a_store_being_analyzed_is_not_replaced(mlp_store: Path) -> None:
+    """A replacement swaps in a new store: a result of the old one must not be committed into it."""
+    ckpt.analyze("loss", mlp_store)
+    before = tree_digest(mlp_store)
+    with result_lock(mlp_store, "grad-norms"):  # this process is computing grad-norms
+        repaired = run_ckpt("repair", str(mlp_store))
+        with pytest.raises(StoreLockedError, match="an analysis is being computed or removed"):
+            ckptstore.create(mlp_store, overwrite=True)
+    assert repaired.returncode == 1, repaired.stdout
+    assert repaired.stderr.strip() == (
+        f"Error: an analysis is being computed or removed in {mlp_store} by another process; it cannot be "
+        "replaced until that finishes: wait for it (or stop it), then run again"
+    )
+    assert tree_digest(mlp_store) == before
+    assert not (mlp_store / ".locks").exists()
+    assert run_ckpt("repair", str(mlp_store)).returncode == 0  # released: the store is replaceable again
+
+
+def test_a_store_being_replaced_is_not_analyzed(mlp_store: Path) -> None:
+    ckpt.analyze("loss", mlp_store)
+    before = tree_digest(mlp_store)
+    lock = store_lock(mlp_store, exclusive=True)  # what ckpt import --overwrite holds until its swap
+    try:
+        analyzed = run_ckpt("analyze", "grad-norms", str(mlp_store), "--no-progress")
+        removed = run_ckpt("rm", str(mlp_store), "loss")
+        with result_lock(mlp_store, "loss"):  # this process's own writes (ckpt repair dropping results)
+            pass
+    finally:
+        lock.release()
+    message = (
+        f"Error: {mlp_store} is being replaced by another process (ckpt import or create with --overwrite, "
+        "or ckpt repair); run again once it is done"
+    )
+    assert analyzed.returncode == 1 and analyzed.stderr.strip() == message
+    assert removed.returncode == 1 and removed.stderr.strip() == message
+    assert tree_digest(mlp_store) == before
+    assert not (mlp_store / ".locks").exists()
+    assert run_ckpt("analyze", "grad-norms", str(mlp_store), "--no-progress").returncode == 0
+
+
+def test_the_store_lock_is_shared_by_result_writers_and_goes_with_the_last(mlp_store: Path) -> None:
+    with result_lock(mlp_store, "loss"):
+        with result_lock(mlp_store, "grad-norms"):
+            assert (mlp_store / ".locks" / "store").exists()
+        assert (mlp_store / ".locks" / "store").exists(), "the other writer still holds it"
+        with pytest.raises(StoreLockedError):
+            store_lock(mlp_store, exclusive=True)
+    assert not (mlp_store / ".locks").exists()
+    store_lock(mlp_store, exclusive=True).release()
+    assert not (mlp_store / ".locks").exists()
 
 
 def hold(where: str, name: str, started, held, release) -> None:
