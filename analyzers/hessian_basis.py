@@ -48,6 +48,7 @@ from ckpt.plugins import (
     loss_function,
     parameter_space,
     product_limit,
+    release_freed_memory,
     top_eigenpairs,
     torch_dtype,
     trainable,
@@ -187,6 +188,7 @@ def graph_growth(block_loss: Callable[[np.ndarray], Any], examples: np.ndarray, 
     """
     one, two = (graph_bytes(block_loss(examples[:n]), primal) for n in (1, min(2, len(examples))))
     per_example = max(two - one, 0) if len(examples) > 1 else one
+    release_freed_memory()  # the two graphs, freed, would stay in the heap beside the search
     return max(one - per_example, 0), per_example
 
 

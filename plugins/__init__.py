@@ -57,7 +57,7 @@ from ckpt.plugins._lanczos import (
     top_eigenpairs,
 )
 from ckpt.plugins._manager import Provider, Registry, load_registry, registry, reset_registry
-from ckpt.plugins._memory import format_size, held_bytes, parse_size, peak_bytes
+from ckpt.plugins._memory import format_size, held_bytes, parse_size, peak_bytes, release_freed_memory
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
 from ckpt.plugins._resume import Journal
 from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
@@ -204,6 +204,7 @@ __all__ = [
     "parameter_space",
     "parse_size",
     "peak_bytes",
+    "release_freed_memory",
     "product_limit",
     "registry",
     "reset_registry",

@@ -16,7 +16,16 @@ from typing import Any
 
 from ckpt.errors import AnalysisError
 
-__all__ = ["DEFAULT_SHARE", "GPU_SHARE", "default_budget", "format_size", "held_bytes", "parse_size", "peak_bytes"]
+__all__ = [
+    "DEFAULT_SHARE",
+    "GPU_SHARE",
+    "default_budget",
+    "format_size",
+    "held_bytes",
+    "parse_size",
+    "peak_bytes",
+    "release_freed_memory",
+]
 
 DEFAULT_SHARE = 0.5
 """Share of the RAM available when a run starts that it may use by default: the rest is left to the
@@ -158,3 +167,25 @@ def _count_allocations(run: Callable[[], object]) -> tuple[int, int]:
     at_end = live
     del result
     return peak, at_end
+
+
+def release_freed_memory() -> None:
+    """Give the memory that freed tensors left in the C allocator's heap back to the system (glibc only).
+
+    Tensors below glibc's mmap threshold (which rises to 32 MB as large blocks are freed) live in
+    its heap, and freeing them does not shrink the process: the next phase's large tensors are
+    mapped anew beside what the heap keeps. At GPT-2 small, the autograd graphs of 1, 2 and 3
+    examples, built and freed, left the process at 3.9 GiB; ``malloc_trim(0)`` brought it to 0.9
+    GiB. hessian-basis' second basis checkpoint started 3 GiB above its first for that reason,
+    and passed 12 GiB. A no-op where the C library is not glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
