@@ -110,11 +110,10 @@ def lock_replaceable(where: str, local: Path | None, storage_options: dict[str, 
         busy_message=f"another process is writing to {where}; it cannot be overwritten until that writer closes",
     )
     try:
-        whole = store_lock(where, exclusive=True) if local is not None else None
+        return ReplaceLocks(lock, store_lock(where, exclusive=True))  # a no-op lock for a URL
     except BaseException:
         lock.release()
         raise
-    return ReplaceLocks(lock, *([whole] if whole is not None else []))
 
 
 def publish(staged: Path, final: Path, *, replace: bool) -> None:

@@ -284,20 +284,29 @@ def _subtract(x: Any, sources: Sequence[tuple[Any, int]], coefficients: Any, *, 
     return (dots, float(square)) if then_dots else None
 
 
-def _orthogonalize(x: Any, sources: Sequence[tuple[Any, int]], *, always_twice: bool = False) -> Any:
-    """Classical Gram-Schmidt of ``x`` against the rows of ``sources``, in place; returns the first coefficients.
+def _orthogonalize(
+    x: Any, sources: Sequence[tuple[Any, int]], *, always_twice: bool = False, norm: float | None = None
+) -> tuple[Any, float]:
+    """Classical Gram-Schmidt of ``x`` against the rows of ``sources``, in place.
 
     A second pass follows when the first removed most of ``x`` (:data:`DGKS`), or always with
     ``always_twice``; its dot products come from the first pass's read of the rows, so that
     the rows are read twice (three times when the criterion asks for the second pass) where
-    two full passes read them four times.
+    two full passes read them four times. ``norm``: ||x|| when the caller knows it already.
+
+    Returns
+    -------
+    tuple
+        The first pass's coefficients, and ||x|| afterwards (from the first pass's read of
+        ``x`` when no second pass follows: each norm is a pass over D).
     """
-    before = _norm(x)
+    before = _norm(x) if norm is None else norm
     coefficients = _dots(sources, x)
     again, square = _subtract(x, sources, coefficients, then_dots=True)
     if always_twice or square**0.5 < DGKS * before:
         _subtract(x, sources, again)
-    return coefficients
+        return coefficients, _norm(x)
+    return coefficients, square**0.5
 
 
 def _first_coupled(projected: np.ndarray, used: int) -> int:
@@ -333,8 +342,8 @@ def _orthonormalize_rows(rows: Any) -> None:
     norms and mutual overlaps off by up to √ε: this makes them orthonormal to working precision.
     """
     for index in range(rows.shape[0]):
-        _orthogonalize(rows[index], [(MemoryRows.of(rows[:index]), index)], always_twice=True)
-        rows[index] = _divided(rows[index], _norm(rows[index]))
+        _, norm = _orthogonalize(rows[index], [(MemoryRows.of(rows[:index]), index)], always_twice=True)
+        rows[index] = _divided(rows[index], norm)
 
 
 def _combine_in_place(rows: Any, count: int, combination: Any, dimension: int) -> None:
@@ -492,8 +501,8 @@ def top_eigenpairs(
         for start in range(0, dimension, step):
             v[start : start + step] = torch.from_numpy(rng.standard_normal(min(step, dimension - start)))
         # twice is enough (Parlett): orthogonal to working precision
-        _orthogonalize(v, [*projection, (vectors, used)], always_twice=True)
-        return (v.to(torch.float64) / _norm(v)).to(dtype)
+        _, norm = _orthogonalize(v, [*projection, (vectors, used)], always_twice=True)
+        return _divided(v, norm)
 
     projected = np.zeros((room, room))  # T = Vᵀ A V, tridiagonal until a restart makes it arrow-shaped
     overlaps = np.eye(room)  # Ω ≈ Vᵀ V as Simon's recurrence estimates it (not computed: that is a pass)
@@ -523,10 +532,9 @@ def top_eigenpairs(
                 # all of them only then (partial reorthogonalization). At GPT-2 small that pass, made
                 # every product, read 3.5 GB of spilled vectors and cost 4.5 s of a 11.8 s product.
                 first = _first_coupled(projected, used)
-                local = _orthogonalize(r, [*projection, (_Tail(vectors, first), used - first)])
+                local, beta = _orthogonalize(r, [*projection, (_Tail(vectors, first), used - first)])
                 alpha = float(local[-1])
                 projected[used - 1, used - 1] = alpha
-                beta = _norm(r)
                 # Simon's estimate of the new vector's overlaps with the kept ones: one pass over all of
                 # them only when it passes √ε, or the pass before was made for that (his two in a row)
                 coupled = local[len(local) - (used - first) : -1].cpu().numpy()
@@ -535,11 +543,10 @@ def top_eigenpairs(
                 overlap = _next_overlaps(projected[:used, :used], overlaps[:used, :used], first, beta, noise, eps)
                 lost = bool(np.max(np.abs(overlap), initial=0.0) > semi_orthogonal)
                 if again or lost:
-                    coefficients = _orthogonalize(r, [(vectors, used)])
+                    coefficients, beta = _orthogonalize(r, [(vectors, used)], norm=beta)
                     # its corrections are rounding, left out of T (DGKS), but for the diagonal
                     alpha += float(coefficients[-1])
                     projected[used - 1, used - 1] = alpha
-                    beta = _norm(r)
                     overlap[:] = eps
                     passes += 1
                 again = lost and not again

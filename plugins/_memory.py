@@ -10,6 +10,7 @@ before computing and either fits its blocks into that share or raises one
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -179,13 +180,17 @@ def release_freed_memory() -> None:
     GiB. hessian-basis' second basis checkpoint started 3 GiB above its first for that reason,
     and passed 12 GiB. A no-op where the C library is not glibc.
     """
-    import ctypes
-    import ctypes.util
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
-    name = ctypes.util.find_library("c")
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """The ``malloc_trim`` of glibc among the process's own symbols, looked up once (None elsewhere)."""
+    import ctypes
+
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):  # no such symbol (musl, macOS), or no CDLL(None) (Windows)
+        return None
