@@ -550,8 +550,10 @@ class MeanLossHessian:
     def _block_gradient(self, f: Callable[[Mapping[str, Any]], Any], weight: float) -> tuple[Any, ...]:
         import torch
 
+        from ckpt.plugins._cross_entropy import differentiated_twice
+
         params = dict(zip(self.names, self._leaves, strict=True))
-        with forward_mode(composite=False, lock=False):
+        with forward_mode(composite=False, lock=False), differentiated_twice():
             loss = f(params).sum() * weight
         return torch.autograd.grad(loss, self._leaves, create_graph=True)
 
@@ -592,13 +594,15 @@ def graph_bytes(f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any]
     """
     import torch
 
+    from ckpt.plugins._cross_entropy import differentiated_twice
     from ckpt.plugins._memory import held_bytes
 
     leaves = {name: value.detach().requires_grad_(True) for name, value in primal.items()}
 
     def build() -> Any:
         with torch.enable_grad():
-            with forward_mode(composite=False, lock=False):  # as MeanLossHessian builds its graphs
+            # as MeanLossHessian builds its graphs
+            with forward_mode(composite=False, lock=False), differentiated_twice():
                 loss = f(leaves).sum()
             return torch.autograd.grad(loss, list(leaves.values()), create_graph=True)
 

@@ -197,6 +197,46 @@ def test_spilled_vectors_give_the_same_numbers_and_leave_no_file(tmp_path, restr
     assert list(tmp_path.iterdir()) == []
 
 
+def test_rows_written_in_the_background_are_never_overwritten_before_they_are_in_the_file(
+    tmp_path, monkeypatch
+) -> None:
+    """A slow disk (each write waits 20 ms before it starts) changes no number of a spilled search.
+
+    The newest vector is written by a background thread while the next product runs, and its memory
+    becomes the next product's residual two products later: were that not waited for, the file would
+    hold the residual's values and the search would differ from the one in memory.
+    """
+    import os
+    import time
+
+    matrix = symmetric(np.concatenate([[9.0, 8.8, 8.5, 6.0], np.linspace(-3, 3, 396)]), seed=8)
+    _, hvp = counted(matrix)
+    options = {"tol": 1e-9, "dtype": torch.float32, "max_vectors": 7}
+    in_memory = top_eigenpairs(hvp, 400, 2, **options)
+    pwrite = os.pwrite
+
+    def slow_pwrite(fd, data, offset):
+        time.sleep(0.02)
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", slow_pwrite)
+    spilled = top_eigenpairs(hvp, 400, 2, spill=True, spill_dir=str(tmp_path), **options)
+    assert spilled.restarts > 0 and spilled.matvecs == in_memory.matvecs
+    np.testing.assert_array_equal(spilled.vectors, in_memory.vectors)
+    np.testing.assert_array_equal(spilled.values, in_memory.values)
+
+
+def test_a_failed_background_write_is_an_error_not_a_wrong_vector(tmp_path, monkeypatch) -> None:
+    """A full disk (a short write) in the writer thread is raised from the search, naming the knob."""
+    import os
+
+    _, hvp = counted(symmetric(np.linspace(-3, 3, 100), seed=8))
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: 0)
+    with pytest.raises(AnalysisError, match=r"could not be spilled .*raise --max-memory"):
+        top_eigenpairs(hvp, 100, 1, tol=1e-9, spill=True, spill_dir=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_reorthogonalization_keeps_the_vectors_orthonormal_over_a_long_search() -> None:
     """One Gram-Schmidt pass when it suffices (DGKS), two when the first removed most of the residual."""
     values = np.concatenate([[10.0, 9.0, 8.0, 7.0], np.linspace(-9, 6.5, 496)])
