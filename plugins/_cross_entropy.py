@@ -62,7 +62,7 @@ class _SoftmaxMinusOneHot(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, u: Any) -> tuple[Any, None, None, Any]:
         z, lse, y, g = ctx.saved_tensors
-        p = (z - lse[:, None]).exp_()
+        p = (z - lse[:, None]).exp_()  # recomputed each product: kept, it would add logits to every graph
         p_u = p * u
         along = p_u.sum(1)  # p · u, per row
         dz = p_u.sub_(p.mul_(along[:, None])).mul_(g[:, None])  # g (p ⊙ u - p (p · u))

@@ -326,6 +326,19 @@ def forward_mode(*, composite: bool, lock: bool = True) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def hessian_graph_mode() -> Iterator[None]:
+    """How a gradient graph that Hessian-vector products differentiate again is built.
+
+    :func:`forward_mode` without its lock (reverse mode only), and token cross-entropy
+    with its second derivative in closed form (:mod:`ckpt.plugins._cross_entropy`).
+    """
+    from ckpt.plugins._cross_entropy import differentiated_twice
+
+    with forward_mode(composite=False, lock=False), differentiated_twice():
+        yield
+
+
 def _normalized(input: Any, dims: tuple[int, ...], eps: float) -> Any:  # noqa: A002 (torch's argument name)
     """(x - mean) / sqrt(biased variance + eps) over ``dims``, from elementary ops."""
     centered = input - input.mean(dim=dims, keepdim=True)
@@ -550,10 +563,8 @@ class MeanLossHessian:
     def _block_gradient(self, f: Callable[[Mapping[str, Any]], Any], weight: float) -> tuple[Any, ...]:
         import torch
 
-        from ckpt.plugins._cross_entropy import differentiated_twice
-
         params = dict(zip(self.names, self._leaves, strict=True))
-        with forward_mode(composite=False, lock=False), differentiated_twice():
+        with hessian_graph_mode():
             loss = f(params).sum() * weight
         return torch.autograd.grad(loss, self._leaves, create_graph=True)
 
@@ -594,15 +605,13 @@ def graph_bytes(f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any]
     """
     import torch
 
-    from ckpt.plugins._cross_entropy import differentiated_twice
     from ckpt.plugins._memory import held_bytes
 
     leaves = {name: value.detach().requires_grad_(True) for name, value in primal.items()}
 
     def build() -> Any:
         with torch.enable_grad():
-            # as MeanLossHessian builds its graphs
-            with forward_mode(composite=False, lock=False), differentiated_twice():
+            with hessian_graph_mode():  # as MeanLossHessian builds its graphs
                 loss = f(leaves).sum()
             return torch.autograd.grad(loss, list(leaves.values()), create_graph=True)
 

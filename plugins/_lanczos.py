@@ -567,7 +567,7 @@ def top_eigenpairs(
                 # orthogonality to the older vectors slowly, and Simon's recurrence says when: a pass over
                 # all of them only then (partial reorthogonalization). At GPT-2 small that pass, made
                 # every product, read 3.5 GB of spilled vectors and cost 4.5 s of a 11.8 s product.
-                # the current vector from memory rather than from the (maybe spilled) rows: the same values
+                # The current vector is taken from memory, not read back from the (maybe spilled) rows.
                 first = _first_coupled(projected, used)
                 coupled_rows = [(_Tail(vectors, first), used - 1 - first), (MemoryRows.of(current[None]), 1)]
                 local, beta = _orthogonalize(r, [*projection, *coupled_rows])

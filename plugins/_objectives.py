@@ -99,8 +99,7 @@ def _per_token_cross_entropy(logits: Any, labels: Any, block: int = LOGITS_BLOCK
 
         if use_twice_differentiable():  # the kept graphs of Hessian-vector products
             return TokenCrossEntropy.apply(logits.flatten(0, 1), labels.flatten()).view(labels.shape)
-        return of(slice(None)).view(labels.shape)
-    if rows >= len(logits):
+    if torch.is_grad_enabled() or rows >= len(logits):
         return of(slice(None)).view(labels.shape)
     return torch.cat([of(slice(i, i + rows)) for i in range(0, len(logits), rows)]).view(labels.shape)
 
