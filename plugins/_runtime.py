@@ -30,6 +30,7 @@ import numpy as np
 
 from ckpt.errors import AnalysisError, StepNotFoundError
 from ckpt.plugins._manager import registry
+from ckpt.plugins._weightless import weightless_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt.store import Store
@@ -191,25 +192,6 @@ def cast_floating(tensor: Any, dtype: Any) -> Any:
     return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
-def _without_weights(model: Any, stored: set[str], device: str, dtype: Any = None) -> Any:
-    """``model`` with the parameters named in ``stored`` replaced by memoryless stand-ins of their shape.
-
-    The stand-ins are made on ``device`` and, for floating-point parameters, in
-    ``dtype`` (when given), so that moving the module there copies nothing:
-    ``.to`` would turn an expanded tensor into a full one. ``.data`` is swapped in
-    place, so tied parameters (a language model's head and embedding) stay one
-    object and ``functional_call`` keeps them tied.
-    """
-    import torch
-
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name in stored:
-                kind = dtype if dtype is not None and parameter.is_floating_point() else parameter.dtype
-                parameter.data = torch.zeros((), dtype=kind, device=device).expand(parameter.shape)
-    return model
-
-
 def worker_for(spec: TaskSpec) -> Worker:
     """The cached :class:`Worker` of this process for ``spec``."""
     worker = _workers.get(spec)
@@ -331,12 +313,14 @@ class Worker:
         Analyzers that compute in double precision need the module's own
         (non-checkpointed) buffers in float64 too, so each dtype gets its copy.
 
-        The model's parameters that the checkpoints hold keep their shape and
-        dtype but no memory (a single element, expanded): every computation
-        supplies them (``functional_call`` with :meth:`params`), so the module's
-        own randomly initialised copy was never read, and it cost a full set of
-        weights per thread and dtype (110 MB at 27M parameters). Writing into
-        them (``load_state_dict``) fails loudly; evaluate functionally instead.
+        The model's parameters keep their shape and dtype but no memory (a single
+        element, expanded; built without weights, :mod:`ckpt.plugins._weightless`):
+        every computation supplies them (``functional_call`` with :meth:`params`).
+        A module's own randomly initialised copy was never read, and it cost a full
+        set of weights per thread and dtype (110 MB at 27M parameters) and, at GPT-2
+        small, seconds of random numbers. Writing into them (``load_state_dict``)
+        fails loudly; evaluate functionally instead. A parameter the checkpoints
+        do not hold is an :class:`~ckpt.errors.AnalysisError`.
         """
         models = getattr(_thread_state, "models", None)
         if models is None:
@@ -348,7 +332,8 @@ class Worker:
             if spec is None:
                 msg = f"{self._store.path} records no model spec; create it with model='package.module:factory'"
                 raise AnalysisError(msg)
-            model = _without_weights(spec.build(), set(self._store.schema), self.device, dtype)
+            stored = set(self._store.schema)
+            model = weightless_model(spec.build, stored, self.device, dtype, source=str(self._store.path))
             model = model.to(self.device).eval()
             if dtype is not None:
                 model = model.to(dtype)

@@ -56,3 +56,24 @@ class MultiheadClassifier(nn.Module):
 def multihead_classifier(vocab: int = 5, d: int = 8, heads: int = 2, classes: int = 3) -> nn.Module:
     """Factory of :class:`MultiheadClassifier`."""
     return MultiheadClassifier(vocab, d, heads, classes)
+
+
+class TiedLM(nn.Module):
+    """Token embedding and unembedding tied (one parameter under two names), a scale buffer computed at build."""
+
+    def __init__(self, vocab: int = 7, d: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.mix = nn.Linear(d, d)
+        self.out = nn.Linear(d, vocab, bias=False)
+        self.out.weight = self.embed.weight
+        # not in any checkpoint: the model's own code computes it, so a weightless build must keep it
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, d), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.mix(self.embed(tokens) * self.scale)))
+
+
+def tied_lm(vocab: int = 7, d: int = 4) -> nn.Module:
+    """Factory of :class:`TiedLM`."""
+    return TiedLM(vocab, d)
