@@ -277,7 +277,22 @@ def _update_norms(worker: Worker, step: int, names: list[str]) -> np.ndarray:
     if index == 0:
         return np.full(len(names), np.nan)
     before = worker.params(int(steps[index - 1]))
-    return np.array([float(((after[n].double() - before[n].double()) ** 2).sum()) for n in names])
+    return np.array([_squared_distance(after[n], before[n]) for n in names])
+
+
+UPDATE_BLOCK = 1 << 18
+"""Entries per block of an update norm: 2 MiB of float64, cache-sized. Whole-tensor float64 copies (four
+of 309 MB for GPT-2 small's embedding) took 1.04 s a checkpoint at L; blocks of this size 0.09 s."""
+
+
+def _squared_distance(after: Any, before: Any) -> float:
+    """``||after - before||²`` in float64 (the difference of two float32 tensors is exact there), by blocks."""
+    a, b = after.reshape(-1), before.reshape(-1)
+    total = 0.0
+    for start in range(0, a.numel(), UPDATE_BLOCK):
+        difference = a[start : start + UPDATE_BLOCK].double() - b[start : start + UPDATE_BLOCK].double()
+        total += float(difference.dot(difference))
+    return total
 
 
 def checkpoint_norms(
@@ -643,6 +658,7 @@ __all__ = [
     "LOSS_METRICS",
     "MAD_SCALE",
     "MIN_PERIODS",
+    "UPDATE_BLOCK",
     "GradNorms",
     "LossSpikes",
     "chance_cooccurrence",

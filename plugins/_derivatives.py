@@ -37,6 +37,7 @@ import numpy as np
 
 from ckpt.errors import AnalysisError
 from ckpt.plugins._runtime import cast_floating
+from ckpt.plugins._weightless import built_on_meta
 
 # torch's forward-mode AD levels are process-global, not per thread: two threads running
 # jvp at once fail ("Trying to access a forward AD level with an invalid index", seen
@@ -128,7 +129,7 @@ def parameter_space(store: Any, model: Any = None) -> ParamSpace:
     """
     floating = [name for name, info in store.schema.items() if "float" in info.dtype]
     if model is None and store.model is not None:
-        model = store.model.build()
+        model = built_on_meta(store.model.build)  # which parameters train, not their values
     if model is not None:
         trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         floating = [name for name in floating if name in trainable]

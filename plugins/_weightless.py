@@ -25,7 +25,7 @@ from typing import Any
 
 from ckpt.errors import AnalysisError
 
-__all__ = ["unstored_parameters", "weightless_model"]
+__all__ = ["built_on_meta", "unstored_parameters", "weightless_model"]
 
 _building = threading.local()
 _patch_lock = threading.Lock()
@@ -74,6 +74,15 @@ def _parameters_on_meta() -> Iterator[None]:
                 _original_register = None
 
 
+def built_on_meta(build: Callable[[], Any]) -> Any:
+    """``build()``'s module with its parameters on ``meta`` (names, shapes, dtypes, ``requires_grad``; no values).
+
+    For code that reads a model's structure, not its weights (:func:`ckpt.plugins.parameter_space`).
+    """
+    with _parameters_on_meta():
+        return build()
+
+
 def unstored_parameters(model: Any, stored: set[str]) -> list[str]:
     """Names of the parameters of ``model`` that no name in ``stored`` holds (tied names count as one)."""
     names: dict[int, list[str]] = {}
@@ -111,8 +120,7 @@ def weightless_model(
     """
     import torch
 
-    with _parameters_on_meta():
-        model = build()
+    model = built_on_meta(build)
     missing = unstored_parameters(model, stored)
     if missing:
         shown = ", ".join(repr(name) for name in missing[:5]) + (
