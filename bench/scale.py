@@ -59,6 +59,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -305,7 +306,16 @@ def ckpt_steps(store: Path, folder: Path, args: argparse.Namespace) -> list[tupl
         ("grad-norms", ckpt_command("analyze", "grad-norms", str(store), *analyze)),
         (
             "hessian-basis",
-            ckpt_command("analyze", "hessian-basis", str(store), "--samples", str(HESSIAN_SAMPLES), *analyze),
+            # with its progress bars, whose elapsed time per basis checkpoint gives the in-search time a product
+            ckpt_command(
+                "analyze",
+                "hessian-basis",
+                str(store),
+                "--samples",
+                str(HESSIAN_SAMPLES),
+                "--progress",
+                *analyze[1:],
+            ),
         ),
         # the random basis is computed on its own first, so that polca's time is POLCA's alone
         ("random-basis", ckpt_command("analyze", "random-basis", str(store), *analyze)),
@@ -345,6 +355,24 @@ def stored_figures(store: Path, name: str) -> dict[str, Any]:
     return {}
 
 
+def search_time(stderr: Path) -> dict[str, Any]:
+    """Seconds and products of hessian-basis's searches, from the last state of each checkpoint's progress bar.
+
+    A bar is made once the checkpoint's parameters are read and its memory planned, and counts the
+    products (the kept graphs are built in the first): its elapsed time over its count is the time a
+    product in the search, where the process's wall time over all products also counts start-up,
+    reading and planning.
+    """
+    last: dict[str, tuple[int, float]] = {}
+    pattern = r"hessian-basis step (\d+): (\d+)product \[(\d+(?::\d+)+)"
+    for step, products, elapsed in re.findall(pattern, stderr.read_text()):
+        seconds = sum(float(part) * 60**i for i, part in enumerate(reversed(elapsed.split(":"))))
+        last[step] = (int(products), seconds)
+    if not last:
+        return {}
+    return {"search_products": sum(p for p, _ in last.values()), "search_s": sum(t for _, t in last.values())}
+
+
 def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
     folder = args.out / size
     folder.mkdir(parents=True, exist_ok=True)
@@ -368,6 +396,8 @@ def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
         done = measure(command, folder / "logs" / name.replace(" ", "-"), args.timeout, limit)
         if done.ok and name in ("loss", "grad-norms", "hessian-basis", "random-basis"):
             done.result = stored_figures(store, name)
+        if done.ok and name == "hessian-basis":
+            done.result |= search_time(folder / "logs" / "hessian-basis.err")
         print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
         figures["steps"][name] = asdict(done)
         if name in ("import", "data add") and not done.ok:
@@ -437,6 +467,10 @@ def table(size: str, figures: dict[str, Any], device: str) -> str:
             row += f"  {ratio(per_product, per_pass):>7} {memory:>7}"
             if per_product:
                 notes.append(f"{matvecs} products, <= {per_product:.3f} s each (wall / products)")
+            searched, products = step.get("result", {}).get("search_s"), step.get("result", {}).get("search_products")
+            if searched and products and per_pass:
+                in_search = searched / products
+                notes.append(f"in the searches {in_search:.3f} s a product, {ratio(in_search, per_pass)} a fwd+bwd")
             if per_pass:
                 notes.append(f"one fwd+bwd on the {HESSIAN_SAMPLES} samples {per_pass:.3f} s")
         elif base:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -58,3 +59,17 @@ def test_a_failing_or_slow_step_is_reported_and_killed(scale, tmp_path: Path) ->
     assert done.status == "memory" and done.detail.startswith("killed at the memory limit")
     done = scale.measure([sys.executable, "-c", "x = bytearray(100 * 2**20)"], tmp_path / "fine", 60, None)
     assert done.ok and done.peak_rss >= 100 * 2**20
+
+
+def test_the_in_search_time_of_hessian_basis_is_read_from_its_progress_bars(scale, tmp_path: Path) -> None:
+    scale.build_run(tmp_path, {"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 64})
+    options = argparse.Namespace(device="cpu", only=["hessian-basis"], second_order=["none"])
+    store = tmp_path / "run.zarr"
+    for name, command in scale.ckpt_steps(store, tmp_path, options):
+        done = scale.measure(command, tmp_path / "logs" / name.replace(" ", "-"), timeout=600, memory_limit=None)
+        assert done.ok, (name, done.detail)
+    figures = scale.search_time(tmp_path / "logs" / "hessian-basis.err")
+    stored = scale.stored_figures(store, "hessian-basis")
+    # every product of every basis checkpoint is counted, from tqdm's own lines
+    assert figures["search_products"] == stored["matvecs"] > 0
+    assert 0 <= figures["search_s"] <= done.seconds  # tqdm shows whole seconds: a tiny search may read 00:00
