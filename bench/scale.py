@@ -297,7 +297,8 @@ def ckpt_command(*args: str) -> list[str]:
 
 def ckpt_steps(store: Path, folder: Path, args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     """The measured ckpt commands of one size, in order, as (name, command)."""
-    analyze = ("--no-progress", "--device", args.device)
+    device = ("--device", args.device)
+    analyze = ("--no-progress", *device)
     steps = [
         ("import", ckpt_command("import", str(folder / "trainer-out"), str(store), "--overwrite")),
         ("data add", ckpt_command("data", "add", str(store), "eval", "--inputs", str(folder / "eval_ids.npy"))),
@@ -314,7 +315,7 @@ def ckpt_steps(store: Path, folder: Path, args: argparse.Namespace) -> list[tupl
                 "--samples",
                 str(HESSIAN_SAMPLES),
                 "--progress",
-                *analyze[1:],
+                *device,
             ),
         ),
         # the random basis is computed on its own first, so that polca's time is POLCA's alone

@@ -62,11 +62,12 @@ def _parameters_on_meta() -> Iterator[None]:
             _original_register = torch.nn.Module.register_parameter
             torch.nn.Module.register_parameter = _register_on_meta  # type: ignore[method-assign]
         _patch_users += 1
+    outer = getattr(_building, "active", False)  # a factory may itself build through here
     _building.active = True
     try:
         yield
     finally:
-        _building.active = False
+        _building.active = outer
         with _patch_lock:
             _patch_users -= 1
             if _patch_users == 0:
