@@ -15,6 +15,7 @@ right after it is computed; the POLCA one (computed last) stays in the store for
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -194,8 +195,20 @@ def best_bases(clusters: Any, count: int = 3) -> list[int]:
     is_flag=True,
     help="Use this CPU's fastest kernels and torch's thread count (other CPUs then train other weights).",
 )
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Show each analysis's progress bar on stderr.  [default: when stderr is a terminal]",
+)
 def demo(
-    directory: str, preset: str, device: str, steps: int | None, seed: int, seeds: str | None, fast_kernels: bool
+    directory: str,
+    preset: str,
+    device: str,
+    steps: int | None,
+    seed: int,
+    seeds: str | None,
+    fast_kernels: bool,
+    progress: bool | None,
 ) -> None:
     """The embedded default: train 3-digit addition and find its hidden breakthroughs.
 
@@ -221,17 +234,19 @@ def demo(
     from ckpt.plugins import resolve_device
 
     device = resolve_device(device)  # before DIR is created: a wrong --device leaves nothing behind
+    if progress is None:
+        progress = sys.stderr.isatty()
     if seeds is not None:
         chosen = _seed_range(seeds)
         tables = {}
         for each in chosen:
             click.echo(f"== seed {each} ==")
-            tables[each] = _demo_run(Path(directory) / f"seed-{each}", preset, device, steps, each)
+            tables[each] = _demo_run(Path(directory) / f"seed-{each}", preset, device, steps, each, progress)
             click.echo("")
         for line in seed_spread(tables):
             click.echo(line)
         return
-    _demo_run(Path(directory), preset, device, steps, seed)
+    _demo_run(Path(directory), preset, device, steps, seed, progress)
 
 
 def _seed_range(text: str) -> list[int]:
@@ -281,7 +296,9 @@ def seed_spread(tables: Mapping[int, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def _demo_run(folder: Path, preset: str, device: str, steps: int | None, seed: int) -> dict[str, Any]:
+def _demo_run(
+    folder: Path, preset: str, device: str, steps: int | None, seed: int, progress: bool = False
+) -> dict[str, Any]:
     """Train (or reuse) the run in ``folder``, analyze it, print the report; the clusters per method."""
     import ckpt.store as ckptstore
     from ckpt.plugins import run
@@ -308,10 +325,10 @@ def _demo_run(folder: Path, preset: str, device: str, steps: int | None, seed: i
     else:
         click.echo(f"training the addition task ({preset} preset, seed {seed}) into {path} ...")
         task = registry().tasks["addition"]
-        train(task, str(path), preset=preset, steps=steps, seed=seed, device=device, progress=True)
+        train(task, str(path), preset=preset, steps=steps, seed=seed, device=device, progress=progress)
     trained = time.perf_counter()
     settings = DEMO_ANALYSES[preset]
-    engine = {"registry": registry(), "device": device}
+    engine = {"registry": registry(), "device": device, "progress": progress}
 
     def analyze(what: str, name: str, **options: Any) -> Any:
         began = time.perf_counter()
