@@ -4,14 +4,17 @@
 #   bench/gpu_checklist.sh full SECONDS     # every item at once, all stopped by SECONDS after the start
 #   bench/gpu_checklist.sh resume SECONDS   # a second call on the same warm machine: finish what the first left
 #
-# Prepare here first (the machine has no registries): the Python 3.12 wheels of what its image lacks, and
-# ckpt's own wheel, in .whl/ (ignored; carried with `carry: [".whl"]`):
+# Prepare here first (the machine has no registries): the Python 3.12 wheels of what its image lacks, in
+# .whl/ (ignored; carried with `carry: [".whl"]`). ckpt itself is installed there editable, from the
+# working tree: a wheel of it is shadowed by the tree's own ckpt/ folder (the root package alone, without
+# ckpt.store and the rest) for every process started in the repository root, as the tests and scripts are
+# (the first lent session lost its test run to that); the carried setuptools builds it (pyproject needs >= 69).
 #
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #       -d .whl zarr zarrs google-crc32c numcodecs donfig dask distributed partd locket tblib zict tornado \
-#       hdbscan xarray pandas dask-cuda rapids-dask-dependency          # the versions pip freeze shows here
-#   pip wheel --no-deps -w .whl . pyhessian==0.1 hessian-eigenthings==1.0.0a5
+#       hdbscan xarray pandas dask-cuda rapids-dask-dependency setuptools   # the versions pip freeze shows here
+#   pip wheel --no-deps -w .whl pyhessian==0.1 hessian-eigenthings==1.0.0a5
 #
 # The items run side by side, so their wall times are upper bounds (each line of summary.txt says what ran
 # beside it); the ratios of bench/scale.py compare runs made under the same load. Work that must survive
@@ -32,6 +35,8 @@ left() { echo $((budget - ($(date +%s) - began))); }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     >"$logs/install.log" 2>&1 || { echo "install failed"; tail -20 "$logs/install.log"; }
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$logs/install.log" 2>&1 ||
+    { echo "editable install of ckpt failed"; tail -20 "$logs/install.log"; }
 {
     nvidia-smi
     python3 - <<'EOF'
@@ -42,8 +47,8 @@ for name in ("numpy", "pandas", "xarray", "zarr", "dask", "distributed", "hdbsca
         print(name, importlib.import_module(name).__version__)
     except Exception as exc:  # noqa: BLE001 - an inventory: say what failed and go on
         print(name, "FAILED:", exc)
-import ckpt.plugins
-print("ckpt", ckpt.plugins.__file__)
+import ckpt.plugins, ckpt.store
+print("ckpt", ckpt.plugins.__file__, ckpt.store.__file__)
 EOF
 } >"$logs/env.txt" 2>&1
 cat "$logs/env.txt"

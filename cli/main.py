@@ -20,6 +20,7 @@ EXIT_USAGE = 2
 EXIT_UNVERIFIED = 3
 """``ckpt verify``: nothing found corrupt, but pieces without digests could not be checked (format v1)."""
 EXIT_INTERRUPTED = 130
+INTERRUPTED = "interrupted; the store keeps what was committed before (an analysis resumes from there when rerun)"
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> None:
@@ -41,8 +42,8 @@ class CkptGroup(click.Group):
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "ckpt"
             fail(f"{exc.format_message()} (see '{where} --help')", EXIT_USAGE)
-        except click.Abort:
-            fail("aborted", EXIT_INTERRUPTED)
+        except click.Abort:  # click's form of Ctrl-C
+            fail(INTERRUPTED, EXIT_INTERRUPTED)
         except click.ClickException as exc:
             fail(exc.format_message(), exc.exit_code or EXIT_ERROR)
         except CkptError as exc:
@@ -53,7 +54,7 @@ class CkptGroup(click.Group):
                 raise  # not the environment: a bug, keep its traceback
             fail(message)
         except KeyboardInterrupt:
-            fail("interrupted", EXIT_INTERRUPTED)
+            fail(INTERRUPTED, EXIT_INTERRUPTED)
         if isinstance(result, int) and not isinstance(result, bool):
             sys.exit(result)  # click returns the exit code of --help/--version here
         sys.exit(0)

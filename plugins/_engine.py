@@ -39,7 +39,14 @@ from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
 from ckpt.plugins._memory import default_budget, format_size, parse_size
 from ckpt.plugins._resume import Journal
-from ckpt.plugins._runtime import TaskSpec, concurrent_computations, resolve_device, utc_timestamp
+from ckpt.plugins._runtime import (
+    TaskSpec,
+    allow_tasks,
+    concurrent_computations,
+    resolve_device,
+    stop_tasks,
+    utc_timestamp,
+)
 from ckpt.store.publish import local_path
 from ckpt.store.results import result_lock, write_analysis
 
@@ -436,6 +443,27 @@ def _compute(
     journal: Journal | None = None,
 ) -> list[int]:
     """Compute ``missing`` and commit it; the steps of pieces resumed from ``journal``."""
+    allow_tasks()
+    try:
+        args = (analyzer, target, where, store, missing, covered, provenance, results, engine, journal)
+        return _compute_and_commit(*args)
+    except KeyboardInterrupt:
+        stop_tasks()  # the queued tasks would otherwise all run before the process exits (see stop_tasks)
+        raise
+
+
+def _compute_and_commit(
+    analyzer: Analyzer,
+    target: str,
+    where: str,
+    store: ckptstore.Store,
+    missing: Sequence[int],
+    covered: Sequence[int],
+    provenance: dict[str, Any],
+    results: dict[str, xr.Dataset],
+    engine: dict[str, Any],
+    journal: Journal | None,
+) -> list[int]:
     from tqdm import tqdm
 
     local = local_path(where)  # a replaced local store is a new folder (a new inode), even within one second
@@ -471,7 +499,12 @@ def _compute(
         # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
         # commit costs ~50-70 ms, so committing every block of a few steps
         # tripled the engine's time against a plain loop (bench/engine.py).
-        size = engine["block_steps"] or max(count, 4)
+        # A block holds at least one step more than compute at once, so that one
+        # reads while another computes; not the thread count: on a 16-core GPU
+        # machine, blocks of 16 POLCA steps of the paper preset (8 s each, one at a
+        # time) lost two minutes of work to each kill.
+        least = _busy(engine, count) + 1
+        size = engine["block_steps"] or max(least, 4)
         done = list(covered)
         carry = _stored_totals(analyzer, target, where, engine["storage_options"]) if covered else None
         start = 0
@@ -498,8 +531,15 @@ def _compute(
                 start += len(steps)
                 if not engine["block_steps"]:
                     per_step = (time.perf_counter() - began) / len(steps)
-                    size = max(count, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
+                    size = max(least, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
     return []
+
+
+def _busy(engine: Mapping[str, Any], count: int) -> int:
+    """Steps computed at once: every worker of a cluster or process pool; the computation slots of threads."""
+    if engine["scheduler"] == "threads" and engine["address"] is None and engine["workers"] is None:
+        return min(count, concurrent_computations(engine["device"]))
+    return count
 
 
 def parallel_tasks(scheduler: str, address: str | None, workers: int | None, device: str = "cpu") -> int:

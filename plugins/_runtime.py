@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from tqdm import tqdm
 
 from ckpt.errors import AnalysisError, StepNotFoundError
 from ckpt.plugins._manager import registry
@@ -149,6 +150,37 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+_stopping = threading.Event()
+"""Set when a run is interrupted (Ctrl-C): this process's queued and running tasks stop at their next check."""
+
+
+class TasksStopped(KeyboardInterrupt):
+    """Raised in a task of a run that was interrupted; a KeyboardInterrupt, so nothing catches it as an error."""
+
+
+def stop_tasks() -> None:
+    """Make every task of this process stop at its next check (a read, a computation slot, a progress step).
+
+    Why: on Ctrl-C the main thread leaves ``compute()`` at once, but the thread pool's
+    ``atexit`` shutdown then runs every task already queued. On a GPU, with one
+    computation at a time and a thread per core, that was 16 queued POLCA checkpoints
+    of the paper preset at about 8 s each: ``ckpt demo`` printed "Error: aborted" and
+    was still computing when it was killed 20 s later (H100, ../shared/GPU.md's run).
+    """
+    _stopping.set()
+
+
+def allow_tasks() -> None:
+    """Let tasks run again (the engine calls it when a run starts)."""
+    _stopping.clear()
+
+
+def check_stopped() -> None:
+    """Raise :class:`TasksStopped` if the run was interrupted; call it between units of a long task."""
+    if _stopping.is_set():
+        raise TasksStopped("the run was interrupted")
+
+
 def _slot(device: str) -> threading.BoundedSemaphore:
     with _process_lock:
         slot = _slots.get(device)
@@ -211,6 +243,14 @@ def clear_cache() -> None:
     _thread_state.__dict__.clear()
 
 
+class _StoppableBar(tqdm):
+    """A progress bar whose every step checks for an interrupted run (a pass, a product: seconds at most)."""
+
+    def update(self, n: float | None = 1) -> bool | None:
+        check_stopped()
+        return super().update(n)
+
+
 class Worker:
     """Access to one store from a task: tensors, the model, the data, per-datapoint losses."""
 
@@ -250,6 +290,7 @@ class Worker:
 
     def tensors(self, step: int, names: list[str] | None = None) -> dict[str, np.ndarray]:
         """The checkpoint's tensors as numpy arrays."""
+        check_stopped()
         self._ensure_step(step)
         return self._store.tensors(step, names)
 
@@ -262,6 +303,7 @@ class Worker:
         """
 
         def load() -> dict[str, Any]:
+            check_stopped()
             self._ensure_step(step)
             tensors = self._store.tensors(step, device=self.device)
             return {name: _widened(tensor) for name, tensor in tensors.items()}
@@ -274,9 +316,7 @@ class Worker:
         The bars of one run's tasks say what each task is doing (``hessian-basis step 400``) and
         how it was planned (``postfix``: its memory plan).
         """
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=description, unit=unit, disable=not self.spec.progress, postfix=postfix)
+        return _StoppableBar(total=total, desc=description, unit=unit, disable=not self.spec.progress, postfix=postfix)
 
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
@@ -292,8 +332,10 @@ class Worker:
         if getattr(_thread_state, "computing", False):
             yield
             return
+        check_stopped()
         slot = _slot(self.device)
         with slot:
+            check_stopped()  # interrupted while this thread waited its turn
             _thread_state.computing = True
             try:
                 yield

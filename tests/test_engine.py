@@ -204,6 +204,46 @@ def test_resume_after_kill_recomputes_nothing_finished(tmp_path: Path) -> None:
     np.testing.assert_array_equal(resumed_values, fresh["loss"].values)
 
 
+def _bars(stderr: str, name: str) -> dict[int, list[tuple[int, int]]]:
+    """(passes done, total) of each ``NAME step S`` progress bar line, by step, in the order printed."""
+    bars: dict[int, list[tuple[int, int]]] = {}
+    for line in stderr.replace("\r", "\n").splitlines():
+        found = re.match(rf"{name} step (\d+):.*?\| *(\d+)/(\d+) \[", line)
+        if found:
+            bars.setdefault(int(found[1]), []).append((int(found[2]), int(found[3])))
+    return bars
+
+
+def test_an_interrupt_stops_the_tasks_in_flight_and_queued(tmp_path: Path) -> None:
+    """Ctrl-C: the running task stops at its next pass and no queued task starts.
+
+    Before, the thread pool ran every task it held before the process could exit
+    (the threads beside the computing one, one per core: 16 POLCA checkpoints of 8 s
+    each on a 16-core GPU machine).
+    """
+    path = write_example_run(tmp_path / "run.zarr", steps=8, examples=2000)
+    run("random-basis", path, vectors=4)
+    command = [sys.executable, "-m", "ckpt.cli", "analyze", "polca", str(path), "--basis", "random-basis"]
+    # 100 blocks x 4 vectors: 400 passes a step, each one check for an interrupt
+    command += ["--batch-size", "20", "--basis-batch", "1", "--progress", "--block-steps", "8"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while process.poll() is None and not any(n > 0 for lines in _bars(seen, "polca").values() for n, _ in lines):
+        seen += process.stderr.read(1)  # the bars end lines with \r: read characters, not lines
+    started = set(_bars(seen, "polca"))
+    process.send_signal(signal.SIGINT)
+    rest = process.stderr.read()
+    assert process.wait(timeout=120) == 130, rest[-500:]
+    assert "Error: interrupted; the store keeps what was committed" in rest and "Traceback" not in rest, rest[-500:]
+    bars = _bars(seen + rest, "polca")
+    assert set(bars) == started, f"steps {sorted(set(bars) - started)} began after the interrupt"
+    finished = [step for step, lines in bars.items() if lines[-1][0] == lines[-1][1]]
+    assert finished == [], f"steps {finished} ran all their passes after the interrupt"
+    assert run_ckpt("verify", str(path)).returncode == 0
+    assert "polca" not in ckptstore.open(path).analyses, "a block of 8 steps: nothing was committed"
+    assert run("polca", path, basis="random-basis").reused_steps == []
+
+
 def test_the_provenance_accessor_reads_what_the_engine_stored(mlp_store: Path) -> None:
     result = ckpt.analyze("loss", mlp_store, split="eval", batch_size=7)
     record = result.attrs["ckpt"]
