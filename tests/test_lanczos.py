@@ -59,6 +59,31 @@ def test_a_basis_is_deflated_and_the_result_orthogonal_to_it() -> None:
     assert np.abs(found.vectors @ basis.numpy().T).max() < 1e-12
 
 
+def test_earlier_pieces_are_views_on_the_cpu_and_one_tensor_where_copied() -> None:
+    """hessian-basis deflates against its earlier pieces: as they are, or in one tensor, with the same result."""
+    from ckpt.analyzers.hessian_basis import earlier_basis
+
+    values = np.concatenate([[5.0, 4.0, 3.0, 2.5, 2.0], np.linspace(-1, 1, 55)])
+    matrix = symmetric(values, seed=2)
+    _, exact_vectors = torch.linalg.eigh(matrix)
+    top = exact_vectors.flip(1)[:, :3].T.contiguous()
+    pieces = [{"vectors": top[i : i + 1].numpy()} for i in range(3)]  # one vector found at each of 3 checkpoints
+
+    views = earlier_basis(pieces, "cpu", torch.float64)
+    assert [v.data_ptr() for v in views] == [p["vectors"].ctypes.data for p in pieces], "not copied"
+    stacked = earlier_basis(pieces, "cpu", torch.float32)  # another dtype: copied anyway, so into one tensor
+    assert len(stacked) == 1 and stacked[0].dtype == torch.float32
+    np.testing.assert_array_equal(stacked[0].numpy(), top.float().numpy())
+    assert earlier_basis([], "cpu", torch.float32) == []
+
+    _, hvp = counted(matrix)
+    apart = top_eigenpairs(hvp, 60, 2, basis=views, tol=1e-10, dtype=torch.float64, seed=3)
+    together = top_eigenpairs(hvp, 60, 2, basis=[top], tol=1e-10, dtype=torch.float64, seed=3)
+    np.testing.assert_allclose(apart.values, [2.5, 2.0], rtol=1e-10)
+    np.testing.assert_allclose(together.values, apart.values, rtol=1e-12)
+    np.testing.assert_allclose(np.abs(together.vectors), np.abs(apart.vectors), atol=1e-12)
+
+
 def test_an_invariant_subspace_smaller_than_k_goes_on_from_a_new_direction() -> None:
     """Rank 2: a random start spans {a, b, 0} in 3 products; k = 4 needs a second null direction."""
     generator = torch.Generator().manual_seed(2)
