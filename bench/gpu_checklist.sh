@@ -13,7 +13,7 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #       -d .whl zarr zarrs google-crc32c numcodecs donfig dask distributed partd locket tblib zict tornado \
-#       hdbscan xarray pandas dask-cuda rapids-dask-dependency setuptools   # the versions pip freeze shows here
+#       hdbscan xarray pandas dask-cuda rapids-dask-dependency setuptools py-spy   # the versions pip freeze shows
 #   pip wheel --no-deps -w .whl pyhessian==0.1 hessian-eigenthings==1.0.0a5
 #
 # The items run side by side, so their wall times are upper bounds (each line of summary.txt says what ran
@@ -66,6 +66,10 @@ job() {
 
 end=$(($(left) - 25)) # leaves time to pack the logs
 demo=(ckpt demo "$work/demo" --preset paper --device cuda --progress)
+if command -v py-spy >/dev/null; then # where the paper demo's time goes: its first run spent ~4 s a POLCA
+    # checkpoint outside the passes its bars time (3.9 s in them, ~8 s in all); every thread, 10 samples a second
+    demo=(py-spy record --format raw --rate 10 --output "$logs/demo-profile-$phase.txt" -- "${demo[@]}")
+fi
 if [ "$phase" = full ]; then
     echo "beside each other: demo, cuda tests then bench/polca.py, bench/scale.py --sizes L, the quick suite (-n 4)" >"$logs/summary.txt"
     job demo "$end" "${demo[@]}"

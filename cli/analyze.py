@@ -102,8 +102,9 @@ def _engine_options() -> list[click.Option]:
         click.Option(
             ["--block-steps"],
             type=click.IntRange(min=1),
-            help="Steps computed and committed together (default: a tenth of the run); an interrupted run "
-            "resumes after the last committed block.",
+            help="Steps computed and committed together (default: blocks grown until one takes about 2 s, "
+            "and one step more than are computed at once); an interrupted or killed run resumes after the "
+            "last committed block.",
         ),
         click.Option(["--progress/--no-progress"], default=True, show_default=True, help="Show a progress bar."),
         click.Option(
