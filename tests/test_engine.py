@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,44 @@ def test_an_interrupt_stops_the_tasks_in_flight_and_queued(tmp_path: Path) -> No
     assert run_ckpt("verify", str(path)).returncode == 0
     assert "polca" not in ckptstore.open(path).analyses, "a block of 8 steps: nothing was committed"
     assert run("polca", path, basis="random-basis").reused_steps == []
+
+
+def test_a_worker_makes_a_cached_value_once_however_many_threads_ask(tmp_path: Path) -> None:
+    """Threads asking at once for the same value (a run's start: the basis, the first checkpoint) share one make."""
+    import threading
+
+    from ckpt.plugins._runtime import worker_for
+
+    worker = worker_for(TaskSpec(str(write_example_run(tmp_path / "run.zarr"))))
+    calls: list[int] = []
+    start = threading.Barrier(8)
+
+    def slow_read() -> object:
+        calls.append(1)
+        time.sleep(0.3)  # longer than the threads take to reach the cache
+        if len(calls) == 1:
+            raise OSError("the first read fails")  # the threads waiting for it make it again, once
+        return object()
+
+    def ask(results: list, make: Callable[[], object]) -> None:
+        start.wait()
+        try:
+            results.append(make())
+        except OSError as exc:
+            results.append(exc)
+
+    for make in (lambda: worker.cached("basis", slow_read), lambda: worker.recent("terms", slow_read, keep=2)):
+        calls.clear()
+        results: list = []
+        threads = [threading.Thread(target=ask, args=(results, make)) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        values = [r for r in results if not isinstance(r, OSError)]
+        assert len(calls) == 2, f"{len(calls)} makes for 8 threads"
+        assert len(values) == 7 and len({id(v) for v in values}) == 1
+        assert make() is values[0], "kept"
 
 
 def test_the_provenance_accessor_reads_what_the_engine_stored(mlp_store: Path) -> None:
