@@ -190,7 +190,15 @@ def compute_settings(
         with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
             yield {"scheduler": "processes", "pool": pool}, count
         return
-    count = 1 if scheduler == "sync" else workers or os.cpu_count() or 1
+    if scheduler == "sync":
+        count = 1
+    elif scheduler == "threads" and device != "cpu":
+        # one thread computing, one reading the next checkpoint: a thread per core would hold as many
+        # checkpoints on the GPU while they wait for its one computation slot, outside the memory budget
+        # (16 of GPT-2 small's 0.5 GB on the 16-core H100 machine; of a 1B model's 4 GB, 64 GB)
+        count = concurrent_computations(device) + 1
+    else:
+        count = workers or os.cpu_count() or 1
     settings: dict[str, Any] = {"scheduler": scheduler}
     if scheduler == "threads":
         settings["num_workers"] = count

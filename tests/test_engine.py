@@ -283,6 +283,19 @@ def test_a_worker_makes_a_cached_value_once_however_many_threads_ask(tmp_path: P
         assert make() is values[0], "kept"
 
 
+def test_threads_on_a_gpu_read_one_checkpoint_ahead_not_one_per_core() -> None:
+    """On a GPU one computation runs at a time; more threads would only hold more checkpoints on it."""
+    import os
+
+    from ckpt.plugins._engine import compute_settings, parallel_tasks
+
+    with compute_settings("threads", device="cuda") as (settings, count):
+        assert settings["num_workers"] == count == 2
+    assert parallel_tasks("threads", None, None, "cuda") == 1, "the memory budget is the one computation's"
+    with compute_settings("threads", device="cpu") as (settings, count):
+        assert settings["num_workers"] == count == os.cpu_count()
+
+
 def test_the_provenance_accessor_reads_what_the_engine_stored(mlp_store: Path) -> None:
     result = ckpt.analyze("loss", mlp_store, split="eval", batch_size=7)
     record = result.attrs["ckpt"]
