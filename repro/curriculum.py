@@ -15,6 +15,10 @@ Protocol (Clustering Head §4.2; the sandbox's ``paper`` preset, §2: L = 12, k 
   does not result in any learning for p > 4"). The scratch run of seed s is the child of seed s
   before the parent's weights are copied in: same p = 3 data, batch order and x = 2 row, so the
   two arms are paired by seed.
+- **compute-matched scratch arm** (``--scratch-epochs 2000``): the scratch runs go on to as many
+  epochs as the curriculum trained in all, with the same Adam and the batch orders of the epochs
+  after the first 1,000, exactly as one ``ckpt train --epochs 2000`` run. It separates what the p = 2
+  phase gives from what 1,000 more epochs give (the paper compares 1,000 against 1,000 + 1,000).
 - ``--child-p 4`` (to 10) runs Fig. 9's other bars: the same p = 2 parent, then p = 4.
 
 Accuracy: the final test accuracy (the 2,048 held-out sequences) after the last epoch. Fig. 9
@@ -91,14 +95,18 @@ def train_stacked(
     epochs: int,
     label: str,
     log: Callable[[str], None],
+    start: int = 0,
 ) -> None:
-    """Train every seed of ``stacked`` for ``epochs`` epochs, in place (minibatch Adam, the task's loss)."""
+    """Train every seed of ``stacked`` for ``epochs`` epochs, in place (minibatch Adam, the task's loss).
+
+    ``start``: the epochs it was trained before (the batch orders go on from there, as one longer run's).
+    """
     count = len(seeds)
     train_x = torch.stack([d.train_inputs for d in stacked.datas])
     train_y = torch.stack([d.train_targets for d in stacked.datas])
     which = torch.arange(count)[:, None]
     began = time.perf_counter()
-    for epoch in range(epochs):
+    for epoch in range(start, start + epochs):
         orders = [epoch_orders(task, config, d, s, epoch) for d, s in zip(stacked.datas, seeds, strict=True)]
         for batch in zip(*orders, strict=True):
             rows = torch.stack(batch)  # [seed, batch]
@@ -108,8 +116,8 @@ def train_stacked(
             # per seed the mean over its batch, as train() does; summed, seed i's parameters see only its own loss
             losses.view(count, -1).mean(1).sum().backward()
             stacked.optimizer.step()
-        if (epoch + 1) % 100 == 0 or epoch + 1 == epochs:
-            log(f"  {label}: epoch {epoch + 1}/{epochs}  ({time.perf_counter() - began:.0f} s)")
+        if (epoch + 1) % 100 == 0 or epoch + 1 == start + epochs:
+            log(f"  {label}: epoch {epoch + 1}/{start + epochs}  ({time.perf_counter() - began:.0f} s)")
 
 
 def test_accuracy(stacked: Any) -> np.ndarray:
@@ -229,24 +237,41 @@ def contingency(ideal: np.ndarray, perfect: np.ndarray) -> dict[str, Any]:
 # -- report ------------------------------------------------------------------------------------------
 
 
+def paired_difference(curriculum: np.ndarray, scratch: np.ndarray) -> dict[str, Any]:
+    """Curriculum minus scratch, paired by seed: mean, bootstrap interval, counts and Wilcoxon's p."""
+    difference = curriculum - scratch
+    nonzero = difference[difference != 0]
+    return {
+        "mean": float(difference.mean()),
+        "ci95": bootstrap_mean(difference),
+        "better": int((difference > 0).sum()),
+        "worse": int((difference < 0).sum()),
+        "tied": int((difference == 0).sum()),
+        "wilcoxon_p": float(stats.wilcoxon(nonzero).pvalue) if len(nonzero) else float("nan"),
+    }
+
+
 def print_tables(figures: dict[str, Any]) -> None:
     """The arms' accuracy table and the 2x2 cluster table."""
     arms = figures["arms"]
     print(f"\nfinal test accuracy over {figures['seeds'][0]}..{figures['seeds'][-1]} ({len(figures['seeds'])} seeds)")
-    print(f"{'arm':<28}  {'mean':>6}  {'95% bootstrap CI':>17}  {'std':>5}  {'max':>6}  {'100%':>6}  {'share CI':>14}")
+    print(f"{'arm':<32}  {'mean':>6}  {'95% bootstrap CI':>17}  {'std':>5}  {'max':>6}  {'100%':>6}  {'share CI':>14}")
     for label, s in arms.items():
         low, high = s["mean_ci95"]
         plow, phigh = s["perfect_share_ci95"]
         print(
-            f"{label:<28}  {s['mean']:>6.3f}  [{low:>6.3f}, {high:>6.3f}]  {s['std']:>5.3f}  {s['max']:>6.3f}"
+            f"{label:<32}  {s['mean']:>6.3f}  [{low:>6.3f}, {high:>6.3f}]  {s['std']:>5.3f}  {s['max']:>6.3f}"
             f"  {s['perfect']:>2}/{s['seeds']:<3}  [{plow:.2f}, {phigh:.2f}]"
         )
-    diff = figures["paired_difference"]
-    print(
-        f"curriculum - scratch (paired by seed): {diff['mean']:+.3f} [{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}];"
-        f" curriculum better in {diff['better']}, worse in {diff['worse']}, tied in {diff['tied']} seeds;"
-        f" Wilcoxon p = {diff['wilcoxon_p']:.2g}"
-    )
+    compared = [("scratch", figures["paired_difference"])]
+    if "paired_difference_matched" in figures:
+        compared.append((f"scratch at {figures['scratch_epochs']} epochs", figures["paired_difference_matched"]))
+    for against, diff in compared:
+        print(
+            f"curriculum - {against} (paired by seed): {diff['mean']:+.3f}"
+            f" [{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]; curriculum better in {diff['better']},"
+            f" worse in {diff['worse']}, tied in {diff['tied']} seeds; Wilcoxon p = {diff['wilcoxon_p']:.2g}"
+        )
     c = figures["clusters"]
     (a, b), (cc, d) = c["table"]
     print(
@@ -268,7 +293,7 @@ def plot(figures: dict[str, Any], path: str) -> None:
     arms = figures["arms"]
     child = figures["protocol"]["child_p"]
     labels = list(arms)
-    colors = ["#999999", "#4477aa", "#ee6677"][: len(labels)]
+    colors = ["#999999", "#4477aa", "#228833", "#ee6677"] if len(labels) == 4 else ["#999999", "#4477aa", "#ee6677"]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     x = np.arange(len(labels))
     means = np.array([arms[k]["mean"] for k in labels])
@@ -291,7 +316,7 @@ def plot(figures: dict[str, Any], path: str) -> None:
         ax.set_ylim(0, 1.1)
     c = figures["clusters"]
     ideal = np.array(figures["clusters_per_seed"]) == c["ideal"]
-    final = np.array(figures["accuracy"][labels[-1]])
+    final = np.array(figures["accuracy"][labels[-1]])  # the curriculum arm, always last
     for i, group in enumerate((ideal, ~ideal)):
         values = final[group]
         if len(values):
@@ -319,7 +344,11 @@ def plot(figures: dict[str, Any], path: str) -> None:
 
 
 def run(
-    seeds: Sequence[int], epochs: int, child_p: int = CHILD_P, log: Callable[[str], None] = print
+    seeds: Sequence[int],
+    epochs: int,
+    child_p: int = CHILD_P,
+    log: Callable[[str], None] = print,
+    scratch_epochs: int | None = None,
 ) -> dict[str, Any]:
     """Train both arms and compute every figure of the report (a JSON-serialisable dict).
 
@@ -333,6 +362,9 @@ def run(
         Field size after the switch (the paper: 3, and 4-10 in Fig. 9, always from a p = 2 parent).
     log
         Where the progress lines go.
+    scratch_epochs
+        Train the scratch arm on to this many epochs too (more than ``epochs``; the compute-matched
+        control is ``2 * epochs``), reported as a fourth arm beside its accuracy at ``epochs``.
     """
     from vectorized import stack_seeds
 
@@ -360,18 +392,18 @@ def run(
             raise RuntimeError(f"scratch arm's {name} is not the child's fresh initialisation")
     train_stacked(task, child_config, scratch, seeds, epochs, f"p={child_p} scratch", log)
     scratch_accuracy = test_accuracy(scratch)
+    matched_accuracy = None
+    if scratch_epochs is not None and scratch_epochs > epochs:
+        more = scratch_epochs - epochs
+        train_stacked(task, child_config, scratch, seeds, more, f"p={child_p} scratch", log, start=epochs)
+        matched_accuracy = test_accuracy(scratch)
 
     perfect = curriculum_accuracy == 1.0
     is_ideal = clusters == ideal
-    difference = curriculum_accuracy - scratch_accuracy
-    nonzero = difference[difference != 0]
-    wilcoxon = float(stats.wilcoxon(nonzero).pvalue) if len(nonzero) else float("nan")
-    names = (
-        f"p={PARENT_P} (phase 1 only)",
-        f"p={child_p} from scratch",
-        f"p={PARENT_P}->{child_p} curriculum",
-    )
-    accuracies = dict(zip(names, (parent_accuracy, scratch_accuracy, curriculum_accuracy), strict=True))
+    accuracies = {f"p={PARENT_P} (phase 1 only)": parent_accuracy, f"p={child_p} from scratch": scratch_accuracy}
+    if matched_accuracy is not None:
+        accuracies[f"p={child_p} from scratch, {scratch_epochs} epochs"] = matched_accuracy
+    accuracies[f"p={PARENT_P}->{child_p} curriculum"] = curriculum_accuracy
     histogram = {int(v): int(n) for v, n in zip(*np.unique(clusters, return_counts=True), strict=True)}
     return {
         "paper": "Clustering Head §4.2, Fig. 9-11",
@@ -390,14 +422,13 @@ def run(
         "epochs": epochs,
         "accuracy": {k: v.tolist() for k, v in accuracies.items()},
         "arms": {k: summary(v) for k, v in accuracies.items()},
-        "paired_difference": {
-            "mean": float(difference.mean()),
-            "ci95": bootstrap_mean(difference),
-            "better": int((difference > 0).sum()),
-            "worse": int((difference < 0).sum()),
-            "tied": int((difference == 0).sum()),
-            "wilcoxon_p": wilcoxon,
-        },
+        "scratch_epochs": scratch_epochs if matched_accuracy is not None else epochs,
+        "paired_difference": paired_difference(curriculum_accuracy, scratch_accuracy),
+        **(
+            {"paired_difference_matched": paired_difference(curriculum_accuracy, matched_accuracy)}
+            if matched_accuracy is not None
+            else {}
+        ),
         "clusters_per_seed": clusters.tolist(),
         "clusters": {"ideal": ideal, "histogram": histogram, **contingency(is_ideal, perfect)},
         "switch_check": {
@@ -421,6 +452,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="./repro-out/curriculum", help="folder of curriculum.json and .png")
     parser.add_argument("--child-p", type=int, default=CHILD_P, help="p after the switch (paper: 3; Fig. 9: 3-10)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 4 seeds, 3 epochs")
+    parser.add_argument(
+        "--scratch-epochs",
+        type=int,
+        default=None,
+        help="train the scratch arm on to this many epochs too (compute-matched control: 2 x --epochs)",
+    )
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else {"seeds": 48, "epochs": 1000}  # --seeds/--epochs override --quick's
     seeds = args.seeds if args.seeds is not None else defaults["seeds"]
@@ -431,7 +468,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f" (L=12, k=5, d=2, Adam 3e-3, batch 32), {epochs} epochs per phase, seeds 0..{seeds - 1}",
         flush=True,
     )
-    figures = run(range(seeds), epochs, args.child_p, log=lambda line: print(line, flush=True))
+    figures = run(
+        range(seeds), epochs, args.child_p, log=lambda line: print(line, flush=True), scratch_epochs=args.scratch_epochs
+    )
     print_tables(figures)
     json_path, png_path = os.path.join(args.out, "curriculum.json"), os.path.join(args.out, "curriculum.png")
     with open(json_path, "w") as f:

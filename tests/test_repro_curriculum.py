@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,3 +77,20 @@ def test_quick_run_reports(curriculum: object, tmp_path: Path) -> None:
     ideal_rows = sum(clusters["table"][0])
     assert ideal_rows == sum(c == 6 for c in stored["clusters_per_seed"])
     assert json.loads(json.dumps(figures["arms"])) == stored["arms"]
+
+
+def test_the_compute_matched_scratch_arm_is_one_longer_run(curriculum: object) -> None:
+    """--scratch-epochs 4 after 2: the scratch runs' accuracy is that of a 4-epoch scratch run, bit for bit."""
+    longer = curriculum.run([0, 1], 2, scratch_epochs=4, log=lambda line: None)
+    straight = curriculum.run([0, 1], 4, log=lambda line: None)
+    assert longer["accuracy"]["p=3 from scratch, 4 epochs"] == straight["accuracy"]["p=3 from scratch"]
+    assert list(longer["arms"]) == [
+        "p=2 (phase 1 only)",
+        "p=3 from scratch",
+        "p=3 from scratch, 4 epochs",
+        "p=2->3 curriculum",
+    ]
+    assert longer["scratch_epochs"] == 4 and "paired_difference_matched" not in straight
+    matched = longer["paired_difference_matched"]
+    difference = np.array(longer["accuracy"]["p=2->3 curriculum"]) - np.array(straight["accuracy"]["p=3 from scratch"])
+    assert matched["mean"] == pytest.approx(difference.mean())
