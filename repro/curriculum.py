@@ -312,7 +312,9 @@ def plot(figures: dict[str, Any], path: str) -> None:
         axes[1].text(i, pcis[i, 1] + 0.02, note, ha="center", fontsize=8)
     axes[1].set_title("share of seeds at 100% test accuracy\n(Clopper-Pearson 95% CI; max over seeds)", fontsize=9)
     for ax in axes[:2]:
-        ax.set_xticks(x, [k.replace(" (", "\n(") for k in labels], fontsize=8)
+        ax.set_xticks(
+            x, [k.replace(" (", "\n(").replace(" from", "\nfrom").replace(", ", ",\n") for k in labels], fontsize=8
+        )
         ax.set_ylim(0, 1.1)
     c = figures["clusters"]
     ideal = np.array(figures["clusters_per_seed"]) == c["ideal"]
@@ -332,7 +334,8 @@ def plot(figures: dict[str, Any], path: str) -> None:
     )
     fig.suptitle(
         f"Clustering Head §4.2 / Fig. 9: p=2 -> p={child} curriculum vs p={child} from scratch,"
-        f" {figures['epochs']} epochs per phase, {len(figures['seeds'])} seeds",
+        f" {figures['epochs']} epochs per phase, {len(figures['seeds'])} seeds"
+        + (f"; scratch also to {figures['scratch_epochs']}" if len(labels) == 4 else ""),
         fontsize=10,
     )
     fig.tight_layout()
