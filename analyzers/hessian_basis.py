@@ -48,6 +48,7 @@ from ckpt.plugins import (
     loss_function,
     parameter_space,
     product_limit,
+    read_here,
     release_freed_memory,
     top_eigenpairs,
     torch_dtype,
@@ -348,8 +349,8 @@ def saved_eigenpairs(
     rows = loaded[0].isel(basis=slice(index * k, (index + 1) * k))
     vectors = np.empty((k, space.size), np.dtype(dtype))
     for name, start, length in zip(space.names, space.offsets, space.sizes, strict=True):
-        vectors[:, start : start + length] = rows[name].values.reshape(k, length)
-    return {name: rows[name].values for name in ("eigenvalue", "residual", "matvecs")} | {"vectors": vectors}
+        vectors[:, start : start + length] = read_here(rows[name]).reshape(k, length)
+    return {name: read_here(rows[name]) for name in ("eigenvalue", "residual", "matvecs")} | {"vectors": vectors}
 
 
 @contextlib.contextmanager

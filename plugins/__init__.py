@@ -60,7 +60,15 @@ from ckpt.plugins._manager import Provider, Registry, load_registry, registry, r
 from ckpt.plugins._memory import format_size, held_bytes, parse_size, peak_bytes, release_freed_memory
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
 from ckpt.plugins._resume import Journal
-from ckpt.plugins._runtime import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
+from ckpt.plugins._runtime import (
+    TaskSpec,
+    Worker,
+    clear_cache,
+    datapoint_index,
+    objective_for,
+    read_here,
+    resolve_device,
+)
 from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
 from ckpt.plugins.hookspecs import hookimpl, hookspec
 
@@ -205,6 +213,7 @@ __all__ = [
     "parse_size",
     "peak_bytes",
     "product_limit",
+    "read_here",
     "registry",
     "release_freed_memory",
     "reset_registry",

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ckpt.errors import AnalysisError
-from ckpt.plugins._runtime import cast_floating
+from ckpt.plugins._runtime import cast_floating, read_here
 from ckpt.plugins._weightless import built_on_meta
 
 # torch's forward-mode AD levels are process-global, not per thread: two threads running
@@ -634,7 +634,7 @@ def load_basis(worker: Any, name: str, created: str, space: ParamSpace, dtype: s
             worker.store.refresh()
             result = worker.store.analysis(name)
         return {
-            tensor: torch.from_numpy(np.asarray(result[tensor].values)).to(device=worker.device, dtype=precision)
+            tensor: torch.from_numpy(read_here(result[tensor])).to(device=worker.device, dtype=precision)
             for tensor in space.names
         }
 

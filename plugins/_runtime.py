@@ -150,6 +150,17 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+def read_here(array: Any) -> np.ndarray:
+    """The values of a stored (lazy) result's array, read by the calling thread alone.
+
+    For tasks: ``.values`` would hand the chunk reads to the scheduler running the task. On a
+    ``distributed`` worker the task's thread then secedes and another task takes its place; when
+    that one waits for the same value (:meth:`Worker.cached`), nothing is left to run the reads.
+    POLCA on a 2-worker LocalCluster hung that way.
+    """
+    return np.asarray(array.compute(scheduler="sync").values)
+
+
 _stopping = threading.Event()
 """Set when a run is interrupted (Ctrl-C): this process's queued and running tasks stop at their next check."""
 
