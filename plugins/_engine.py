@@ -438,6 +438,18 @@ def _check_target(name: str, target: str, store: ckptstore.Store, registry: Any)
         raise AnalysisError(msg)
 
 
+@contextlib.contextmanager
+def _tasks_stop_on_interrupt() -> Iterator[None]:
+    """Let the run's tasks run; on Ctrl-C make them stop (the queued ones would otherwise all run before exit)."""
+    allow_tasks()
+    try:
+        yield
+    except KeyboardInterrupt:
+        stop_tasks()
+        raise
+
+
+@_tasks_stop_on_interrupt()
 def _compute(
     analyzer: Analyzer,
     target: str,
@@ -451,27 +463,6 @@ def _compute(
     journal: Journal | None = None,
 ) -> list[int]:
     """Compute ``missing`` and commit it; the steps of pieces resumed from ``journal``."""
-    allow_tasks()
-    try:
-        args = (analyzer, target, where, store, missing, covered, provenance, results, engine, journal)
-        return _compute_and_commit(*args)
-    except KeyboardInterrupt:
-        stop_tasks()  # the queued tasks would otherwise all run before the process exits (see stop_tasks)
-        raise
-
-
-def _compute_and_commit(
-    analyzer: Analyzer,
-    target: str,
-    where: str,
-    store: ckptstore.Store,
-    missing: Sequence[int],
-    covered: Sequence[int],
-    provenance: dict[str, Any],
-    results: dict[str, xr.Dataset],
-    engine: dict[str, Any],
-    journal: Journal | None,
-) -> list[int]:
     from tqdm import tqdm
 
     local = local_path(where)  # a replaced local store is a new folder (a new inode), even within one second
