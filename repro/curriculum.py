@@ -346,12 +346,37 @@ def plot(figures: dict[str, Any], path: str) -> None:
 # -- main ---------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Parent:
+    """The p = 2 runs of every seed after phase 1, shared by every child field size."""
+
+    stacked: Any
+    config: dict[str, Any]
+    accuracy: np.ndarray
+    clusters: np.ndarray
+    ideal: int
+    seconds: float
+
+
+def train_parent(task: SparseModularAddition, seeds: Sequence[int], epochs: int, log: Callable[[str], None]) -> Parent:
+    """Phase 1: every seed at p = 2 for ``epochs`` epochs, its test accuracy and sequence clusters."""
+    from vectorized import stack_seeds
+
+    began = time.perf_counter()
+    config = paper_config(task, PARENT_P)
+    parent = stack_seeds(task, config, seeds)  # seeding order of train(): manual_seed, data, model
+    train_stacked(task, config, parent, seeds, epochs, f"p={PARENT_P}", log)
+    clusters, ideal = sequence_clusters(parent, config)
+    return Parent(parent, config, test_accuracy(parent), clusters, ideal, time.perf_counter() - began)
+
+
 def run(
     seeds: Sequence[int],
     epochs: int,
     child_p: int = CHILD_P,
     log: Callable[[str], None] = print,
     scratch_epochs: int | None = None,
+    parent: Parent | None = None,
 ) -> dict[str, Any]:
     """Train both arms and compute every figure of the report (a JSON-serialisable dict).
 
@@ -368,23 +393,22 @@ def run(
     scratch_epochs
         Train the scratch arm on to this many epochs too (more than ``epochs``; the compute-matched
         control is ``2 * epochs``), reported as a fourth arm beside its accuracy at ``epochs``.
+    parent
+        Phase 1 of these seeds and epochs, already trained (:func:`train_parent`; a sweep over
+        ``child_p`` shares it); trained here when None. It is not changed.
     """
     from vectorized import stack_seeds
 
     task = SparseModularAddition()
-    parent_config, child_config = paper_config(task, PARENT_P), paper_config(task, child_p)
     seeds = list(seeds)
+    parent = parent if parent is not None else train_parent(task, seeds, epochs, log)
+    child_config = paper_config(task, child_p)
     began = time.perf_counter()
-
-    parent = stack_seeds(task, parent_config, seeds)  # seeding order of train(): manual_seed, data, model
-    train_stacked(task, parent_config, parent, seeds, epochs, f"p={PARENT_P}", log)
-    parent_accuracy = test_accuracy(parent)
-    clusters, ideal = sequence_clusters(parent, parent_config)
 
     # the child as `ckpt train --p 3 --seed S --init-from P2.zarr`: a fresh p=3 run of the seed, then the parent's
     child = stack_seeds(task, child_config, seeds)
     scratch_state = {name: value.detach().clone() for name, value in child.params.items()}
-    grown = grow_into(task, parent, child)
+    grown = grow_into(task, parent.stacked, child)
     switch = {name: value.detach().clone() for name, value in child.params.items()}
     train_stacked(task, child_config, child, seeds, epochs, f"p={PARENT_P}->{child_p}", log)
     curriculum_accuracy = test_accuracy(child)
@@ -402,21 +426,21 @@ def run(
         matched_accuracy = test_accuracy(scratch)
 
     perfect = curriculum_accuracy == 1.0
-    is_ideal = clusters == ideal
-    accuracies = {f"p={PARENT_P} (phase 1 only)": parent_accuracy, f"p={child_p} from scratch": scratch_accuracy}
+    is_ideal = parent.clusters == parent.ideal
+    accuracies = {f"p={PARENT_P} (phase 1 only)": parent.accuracy, f"p={child_p} from scratch": scratch_accuracy}
     if matched_accuracy is not None:
         accuracies[f"p={child_p} from scratch, {scratch_epochs} epochs"] = matched_accuracy
     accuracies[f"p={PARENT_P}->{child_p} curriculum"] = curriculum_accuracy
-    histogram = {int(v): int(n) for v, n in zip(*np.unique(clusters, return_counts=True), strict=True)}
+    histogram = {int(v): int(n) for v, n in zip(*np.unique(parent.clusters, return_counts=True), strict=True)}
     return {
         "paper": "Clustering Head §4.2, Fig. 9-11",
         "protocol": {
             "preset": PRESET,
             "parent_p": PARENT_P,
             "child_p": child_p,
-            **{key: parent_config[key] for key in ("length", "k", "dim", "hidden", "lr", "batch_size")},
-            "train_size": parent_config["train_size"],
-            "test_size": parent_config["test_size"],
+            **{key: parent.config[key] for key in ("length", "k", "dim", "hidden", "lr", "batch_size")},
+            "train_size": parent.config["train_size"],
+            "test_size": parent.config["test_size"],
             "accuracy": "final test accuracy (held-out test sequences) after the last epoch",
             "grown": grown,
             "optimizer_at_switch": "fresh Adam (as --init-from)",
@@ -432,28 +456,132 @@ def run(
             if matched_accuracy is not None
             else {}
         ),
-        "clusters_per_seed": clusters.tolist(),
-        "clusters": {"ideal": ideal, "histogram": histogram, **contingency(is_ideal, perfect)},
+        "clusters_per_seed": parent.clusters.tolist(),
+        "clusters": {"ideal": parent.ideal, "histogram": histogram, **contingency(is_ideal, perfect)},
         "switch_check": {
             "old_rows_equal_parent": bool(
                 all(
-                    torch.equal(switch["embed.weight"][i, :PARENT_P], parent.params["embed.weight"][i].detach())
+                    torch.equal(switch["embed.weight"][i, :PARENT_P], parent.stacked.params["embed.weight"][i].detach())
                     for i in range(len(seeds))
                 )
             )
         },
-        "wall_seconds": time.perf_counter() - began,
+        "wall_seconds": parent.seconds + time.perf_counter() - began,
         "machine": f"{platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)",
     }
 
 
+def sweep_figures(parent: Parent, results: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Fig. 9's bars for every child field size done so far: both arms' summaries and their paired difference."""
+    first = next(iter(results.values()))
+    sizes = {}
+    for child_p, figures in results.items():
+        arms = list(figures["arms"])
+        sizes[str(child_p)] = {
+            "scratch": figures["arms"][f"p={child_p} from scratch"],
+            "curriculum": figures["arms"][arms[-1]],
+            "paired_difference": figures["paired_difference"],
+            "clusters_fisher_p": figures["clusters"]["fisher_p"],
+            "clusters_table": figures["clusters"]["table"],
+        }
+    return {
+        "paper": "Clustering Head §4.2, Fig. 9 (p = 2 parent; pretraining only vs finetuned from p = 2)",
+        "seeds": first["seeds"],
+        "epochs": first["epochs"],
+        "parent": summary(parent.accuracy),
+        "sizes": sizes,
+        "wall_seconds": parent.seconds + sum(f["wall_seconds"] - parent.seconds for f in results.values()),
+        "machine": first["machine"],
+    }
+
+
+def plot_sweep(sweep: dict[str, Any], path: str) -> None:
+    """Fig. 9 side by side: mean (bootstrap CI) and maximum final accuracy per field size, both arms."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(sweep["sizes"], key=int)
+    x = np.arange(len(sizes))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for offset, arm, color, label in (
+        (-0.2, "scratch", "#4477aa", "pretraining only (p from scratch)"),
+        (0.2, "curriculum", "#ee6677", f"finetuned from p = {PARENT_P}"),
+    ):
+        rows = [sweep["sizes"][p][arm] for p in sizes]
+        means = np.array([r["mean"] for r in rows])
+        cis = np.array([r["mean_ci95"] for r in rows])
+        axes[0].bar(
+            x + offset, means, 0.4, color=color, label=label, yerr=[means - cis[:, 0], cis[:, 1] - means], capsize=4
+        )
+        maxima = np.array([r["max"] for r in rows])
+        axes[1].bar(x + offset, maxima, 0.4, color=color, label=label)
+        for i, r in enumerate(rows):
+            axes[1].text(x[i] + offset, maxima[i] + 0.01, f"{r['perfect']}", ha="center", fontsize=7)
+    for p in sizes:  # chance: a uniform guess of the sum mod p
+        axes[0].hlines(1 / int(p), sizes.index(p) - 0.45, sizes.index(p) + 0.45, color="black", lw=0.8, ls=":")
+    axes[0].set_title("mean final test accuracy (95% bootstrap CI over seeds; dotted: chance 1/p)", fontsize=9)
+    axes[1].set_title("maximum final test accuracy over seeds (numbers: seeds at 100%)", fontsize=9)
+    for ax in axes:
+        ax.set_xticks(x, [f"p = {p}" for p in sizes])
+        ax.set_ylim(0, 1.1)
+        ax.legend(fontsize=8, loc="upper right")
+    fig.suptitle(
+        f"Clustering Head Fig. 9: p = {PARENT_P} -> p curriculum vs p from scratch, {sweep['epochs']} epochs per phase,"
+        f" {len(sweep['seeds'])} seeds per bar (p = {PARENT_P} alone: mean {sweep['parent']['mean']:.3f})",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_sweep(sweep: dict[str, Any]) -> None:
+    """One line per child field size: both arms' mean and maximum and the paired difference."""
+    print(f"\nFig. 9 over {len(sweep['seeds'])} seeds, {sweep['epochs']} epochs per phase")
+    print(
+        f"{'p':>3}  {'scratch mean [CI]':>24}  {'max':>5}  {'100%':>4}  {'curriculum mean [CI]':>24}  {'max':>5}"
+        f"  {'100%':>4}  {'difference [CI]':>26}  {'Wilcoxon p':>10}"
+    )
+    for p in sorted(sweep["sizes"], key=int):
+        s, c, d = (sweep["sizes"][p][key] for key in ("scratch", "curriculum", "paired_difference"))
+        print(
+            f"{p:>3}  {s['mean']:.3f} [{s['mean_ci95'][0]:.3f}, {s['mean_ci95'][1]:.3f}]  {s['max']:>5.3f}"
+            f"  {s['perfect']:>4}  {c['mean']:.3f} [{c['mean_ci95'][0]:.3f}, {c['mean_ci95'][1]:.3f}]"
+            f"  {c['max']:>5.3f}  {c['perfect']:>4}  {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+            f"  {d['wilcoxon_p']:>10.2g}"
+        )
+
+
+def write_report(figures: dict[str, Any], out: str, stem: str) -> tuple[str, str]:
+    """``<stem>.json`` and ``<stem>.png`` in ``out``; returns their paths."""
+    json_path, png_path = os.path.join(out, f"{stem}.json"), os.path.join(out, f"{stem}.png")
+    with open(json_path, "w") as f:
+        json.dump(figures, f, indent=1)
+    plot(figures, png_path)
+    return json_path, png_path
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Parse the options, run both arms, print the tables, write the JSON and the PNG."""
+    """Parse the options, run both arms, print the tables, write the JSON and the PNG.
+
+    With several ``--child-p`` (Fig. 9's sweep) the p = 2 phase is trained once and shared; each
+    size writes ``curriculum-p<P>.json/.png`` when done, and ``curriculum-sweep.json/.png`` is
+    rewritten after each, so a stopped sweep keeps the sizes it finished. Returns the last size's
+    figures, or the sweep's when there are several.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=None, help="train seeds 0 .. N-1 (default 48)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per phase (default: the paper's 1000)")
     parser.add_argument("--out", default="./repro-out/curriculum", help="folder of curriculum.json and .png")
-    parser.add_argument("--child-p", type=int, default=CHILD_P, help="p after the switch (paper: 3; Fig. 9: 3-10)")
+    parser.add_argument(
+        "--child-p",
+        type=int,
+        nargs="+",
+        default=[CHILD_P],
+        help="p after the switch (paper: 3; Fig. 9: 3 4 5 6 7 8 9 10, one shared p = 2 phase)",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: 4 seeds, 3 epochs")
     parser.add_argument(
         "--scratch-epochs",
@@ -462,25 +590,40 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="train the scratch arm on to this many epochs too (compute-matched control: 2 x --epochs)",
     )
     args = parser.parse_args(argv)
+    if any(p <= PARENT_P for p in args.child_p):
+        parser.error(f"--child-p must be above the parent's p = {PARENT_P}")
     defaults = QUICK if args.quick else {"seeds": 48, "epochs": 1000}  # --seeds/--epochs override --quick's
     seeds = args.seeds if args.seeds is not None else defaults["seeds"]
     epochs = args.epochs if args.epochs is not None else defaults["epochs"]
     os.makedirs(args.out, exist_ok=True)
+    children = ", ".join(str(p) for p in args.child_p)
     print(
-        f"curriculum p={PARENT_P} -> p={args.child_p} vs p={args.child_p} from scratch: preset {PRESET}"
+        f"curriculum p={PARENT_P} -> p={children} vs the same p from scratch: preset {PRESET}"
         f" (L=12, k=5, d=2, Adam 3e-3, batch 32), {epochs} epochs per phase, seeds 0..{seeds - 1}",
         flush=True,
     )
-    figures = run(
-        range(seeds), epochs, args.child_p, log=lambda line: print(line, flush=True), scratch_epochs=args.scratch_epochs
-    )
-    print_tables(figures)
-    json_path, png_path = os.path.join(args.out, "curriculum.json"), os.path.join(args.out, "curriculum.png")
-    with open(json_path, "w") as f:
-        json.dump(figures, f, indent=1)
-    plot(figures, png_path)
-    print(f"\nwrote {json_path} and {png_path}  ({figures['wall_seconds']:.0f} s wall)")
-    return figures
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    parent = train_parent(SparseModularAddition(), range(seeds), epochs, log)
+    results: dict[int, dict[str, Any]] = {}
+    for child_p in args.child_p:
+        figures = run(range(seeds), epochs, child_p, log=log, scratch_epochs=args.scratch_epochs, parent=parent)
+        results[child_p] = figures
+        print_tables(figures)
+        stem = "curriculum" if len(args.child_p) == 1 else f"curriculum-p{child_p}"
+        json_path, png_path = write_report(figures, args.out, stem)
+        print(f"\nwrote {json_path} and {png_path}  ({figures['wall_seconds']:.0f} s wall)", flush=True)
+        if len(args.child_p) > 1:
+            sweep = sweep_figures(parent, results)
+            print_sweep(sweep)
+            sweep_json, sweep_png = (
+                os.path.join(args.out, "curriculum-sweep.json"),
+                os.path.join(args.out, "curriculum-sweep.png"),
+            )
+            with open(sweep_json, "w") as f:
+                json.dump(sweep, f, indent=1)
+            plot_sweep(sweep, sweep_png)
+            print(f"wrote {sweep_json} and {sweep_png}", flush=True)
+    return sweep if len(args.child_p) > 1 else figures
 
 
 if __name__ == "__main__":

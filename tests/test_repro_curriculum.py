@@ -94,3 +94,27 @@ def test_the_compute_matched_scratch_arm_is_one_longer_run(curriculum: object) -
     matched = longer["paired_difference_matched"]
     difference = np.array(longer["accuracy"]["p=2->3 curriculum"]) - np.array(straight["accuracy"]["p=3 from scratch"])
     assert matched["mean"] == pytest.approx(difference.mean())
+
+
+def test_a_sweep_shares_the_parent_and_matches_single_runs(curriculum: object, tmp_path: Path) -> None:
+    """--child-p 3 4: each size's accuracies equal its own single run's; per-size and sweep reports are written."""
+    sweep = curriculum.main(["--seeds", "2", "--epochs", "2", "--child-p", "3", "4", "--out", str(tmp_path)])
+    for child_p in (3, 4):
+        alone = curriculum.run([0, 1], 2, child_p, log=lambda line: None)
+        stored = json.loads((tmp_path / f"curriculum-p{child_p}.json").read_text())
+        assert stored["accuracy"] == alone["accuracy"]
+        assert stored["protocol"]["child_p"] == child_p and stored["protocol"]["grown"] == ["embed.weight"]
+        assert sweep["sizes"][str(child_p)]["curriculum"] == alone["arms"][f"p=2->{child_p} curriculum"]
+        assert sweep["sizes"][str(child_p)]["scratch"] == alone["arms"][f"p={child_p} from scratch"]
+    assert json.loads((tmp_path / "curriculum-sweep.json").read_text())["sizes"] == json.loads(
+        json.dumps(sweep["sizes"])
+    )
+    assert (tmp_path / "curriculum-sweep.png").stat().st_size > 10_000
+    assert not (tmp_path / "curriculum.json").exists()
+
+
+def test_a_child_field_not_above_the_parents_is_refused(curriculum: object, tmp_path: Path) -> None:
+    """--child-p 2 (the parent's own p) is a usage error before any training."""
+    with pytest.raises(SystemExit) as exit_info:
+        curriculum.main(["--seeds", "2", "--epochs", "2", "--child-p", "2", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and not any(tmp_path.iterdir())
