@@ -81,7 +81,7 @@ import multiprocessing
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -181,6 +181,32 @@ def write_all(writers: list[ckptstore.Writer], stacked: Any, step: int, metrics:
         writer.write(step, tensors, metrics=metrics[i])
 
 
+def train_epoch(
+    task: SparseModularAddition,
+    config: dict[str, Any],
+    stacked: Any,
+    seeds: Sequence[int],
+    epoch: int,
+    after_step: Callable[[int], None] | None = None,
+) -> int:
+    """One epoch of every stacked seed (its minibatches, one Adam step each); returns the steps taken.
+
+    ``after_step(t)`` runs after the epoch's t-th step (1-based), e.g. to record the state there.
+    """
+    batches = zip(*(task.batches(d, config, epoch, s) for d, s in zip(stacked.datas, seeds, strict=True)), strict=True)
+    taken = 0
+    for batch in batches:
+        logits = stacked.forward(stacked.params, stacked.buffers, torch.stack([b[0] for b in batch]))
+        losses = [task.per_datapoint_loss(logits[i], b[1], None).mean() for i, b in enumerate(batch)]
+        stacked.optimizer.zero_grad(set_to_none=True)
+        torch.stack(losses).sum().backward()  # seed i's parameters only see seed i's loss
+        stacked.optimizer.step()
+        taken += 1
+        if after_step is not None:
+            after_step(taken)
+    return taken
+
+
 def train_vectorized(out: str, seeds: Sequence[int], epochs: int) -> None:
     """Train ``seeds`` at once (``repro/vectorized.py``) and write a checkpoint per seed every epoch."""
     from vectorized import stack_seeds
@@ -199,16 +225,7 @@ def train_vectorized(out: str, seeds: Sequence[int], epochs: int) -> None:
         step = 0
         write_all(writers, stacked, step, stacked_metrics(task, stacked, inputs, targets))
         for epoch in range(epochs):
-            batches = zip(
-                *(task.batches(d, config, epoch, s) for d, s in zip(stacked.datas, seeds, strict=True)), strict=True
-            )
-            for batch in batches:
-                logits = stacked.forward(stacked.params, stacked.buffers, torch.stack([b[0] for b in batch]))
-                losses = [task.per_datapoint_loss(logits[i], b[1], None).mean() for i, b in enumerate(batch)]
-                stacked.optimizer.zero_grad(set_to_none=True)
-                torch.stack(losses).sum().backward()  # seed i's parameters only see seed i's loss
-                stacked.optimizer.step()
-                step += 1
+            step += train_epoch(task, config, stacked, seeds, epoch)
             write_all(writers, stacked, step, stacked_metrics(task, stacked, inputs, targets))
             if (epoch + 1) % 50 == 0 or epoch + 1 == epochs:
                 print(f"  epoch {epoch + 1}/{epochs}  ({time.perf_counter() - began:.0f} s)", flush=True)

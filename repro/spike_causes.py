@@ -200,6 +200,19 @@ def cause_measures(norms: Any, boundary: Any, curvature: Any) -> dict[str, np.nd
     return values
 
 
+def measure_store(path: str) -> tuple[dict[str, np.ndarray], dict[int, int]]:
+    """:func:`cause_measures` of every checkpoint of the store at ``path``, and each step's index in them.
+
+    The three analyzers run on its ``train`` split (``normalization``, ``curvature``) and its
+    ``boundary`` split (``boundary-distance``), with the synchronous scheduler.
+    """
+    engine = {"scheduler": "sync"}
+    norms = ckpt.analyze("normalization", path, split="train", **engine).load()
+    boundary = ckpt.analyze("boundary-distance", path, split="boundary", **engine).load()
+    curvature = ckpt.analyze("curvature", path, split="train", **engine).load()
+    return cause_measures(norms, boundary, curvature), {int(s): i for i, s in enumerate(norms["step"].values)}
+
+
 def paired_statistics(diffs: np.ndarray, groups: np.ndarray, sign: int) -> dict[str, Any]:
     """Mean paired difference, seed-bootstrap 95% interval, sign-flip null and the verdict."""
     seeds = np.unique(groups)
@@ -290,12 +303,7 @@ def spike_causes(
         wanted = [int(steps[i]) for pair in pairs for i in pair]
         splits = {"train": split_arrays(store, "train"), "boundary": split_arrays(store, "train", boundary_examples)}
         thin = thin_copy(path, os.path.join(out, "causes", f"seed{seed:03d}.zarr"), wanted, splits)
-        engine = {"scheduler": "sync"}
-        norms = ckpt.analyze("normalization", thin, split="train", **engine).load()
-        boundary = ckpt.analyze("boundary-distance", thin, split="boundary", **engine).load()
-        curvature = ckpt.analyze("curvature", thin, split="train", **engine).load()
-        measured = cause_measures(norms, boundary, curvature)
-        at = {int(s): i for i, s in enumerate(norms["step"].values)}
+        measured, at = measure_store(thin)
         for pre, control in pairs:
             rows["seed"].append(seed)
             rows["pre_step"].append(int(steps[pre]))
@@ -371,33 +379,36 @@ def print_report(causes: dict[str, Any], attention: dict[str, Any]) -> None:
         print(f"   (end vs end across seeds: mean {attention['end_end_mean']:.3f})")
 
 
+def add_run_options(parser: argparse.ArgumentParser, out: str, out_help: str) -> None:
+    """The runs, the onset rule and the pairing: the options shared with ``spike_steps``."""
+    parser.add_argument("--num-seeds", type=int, default=24, help="seeds 0 .. N-1 (default 24)")
+    parser.add_argument("--epochs", type=int, default=1000, help="epochs per run (paper: 1000)")
+    parser.add_argument("--out", default=out, help=out_help)
+    parser.add_argument("--radius", type=int, default=50, help="controls within this many checkpoints")
+    parser.add_argument("--gap", type=int, default=3, help="controls this far from any flagged checkpoint")
+    parser.add_argument("--boundary-examples", type=int, default=256, help="training sequences for boundaries")
+    parser.add_argument("--threshold", type=float, default=THRESHOLD, help="loss-spike threshold (paper runs: 5)")
+
+
+def pairing(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :func:`spike_causes` (and ``spike_steps``) from the parsed options."""
+    return {name: getattr(args, name) for name in ("radius", "gap", "boundary_examples", "threshold")}
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Train or reuse the runs, measure, print, write the JSON and the figures; returns the results."""
     from sparse_dynamics import train_runs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-seeds", type=int, default=24, help="seeds 0 .. N-1 (default 24)")
-    parser.add_argument("--epochs", type=int, default=1000, help="epochs per run (paper: 1000)")
-    parser.add_argument("--out", default="./repro-out/sparse-dynamics", help="folder of the stores (shared)")
-    parser.add_argument("--radius", type=int, default=50, help="controls within this many checkpoints")
-    parser.add_argument("--gap", type=int, default=3, help="controls this far from any flagged checkpoint")
-    parser.add_argument("--boundary-examples", type=int, default=256, help="training sequences for boundaries")
+    add_run_options(parser, "./repro-out/sparse-dynamics", "folder of the stores (shared)")
     parser.add_argument("--probes", type=int, default=256, help="shared probe sequences for attention")
-    parser.add_argument("--threshold", type=float, default=THRESHOLD, help="loss-spike threshold (paper runs: 5)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
     began = time.perf_counter()
     paths = train_runs(args.out, list(range(args.num_seeds)), args.epochs, True, 1)
     trained = time.perf_counter()
-    causes = spike_causes(
-        paths,
-        args.out,
-        radius=args.radius,
-        gap=args.gap,
-        boundary_examples=args.boundary_examples,
-        threshold=args.threshold,
-    )
+    causes = spike_causes(paths, args.out, **pairing(args))
     measured = time.perf_counter()
     attention = attention_start_end(paths, args.out, args.probes)
     done = time.perf_counter()
