@@ -119,8 +119,30 @@ def train(seeds: Sequence[int], epochs: int, log: Any) -> Training:
     return Training(stacked, config, seeds, np.stack(losses, axis=1), np.array(lrs), states, per_epoch)
 
 
-def replay(run: Training, epoch: int) -> tuple[np.ndarray, list[dict[str, torch.Tensor]]]:
-    """Epoch ``epoch`` again from its kept state: training loss ``[seed, step 0..S]``, parameters at each step.
+@dataclass
+class Replay:
+    """One replayed epoch: every seed's training loss ``[seed, step 0..S]`` and the parameters after each step."""
+
+    loss: np.ndarray
+    flat: torch.Tensor
+    """``[step 0..S, P]``: the stacked parameters, flattened in the order of ``layout``."""
+    layout: list[tuple[str, torch.Size]]
+
+    def params(self, step: int) -> dict[str, torch.Tensor]:
+        """The stacked parameters after step ``step`` (0: the checkpoint the epoch starts from), as views."""
+        out, start = {}, 0
+        for name, shape in self.layout:
+            out[name] = self.flat[step, start : start + shape.numel()].view(shape)
+            start += shape.numel()
+        return out
+
+
+def replay(run: Training, epoch: int) -> Replay:
+    """Epoch ``epoch`` again from its kept state, recording the training loss and the parameters at every step.
+
+    Why one preallocated ``[S + 1, P]`` tensor for the parameters: a few small tensors cloned per
+    step, kept between the evaluations' large temporary ones, held the allocator's heap: 11 MB a
+    replay for 2 steps kept, and the 24-seed run was killed for memory at 19 GB.
 
     Raises
     ------
@@ -134,21 +156,24 @@ def replay(run: Training, epoch: int) -> tuple[np.ndarray, list[dict[str, torch.
     inputs = torch.stack([d.train_inputs for d in stacked.datas])
     targets = torch.stack([d.train_targets for d in stacked.datas])
     restore_state(stacked, run.states[epoch])
+    layout = [(name, value.shape) for name, value in stacked.params.items()]
+    flat = torch.empty(run.steps_per_epoch + 1, sum(shape.numel() for _, shape in layout))
     losses = [train_losses(task, stacked, inputs, targets)]
-    params = [{name: value.detach().clone() for name, value in stacked.params.items()}]
 
-    def record(_step: int) -> None:
-        losses.append(train_losses(task, stacked, inputs, targets))
-        params.append({name: value.detach().clone() for name, value in stacked.params.items()})
+    def record(step: int) -> None:
+        if step > 0:
+            losses.append(train_losses(task, stacked, inputs, targets))
+        torch.cat([value.detach().reshape(-1) for value in stacked.params.values()], out=flat[step])
 
-    train_epoch(task, run.config, stacked, run.seeds, epoch, after_step=record)
+    record(0)
+    taken = train_epoch(task, run.config, stacked, run.seeds, epoch, after_step=record)
     expected = run.states[epoch + 1]["params"]
     drifted = [name for name, value in stacked.params.items() if not torch.equal(value, expected[name])]
     if drifted:
         raise RuntimeError(f"the replay of epoch {epoch} does not end on the kept state: {', '.join(drifted)} differ")
-    if not np.array_equal(losses[-1], run.loss[:, epoch + 1]):
+    if taken != run.steps_per_epoch or not np.array_equal(losses[-1], run.loss[:, epoch + 1]):
         raise RuntimeError(f"the replay of epoch {epoch} ends on another training loss than the checkpoint's")
-    return np.stack(losses, axis=1), params
+    return Replay(np.stack(losses, axis=1), flat, layout)
 
 
 def onset_step(epoch_loss: np.ndarray, onset: int, step_loss: np.ndarray, threshold: float) -> int:
@@ -219,15 +244,15 @@ def spike_steps(run: Training, out: str, *, radius: int, gap: int, boundary_exam
         points: dict[int, tuple[dict, float, float]] = {}
         located = []
         for pre, control in pairs:
-            pre_losses = replays[pre][0][i]
+            pre_losses = replays[pre].loss[i]
             t = onset_step(run.loss[i], pre + 1, pre_losses, threshold)
             located.append((pre, control, t))
             for checkpoint, offset in ((pre, t - 1), (control, t - 1), (pre, 0), (control, 0)):
-                losses, params = replays[checkpoint]
+                done = replays[checkpoint]
                 points[checkpoint * per_epoch + offset] = (
-                    params[offset],
+                    done.params(offset),
                     float(run.lr[checkpoint]),
-                    float(losses[i][offset]),
+                    float(done.loss[i][offset]),
                 )
             rows["seed"].append(seed)
             rows["pre_checkpoint"].append(pre)

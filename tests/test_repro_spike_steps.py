@@ -93,8 +93,9 @@ def test_a_replay_that_does_not_end_on_the_kept_state_is_refused(tiny: tuple[obj
             module.replay(run, 5)
     finally:
         kept.copy_(original)
-    losses, params = module.replay(run, 5)
-    assert losses.shape == (2, 65) and torch.equal(params[-1]["embed.weight"], original)
+    replayed = module.replay(run, 5)
+    assert replayed.loss.shape == (2, 65) and torch.equal(replayed.params(64)["embed.weight"], original)
+    assert torch.equal(replayed.params(0)["embed.weight"], run.states[5]["params"]["embed.weight"])
 
 
 def test_measures_are_those_of_the_replayed_weights(tiny: tuple[object, Path, dict]) -> None:
@@ -105,7 +106,7 @@ def test_measures_are_those_of_the_replayed_weights(tiny: tuple[object, Path, di
     tokens = run.stacked.datas[seed].train_inputs.numpy()
     for resolution, offset in (("step", t - 1), ("epoch", 0)):
         for kind, checkpoint in (("pre", pre), ("control", control)):
-            weights = module.replay(run, checkpoint)[1][offset]
+            weights = module.replay(run, checkpoint).params(offset)
             w = {k: v[seed].double().numpy() for k, v in weights.items()}
             smallest = np.linalg.norm(w["embed.weight"][tokens] + w["pos.weight"][None], axis=-1).min()
             value = results["values"][resolution]["log10 min|x|/lr (norm)"][kind][0]
