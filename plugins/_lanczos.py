@@ -43,7 +43,13 @@ import numpy as np
 from ckpt.errors import AnalysisError
 
 DOT_BLOCK_BYTES = 16 * 2**20
-"""Float64 scratch of one block of a chunked dot product or update (bounded whatever D is)."""
+"""Float64 scratch of one block of a chunked dot product or update on an accelerator (bounded whatever D is):
+large, so that a pass over D launches few kernels."""
+CPU_DOT_BLOCK_BYTES = 4 * 2**20
+"""The same on the CPU: small enough that a block stays in cache between its conversion to float64 and
+its use. Vector work of a search at D = 124M (GPT-2 small; k 1, 12 vectors kept, this 2-core machine,
+median seconds a product with a cheap operator): 16 MiB 1.41-1.45, 8 MiB 1.22-1.26, 4 MiB 1.14-1.19,
+2 MiB 1.23-1.26, 1 MiB 1.45-1.48, 0.5 MiB 1.79 (the Python loop's overhead per block)."""
 MIN_VECTORS_BEYOND_K = 4
 """A thick restart keeps k Ritz vectors and needs room to grow past them. With k + 2 vectors the top
 eigenpair of a 1.7M-parameter GPT-2 (tol 1e-6) had not converged after 100 products; k + 4 took 56,
@@ -87,15 +93,19 @@ def lanczos_bytes(dimension: int, vectors: int, itemsize: int = 4, *, spilled: b
     ``spilled``: the vectors live in a temporary file (:class:`SpilledRows`) and only
     :data:`SPILLED_VECTORS` of them, and a block of the rest, are in memory at once.
     """
-    width = _block_width(vectors, dimension)
+    width = _block_width(vectors, dimension, "cuda")  # an accelerator's blocks, the larger: a bound on any device
     # one block of rows in float64 (and, spilled, as read), and the block of x, of the update and of the result
     scratch = 8 * width * (vectors + 3) + (itemsize * width * vectors if spilled else 0)
     return (SPILLED_VECTORS if spilled else vectors + 2) * dimension * itemsize + scratch
 
 
-def _block_width(rows: int, dimension: int) -> int:
-    """Columns per block, so that ``rows`` of them in float64 take at most :data:`DOT_BLOCK_BYTES`."""
-    return min(dimension, max(1, DOT_BLOCK_BYTES // (8 * max(rows, 1))))
+def _block_width(rows: int, dimension: int, device: Any = None) -> int:
+    """Columns per block, so that ``rows`` of them in float64 take at most :data:`DOT_BLOCK_BYTES`.
+
+    On the CPU (``device`` None or ``cpu``): at most :data:`CPU_DOT_BLOCK_BYTES`.
+    """
+    cpu = device is None or str(device) == "cpu"
+    return min(dimension, max(1, (CPU_DOT_BLOCK_BYTES if cpu else DOT_BLOCK_BYTES) // (8 * max(rows, 1))))
 
 
 class MemoryRows:
@@ -253,7 +263,7 @@ class _Stacked:
         self.sources = [(rows, count) for rows, count in sources if count]
         self.count = sum(count for _, count in self.sources)
         self.dimension = dimension
-        self.width = _block_width(self.count, dimension)
+        self.width = _block_width(self.count, dimension, device)
         self.rows = torch.empty(self.count, self.width if self.count else 0, dtype=torch.float64, device=device)
         self.x = torch.empty(self.width if self.count else 0, dtype=torch.float64, device=device)
 
@@ -276,35 +286,47 @@ class _Stacked:
         return self.x[: columns.stop - columns.start].copy_(x[columns])
 
 
-def _dots(sources: Sequence[tuple[Any, int]], x: Any) -> Any:
-    """``rows @ x`` over the stacked rows of ``sources``, accumulated in float64 block by block."""
+def _dots(sources: Sequence[tuple[Any, int]], x: Any) -> tuple[Any, float]:
+    """``rows @ x`` over the stacked rows of ``sources``, and ``||x||²``, accumulated in float64 block by block.
+
+    Why the norm here: it comes from the same read of ``x``, where a pass of its own reads 4·D
+    bytes more (about 0.1 s at GPT-2 small).
+    """
     import torch
 
     stacked = _Stacked(sources, x.shape[0], x.device)
     out = torch.zeros(stacked.count, dtype=torch.float64, device=x.device)
     if stacked.count == 0:
-        return out
+        return out, _norm(x) ** 2
+    square = torch.zeros((), dtype=torch.float64, device=x.device)
     for columns in stacked.columns():
-        out.addmv_(stacked.block(columns), stacked.of(x, columns))
-    return out
+        block = stacked.of(x, columns)
+        out.addmv_(stacked.block(columns), block)
+        square += block @ block
+    return out, float(square)
 
 
-def _subtract(x: Any, sources: Sequence[tuple[Any, int]], coefficients: Any, *, then_dots: bool = False) -> Any:
-    """``x -= rowsᵀ coefficients`` in place, in float64 block by block.
+def _subtract(
+    x: Any, sources: Sequence[tuple[Any, int]], coefficients: Any, *, then_dots: bool = False, source: Any = None
+) -> Any:
+    """``x = source - rowsᵀ coefficients`` (``source`` defaults to ``x``: in place), in float64 block by block.
 
     With ``then_dots``, the same read of each block also accumulates ``rows @ x`` of the updated
     ``x`` (the next reorthogonalization pass's coefficients) and returns them with ``||x||²``.
     """
     import torch
 
+    source = x if source is None else source
     stacked = _Stacked(sources, x.shape[0], x.device)
     dots = torch.zeros(stacked.count, dtype=torch.float64, device=x.device)
     square = torch.zeros((), dtype=torch.float64, device=x.device)
     if stacked.count == 0:
+        if source is not x:
+            x.copy_(source)
         return (dots, _norm(x) ** 2) if then_dots else None
     for columns in stacked.columns():
         rows = stacked.block(columns)
-        updated = stacked.of(x, columns).addmv_(rows.T, coefficients, alpha=-1)
+        updated = stacked.of(source, columns).addmv_(rows.T, coefficients, alpha=-1)
         x[columns] = updated
         if then_dots:
             updated.copy_(x[columns])  # as stored: the next pass sees the rounded values
@@ -314,14 +336,24 @@ def _subtract(x: Any, sources: Sequence[tuple[Any, int]], coefficients: Any, *, 
 
 
 def _orthogonalize(
-    x: Any, sources: Sequence[tuple[Any, int]], *, always_twice: bool = False, norm: float | None = None
+    x: Any,
+    sources: Sequence[tuple[Any, int]],
+    *,
+    always_twice: bool = False,
+    norm: float | None = None,
+    source: Any = None,
 ) -> tuple[Any, float]:
-    """Classical Gram-Schmidt of ``x`` against the rows of ``sources``, in place.
+    """Classical Gram-Schmidt of ``source`` (default ``x``: in place) against the rows of ``sources``, into ``x``.
 
-    A second pass follows when the first removed most of ``x`` (:data:`DGKS`), or always with
+    A second pass follows when the first removed most of it (:data:`DGKS`), or always with
     ``always_twice``; its dot products come from the first pass's read of the rows, so that
     the rows are read twice (three times when the criterion asks for the second pass) where
-    two full passes read them four times. ``norm``: ||x|| when the caller knows it already.
+    two full passes read them four times. ``norm``: ||source|| when the caller knows it
+    already (else it comes with the first dot products, from the same read).
+
+    Why ``source``: the Lanczos loop orthogonalizes each Hessian-vector product into a buffer of
+    its own; reading the product where it lies saves the copy, a pass over D (0.1-0.2 s of a
+    product at GPT-2 small).
 
     Returns
     -------
@@ -329,9 +361,10 @@ def _orthogonalize(
         The first pass's coefficients, and ||x|| afterwards (from the first pass's read of
         ``x`` when no second pass follows: each norm is a pass over D).
     """
-    before = _norm(x) if norm is None else norm
-    coefficients = _dots(sources, x)
-    again, square = _subtract(x, sources, coefficients, then_dots=True)
+    source = x if source is None else source
+    coefficients, square = _dots(sources, source)
+    before = square**0.5 if norm is None else norm
+    again, square = _subtract(x, sources, coefficients, then_dots=True, source=source)
     if always_twice or square**0.5 < DGKS * before:
         _subtract(x, sources, again)
         return coefficients, _norm(x)
@@ -383,28 +416,30 @@ def _combine_in_place(rows: Any, count: int, combination: Any, dimension: int) -
         rows.write_block(kept, columns, (combination.T @ stacked.block(columns)).to(rows.dtype))
 
 
-def _divide(x: Any, divisor: float) -> Any:
-    """``x /= divisor`` in place, in ``x``'s dtype, computed in float64 block by block; returns ``x``.
+def _divide(x: Any, divisor: float, out: Any = None) -> Any:
+    """``out = x / divisor`` in float64 block by block, stored in ``out``'s dtype (default: ``x``, in place).
 
     The same numbers as a whole float64 copy of ``x`` would give, without allocating one (1 GB at
     GPT-2 small), nor a new vector of ``x``'s own: a fresh 0.5 GB tensor is mapped and zeroed page by
-    page, 0.2 s of every product there.
+    page, 0.2 s of every product there. ``out``: the row where the result is kept, written in the
+    same pass (dividing in place and copying after is a second pass over D).
     """
     import torch
 
-    step = _block_width(1, x.shape[0])
+    out = x if out is None else out
+    step = _block_width(1, x.shape[0], x.device)
     part = torch.empty(min(step, x.shape[0]), dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], step):
         block = part[: min(step, x.shape[0] - start)].copy_(x[start : start + step])
-        x[start : start + step] = block.div_(divisor)
-    return x
+        out[start : start + step] = block.div_(divisor)
+    return out
 
 
 def _norm(x: Any) -> float:
     import torch
 
     total = torch.zeros((), dtype=torch.float64, device=x.device)
-    step = _block_width(1, x.shape[0])
+    step = _block_width(1, x.shape[0], x.device)
     part = torch.empty(min(step, x.shape[0]), dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], step):
         block = part[: min(step, x.shape[0] - start)].copy_(x[start : start + step])
@@ -526,7 +561,7 @@ def top_eigenpairs(
 
     def random_unit(used: int) -> Any:
         v = torch.empty(dimension, dtype=dtype, device=device)
-        step = _block_width(1, dimension)  # drawn by blocks: never a float64 vector of size D
+        step = _block_width(1, dimension, device)  # drawn by blocks: never a float64 vector of size D
         for start in range(0, dimension, step):
             v[start : start + step] = torch.from_numpy(rng.standard_normal(min(step, dimension - start)))
         # twice is enough (Parlett): orthogonal to working precision
@@ -541,12 +576,26 @@ def top_eigenpairs(
     again = False  # the last product's vector was reorthogonalized because Ω had passed √ε
     passes = 0  # passes over all kept vectors
     current = random_unit(0)  # the last Lanczos vector, also kept in memory: the next product's input
-    # Each product is copied into `spare`, which then becomes the next Lanczos vector in place, and
-    # the vector it was made from the next `spare`: two vectors of D allocated once. A fresh tensor
-    # per product and per division was mapped and zeroed page by page, 0.5 s of every product at
-    # GPT-2 small (124M parameters, this 2-core machine).
+    # Each product is orthogonalized into `spare`. Kept in memory, the next Lanczos vector is divided
+    # from it straight into its row, and `current` is that row: `spare` is reused every product. Spilled,
+    # `spare` becomes the next vector in place, and the vector it was made from the next `spare`. Either
+    # way no vector of D is allocated per product: a fresh tensor per product and per division was
+    # mapped and zeroed page by page, 0.5 s of every product at GPT-2 small (124M parameters, this
+    # 2-core machine), and dividing in place then copying into the row was one more pass over D.
+    in_memory = isinstance(vectors, MemoryRows)
+
+    def keep_row(index: int, vector: Any) -> Any:
+        """Row ``index`` = ``vector``; returns what the next product reads: the row itself when in memory."""
+        if not in_memory:
+            vectors.write(index, vector)
+            return vector
+        row = vectors.data[index]
+        if vector.data_ptr() != row.data_ptr():
+            row.copy_(vector)
+        return row
+
     spare = torch.empty(dimension, dtype=dtype, device=device)
-    vectors.write(0, current)
+    current = keep_row(0, current)
     used = 1  # rows of `vectors` in use
     restarts = 0
     estimates = theta = top = ritz = None
@@ -559,8 +608,7 @@ def top_eigenpairs(
                 # below): P H P v = P H v, and B and the kept vectors are taken out in one pass
                 product = hvp(current)
                 vectors.wait()  # `spare` may be the row a spilled search is still writing
-                r = spare.copy_(product)  # ours to update in place, whatever hvp returns
-                del product
+                r = spare  # the orthogonalized product goes here: ours to update, whatever hvp returns
                 # The three-term recurrence: B and the vectors T couples the current one to (the previous
                 # one, or after a thick restart the kept Ritz vectors) hold all of r but the rounding; a
                 # second pass (DGKS) when they cancelled most of it. Rounding then makes r lose
@@ -570,7 +618,8 @@ def top_eigenpairs(
                 # The current vector is taken from memory, not read back from the (maybe spilled) rows.
                 first = _first_coupled(projected, used)
                 coupled_rows = [(_Tail(vectors, first), used - 1 - first), (MemoryRows.of(current[None]), 1)]
-                local, beta = _orthogonalize(r, [*projection, *coupled_rows])
+                local, beta = _orthogonalize(r, [*projection, *coupled_rows], source=product)
+                del product
                 alpha = float(local[-1])
                 projected[used - 1, used - 1] = alpha
                 # Simon's estimate of the new vector's overlaps with the kept ones: one pass over all of
@@ -608,15 +657,21 @@ def top_eigenpairs(
                 # a new direction orthogonal to it, coupled to nothing
                 coupling = 0.0 if invariant else beta
                 previous = current
-                current = random_unit(used) if invariant else _divide(r, beta)
-                spare = r if invariant else previous
+                if invariant:
+                    current = random_unit(used)
+                elif in_memory and used < room:
+                    current = _divide(r, beta, out=vectors.data[used])  # the next row, written in this pass
+                else:
+                    current = _divide(r, beta)
+                if not in_memory:
+                    spare = r if invariant else previous
                 del r, previous
                 if invariant:
                     overlap[:] = eps  # random_unit orthogonalized it against everything, twice
                 if used < room:
                     projected[used, used - 1] = projected[used - 1, used] = coupling
                     overlaps[used, :used] = overlaps[:used, used] = overlap
-                    vectors.write(used, current)
+                    current = keep_row(used, current)
                     used += 1
                     continue
                 # thick restart: A (V S) = (V S) Θ + r (e_lastᵀ S) keeps the best Ritz pairs exactly; the
@@ -634,7 +689,7 @@ def top_eigenpairs(
                 overlaps[:keep, :keep] = restarted
                 overlaps[keep, :keep] = overlaps[:keep, keep] = kept.T @ overlap
                 overlaps[keep, keep] = 1.0
-                vectors.write(keep, current)
+                current = keep_row(keep, current)
                 used = keep + 1
                 restarts += 1
             else:

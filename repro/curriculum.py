@@ -19,7 +19,10 @@ Protocol (Clustering Head §4.2; the sandbox's ``paper`` preset, §2: L = 12, k 
   epochs as the curriculum trained in all, with the same Adam and the batch orders of the epochs
   after the first 1,000, exactly as one ``ckpt train --epochs 2000`` run. It separates what the p = 2
   phase gives from what 1,000 more epochs give (the paper compares 1,000 against 1,000 + 1,000).
-- ``--child-p 4`` (to 10) runs Fig. 9's other bars: the same p = 2 parent, then p = 4.
+- ``--child-p 4`` (to 10) runs Fig. 9's other bars: the same p = 2 parent, then p = 4. Several
+  sizes (``--child-p 3 4 5 6 7 8 9 10``) share one p = 2 phase: each size's report is written when
+  it is done, and ``curriculum-sweep.json/.png`` (Fig. 9: mean and maximum per p, both arms) after
+  each size, so a stopped sweep keeps what it finished.
 
 Accuracy: the final test accuracy (the 2,048 held-out sequences) after the last epoch. Fig. 9
 shows its mean over runs (left) and its maximum over runs (right); a maximum over seeds has no
@@ -39,6 +42,7 @@ over the stacked parameters, one Adam that is each seed's own); each seed follow
 ``ckpt train`` trajectory up to the floating-point summation order. Run by hand, not in CI::
 
     nice -n 19 python repro/curriculum.py --seeds 48 --epochs 1000 --out repro-out/curriculum
+    nice -n 19 python repro/curriculum.py --seeds 24 --child-p 3 4 5 6 7 8 9 10 --out repro-out/curriculum-sweep
     nice -n 19 python repro/curriculum.py --quick
 """
 
