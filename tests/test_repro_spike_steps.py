@@ -9,6 +9,7 @@ pairs on them, the loss rule step by step, and the measures from the replayed we
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -122,3 +123,23 @@ def test_measures_are_those_of_the_replayed_weights(tiny: tuple[object, Path, di
     assert (out / "spike-steps.png").stat().st_size > 10_000 and (
         out / "spike-steps-onsets.png"
     ).stat().st_size > 10_000
+
+
+def test_report_only_recomputes_the_statistics_and_the_barely_risen_subset(tiny: tuple[object, Path, dict]) -> None:
+    """--report-only gives the run's statistics again; the subset: pairs whose loss at t*-1 is <= 1.1x baseline."""
+    module, out, results = tiny
+    again = module.main(["--report-only", "--out", str(out)])
+    assert again["statistics"]["step"] == json.loads(json.dumps(results["statistics"]["step"]))
+    rows = results["pairs"]
+    risen = np.array(
+        [
+            losses[t - 1] / median
+            for losses, t, median in zip(rows["step_losses"], rows["onset_step"], rows["window_median"], strict=True)
+        ]
+    )
+    np.testing.assert_allclose(module.barely_risen(results), risen)
+    keep = risen <= 1.1
+    assert bool(again["statistics"]["step, barely risen"]) == bool(keep.any())
+    for name, stat in again["statistics"]["step, barely risen"].items():
+        diffs = np.subtract(results["values"]["step"][name]["pre"], results["values"]["step"][name]["control"])[keep]
+        assert stat["pairs"] == int(keep.sum()) and stat["mean_diff"] == pytest.approx(diffs.mean())
