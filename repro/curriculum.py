@@ -529,8 +529,8 @@ def plot_sweep(sweep: dict[str, Any], path: str) -> None:
     axes[1].set_title("maximum final test accuracy over seeds (numbers: seeds at 100%)", fontsize=9)
     for ax in axes:
         ax.set_xticks(x, [f"p = {p}" for p in sizes])
-        ax.set_ylim(0, 1.1)
-        ax.legend(fontsize=8, loc="upper right")
+        ax.set_ylim(0, 1.25)  # room above the bars for the legend
+        ax.legend(fontsize=8, loc="upper center", ncol=2)
     fig.suptitle(
         f"Clustering Head Fig. 9: p = {PARENT_P} -> p curriculum vs p from scratch, {sweep['epochs']} epochs per phase,"
         f" {len(sweep['seeds'])} seeds per bar (p = {PARENT_P} alone: mean {sweep['parent']['mean']:.3f})",
