@@ -228,7 +228,15 @@ def test_an_interrupt_stops_the_tasks_in_flight_and_queued(tmp_path: Path) -> No
     command = [sys.executable, "-m", "ckpt.cli", "analyze", "polca", str(path), "--basis", "random-basis"]
     # 200 blocks x 4 vectors: 800 passes a step, each one check for an interrupt
     command += ["--batch-size", "20", "--basis-batch", "1", "--progress", "--block-steps", "8"]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # SIGINT as a terminal's Ctrl-C finds it: a test run from a background job (`pytest &`, nohup) ignores
+    # SIGINT, its children inherit that, and Python installs no KeyboardInterrupt over an ignored signal
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen = ""
     # read what is there (the bars end lines with \r), and look only at the new part: a test that fell behind
     # the run's output saw it finish before the interrupt (CI under load)
