@@ -79,11 +79,12 @@ class ParamSpace:
         """Start of each tensor in the flat vector."""
         return [int(x) for x in np.cumsum([0, *self.sizes[:-1]])]
 
-    def flatten(self, tensors: Mapping[str, Any], batch_dims: int = 0) -> Any:
-        """``{name: [*batch, *shape]}`` -> ``[*batch, D]`` (torch)."""
+    def flatten(self, tensors: Mapping[str, Any], batch_dims: int = 0, out: Any = None) -> Any:
+        """``{name: [*batch, *shape]}`` -> ``[*batch, D]`` (torch), into ``out`` when given."""
         import torch
 
-        return torch.cat([tensors[n].reshape(*tensors[n].shape[:batch_dims], -1) for n in self.names], dim=-1)
+        flat = [tensors[n].reshape(*tensors[n].shape[:batch_dims], -1) for n in self.names]
+        return torch.cat(flat, dim=-1) if out is None else torch.cat(flat, dim=-1, out=out)
 
     def unflatten(self, flat: Any) -> dict[str, Any]:
         """``[*batch, D]`` -> ``{name: [*batch, *shape]}`` (views, torch or numpy)."""

@@ -468,7 +468,8 @@ def top_eigenpairs(
     Parameters
     ----------
     hvp
-        ``hvp(v) -> H v`` on flat torch vectors ``[D]``.
+        ``hvp(v) -> H v`` on flat torch vectors ``[D]``. It may return the same buffer each
+        call: a product is used up before the next is asked for.
     dimension
         D.
     k

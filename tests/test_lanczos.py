@@ -48,6 +48,25 @@ def test_top_eigenpairs_equal_eigh_with_residuals_of_the_returned_vectors() -> N
     assert (found.residuals <= 1e-10 * np.abs(found.values)).all()
 
 
+@pytest.mark.parametrize("spill", [False, True])
+def test_products_returned_in_one_reused_buffer_give_the_same_numbers(tmp_path, spill) -> None:
+    """The analyzers flatten every product into one kept buffer (no fresh [D] tensor a product)."""
+    matrix = symmetric(np.concatenate([[9.0, 8.8, 8.5], np.linspace(-3, 3, 197)]))
+    _, fresh_hvp = counted(matrix)
+    buffer = torch.empty(200)
+
+    def reused_hvp(v: torch.Tensor) -> torch.Tensor:
+        return buffer.copy_(fresh_hvp(v))
+
+    options = {"tol": 1e-9, "max_vectors": 8, "spill": spill, "spill_dir": str(tmp_path)}
+    fresh = top_eigenpairs(fresh_hvp, 200, 2, **options)
+    reused = top_eigenpairs(reused_hvp, 200, 2, **options)
+    assert reused.restarts > 0 and reused.matvecs == fresh.matvecs
+    np.testing.assert_array_equal(reused.values, fresh.values)
+    np.testing.assert_array_equal(reused.vectors, fresh.vectors)
+    np.testing.assert_allclose(reused.values, [9.0, 8.8], rtol=1e-6)
+
+
 def test_a_basis_is_deflated_and_the_result_orthogonal_to_it() -> None:
     values = np.concatenate([[5.0, 4.0, 3.0, 2.5], np.linspace(-1, 1, 56)])
     matrix = symmetric(values, seed=1)
