@@ -217,8 +217,6 @@ def eigenvectors_at(
     journal keys of this and every earlier piece; ``found_at``: their steps), so that a
     run killed later resumes after it.
     """
-    import torch
-
     precision = torch_dtype(dtype)
     params = worker.params(step)
     primal = trainable(params, space, dtype)
@@ -249,13 +247,7 @@ def eigenvectors_at(
 
     hessian = MeanLossHessian(fs, primal, keep_graphs=plan.keep_graphs)
 
-    # every product is flattened into this one buffer: a fresh [D] tensor per product is mapped and
-    # zeroed page by page. Flattening GPT-2 small's 148 tensors took 0.15-0.36 s fresh, 0.03-0.05 s
-    # into a kept buffer (this 2-core machine), and the search is done with a product before the next
-    flat = torch.empty(space.size, dtype=precision, device=worker.device)
-
-    def hvp(v: Any) -> Any:
-        return space.flatten(hessian(space.unflatten(v)), out=flat)
+    hvp = hessian.flat(space)
 
     with _product_progress(worker, step, tol, plan) as progress:
         try:

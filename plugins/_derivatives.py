@@ -588,6 +588,23 @@ class MeanLossHessian:
                 total = [t.add_(b) for t, b in zip(total, block, strict=True)]
         return dict(zip(self.names, total, strict=True))
 
+    def flat(self, space: ParamSpace) -> Callable[[Any], Any]:
+        """``v -> H v`` on flat ``[D]`` vectors of ``space``, every product written into one kept buffer.
+
+        The same buffer is returned by every call (what :func:`ckpt.plugins.top_eigenpairs` allows).
+        Why: a fresh ``[D]`` tensor per product is mapped and zeroed page by page. Flattening GPT-2
+        small's 148 tensors took 0.15-0.36 s fresh, 0.03-0.05 s into a kept buffer (this 2-core machine).
+        """
+        import torch
+
+        leaf = self._leaves[0]
+        out = torch.empty(space.size, dtype=leaf.dtype, device=leaf.device)
+
+        def hvp(v: Any) -> Any:
+            return space.flatten(self(space.unflatten(v)), out=out)
+
+        return hvp
+
 
 def graph_bytes(f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any]) -> int:
     """Bytes the autograd graph of ``f``'s gradient holds when kept for Hessian-vector products.
