@@ -359,3 +359,34 @@ def test_partial_reorthogonalization_keeps_the_lanczos_vectors_semi_orthogonal(d
     # and eigvalsh differed by up to 14 ε‖A‖ on an AMD EPYC, float32 by 0.5 ε‖A‖
     exact = torch.linalg.eigvalsh(matrix).flip(0)[:4].numpy()
     np.testing.assert_allclose(found.values, exact, rtol=0, atol=100 * torch.finfo(dtype).eps * np.abs(values).max())
+
+
+def test_a_spilled_search_whose_products_need_a_second_pass_gives_the_in_memory_numbers(tmp_path, monkeypatch) -> None:
+    """Spilled, the previous Lanczos vector is read from the buffer the new residual is written into.
+
+    A large shift (A = 50 I + a spread of ±1) makes each product almost all along the current vector,
+    so the first Gram-Schmidt pass removes most of it and a second pass follows (DGKS) on most
+    products: that pass must read the previous vector from the file, its buffer being the residual by
+    then. Bit-equal to the same search in memory, with the second pass taken.
+    """
+    import ckpt.plugins._lanczos as lanczos
+
+    matrix = symmetric(np.concatenate([[52.0, 51.9, 51.7], 50.0 + np.linspace(-1, 1, 297)]), seed=9)
+    _, hvp = counted(matrix)
+    options = {"tol": 1e-9, "dtype": torch.float32, "max_vectors": 8}
+    second_passes = [0]
+    subtract = lanczos._subtract
+
+    def counting_subtract(x, sources, coefficients, *, then_dots=False, source=None):
+        second_passes[0] += not then_dots and source is None
+        return subtract(x, sources, coefficients, then_dots=then_dots, source=source)
+
+    monkeypatch.setattr(lanczos, "_subtract", counting_subtract)
+    in_memory = top_eigenpairs(hvp, 300, 2, **options)
+    in_memory_passes, second_passes[0] = second_passes[0], 0
+    spilled = top_eigenpairs(hvp, 300, 2, spill=True, spill_dir=str(tmp_path), **options)
+    assert second_passes[0] == in_memory_passes > spilled.matvecs // 2
+    assert spilled.restarts > 0 and spilled.matvecs == in_memory.matvecs
+    np.testing.assert_array_equal(spilled.values, in_memory.values)
+    np.testing.assert_array_equal(spilled.vectors, in_memory.vectors)
+    np.testing.assert_allclose(spilled.values, [52.0, 51.9], rtol=1e-6)
