@@ -641,7 +641,6 @@ def top_eigenpairs(
                     source=product,
                     again_from=[*projection, *older, current_row],
                 )
-                spare_row = None
                 del product
                 alpha = float(local[-1])
                 projected[used - 1, used - 1] = alpha
