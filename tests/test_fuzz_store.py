@@ -1,7 +1,7 @@
 """The store fuzzer in CI: 1,000 hostile mutants of a real store, every reading command on each (issue 28).
 
 See ``tests/fuzz_store.py`` for the mutations, the worker and the oracle. The counts are printed
-(``pytest -s`` shows them) and every failure is listed with the mutations that caused it.
+(``pytest -n 0 -s`` shows them) and every failure is listed with the mutations that caused it.
 """
 
 from __future__ import annotations
