@@ -20,6 +20,7 @@ basis checkpoint.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -217,6 +218,8 @@ def eigenvectors_at(
     journal keys of this and every earlier piece; ``found_at``: their steps), so that a
     run killed later resumes after it.
     """
+    import torch
+
     precision = torch_dtype(dtype)
     params = worker.params(step)
     primal = trainable(params, space, dtype)
@@ -248,11 +251,20 @@ def eigenvectors_at(
     hessian = MeanLossHessian(fs, primal, keep_graphs=plan.keep_graphs)
 
     hvp = hessian.flat(space)
+    seconds: list[float] = []  # each product's own time, apart from the search's vector work
 
-    with _product_progress(worker, step, tol, plan) as progress:
+    def timed_hvp(vector: Any) -> Any:
+        start = time.perf_counter()
+        product = hvp(vector)
+        if product.is_cuda:  # kernels run asynchronously: the product's time ends when they do
+            torch.cuda.synchronize(product.device)
+        seconds.append(time.perf_counter() - start)
+        return product
+
+    with _product_progress(worker, step, tol, plan, seconds) as progress:
         try:
             pairs = top_eigenpairs(
-                hvp,
+                timed_hvp,
                 space.size,
                 k,
                 basis=basis,
@@ -353,8 +365,16 @@ def saved_eigenpairs(
 
 
 @contextlib.contextmanager
-def _product_progress(worker: Worker, step: int, tol: float, plan: MemoryPlan) -> Iterator[Any]:
-    """A bar of Hessian-vector products for one basis checkpoint (``--progress``), with the worst residual."""
+def _product_progress(
+    worker: Worker, step: int, tol: float, plan: MemoryPlan, seconds: Sequence[float]
+) -> Iterator[Any]:
+    """A bar of Hessian-vector products for one basis checkpoint (``--progress``), with the worst residual.
+
+    ``seconds``: each product's own time so far, whose median the bar shows beside its rate. Why:
+    the rate counts the search's vector work too (orthogonalization, restarts, vectors spilled to
+    disk), and a product's own cost is what a forward + backward pass is compared with
+    (bench/scale.py reads both).
+    """
     graphs = "kept graphs" if plan.keep_graphs else f"graphs rebuilt per product, blocks of {plan.block_examples}"
     where = " spilled to disk" if plan.spill else ""
     postfix = f"{graphs}, {plan.vectors} vectors{where}, ~{format_size(plan.estimate)}"
@@ -362,8 +382,11 @@ def _product_progress(worker: Worker, step: int, tol: float, plan: MemoryPlan) -
 
         def progress(products: int, worst: float) -> None:
             bar.update(1)
-            if np.isfinite(worst):
-                bar.set_postfix_str(f"residual {worst:.1e} (tol {tol:g})", refresh=False)
+            state = [f"residual {worst:.1e} (tol {tol:g})"] if np.isfinite(worst) else []
+            if seconds:
+                state.append(f"a product alone {np.median(seconds):.3g} s (median)")
+            if state:  # until then the bar shows the memory plan
+                bar.set_postfix_str(", ".join(state), refresh=False)
 
         yield progress
 

@@ -38,8 +38,10 @@ the same Trainer folders through ``transformers``:
 - ``backward``: one backward pass of the mean loss at every checkpoint, gradient norms;
 - ``fwd+bwd``: one forward + backward over the Hessian sample (8 sequences), median
   of 5 after a warm-up: what one Hessian-vector product is compared with
-  (ckpt's seconds per product ~ hessian-basis's wall time / its ``matvecs``, an
-  upper bound: start-up and building the graphs count too);
+  (ckpt's seconds per product three ways: hessian-basis's wall time / its ``matvecs``,
+  an upper bound where start-up and building the graphs count too; its progress bars'
+  elapsed time / products, the time a product in the searches with their vector work;
+  and the median product alone, which the bars show beside their rate);
 - ``floor``: K forward passes over the eval data at every checkpoint, K the
   random basis's vector count: POLCA's floor.
 
@@ -364,14 +366,23 @@ def search_time(stderr: Path) -> dict[str, Any]:
     product in the search, where the process's wall time over all products also counts start-up,
     reading and planning.
     """
-    last: dict[str, tuple[int, float]] = {}
-    pattern = r"hessian-basis step (\d+): (\d+)product \[(\d+(?::\d+)+)"
-    for step, products, elapsed in re.findall(pattern, stderr.read_text()):
+    last: dict[str, tuple[int, float, float | None]] = {}
+    pattern = r"hessian-basis step (\d+): (\d+)product \[(\d+(?::\d+)+)([^\]\r\n]*)"
+    for step, products, elapsed, rest in re.findall(pattern, stderr.read_text()):
         seconds = sum(float(part) * 60**i for i, part in enumerate(reversed(elapsed.split(":"))))
-        last[step] = (int(products), seconds)
+        alone = re.search(r"a product alone ([\d.e+-]+) s \(median\)", rest)
+        last[step] = (int(products), seconds, float(alone.group(1)) if alone else None)
     if not last:
         return {}
-    return {"search_products": sum(p for p, _ in last.values()), "search_s": sum(t for _, t in last.values())}
+    figures: dict[str, Any] = {
+        "search_products": sum(p for p, _, _ in last.values()),
+        "search_s": sum(t for _, t, _ in last.values()),
+    }
+    medians = [m for _, _, m in last.values() if m is not None]
+    if medians:
+        # each checkpoint's median product, the operator alone (the bar's own figure)
+        figures["product_alone_s"] = {step: m for step, (_, _, m) in last.items() if m is not None}
+    return figures
 
 
 def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -472,6 +483,13 @@ def table(size: str, figures: dict[str, Any], device: str) -> str:
             if searched and products and per_pass:
                 in_search = searched / products
                 notes.append(f"in the searches {in_search:.3f} s a product, {ratio(in_search, per_pass)} a fwd+bwd")
+            alone = step.get("result", {}).get("product_alone_s") or {}
+            if alone and per_pass:
+                typical = statistics.median(alone.values())
+                notes.append(
+                    f"a product alone (no vector work) {typical:.3f} s, {ratio(typical, per_pass)} a fwd+bwd "
+                    f"(median of the checkpoints' medians, {', '.join(f'{v:.2f}' for v in alone.values())})"
+                )
             if per_pass:
                 notes.append(f"one fwd+bwd on the {HESSIAN_SAMPLES} samples {per_pass:.3f} s")
         elif base:

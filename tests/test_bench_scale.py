@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -73,3 +74,10 @@ def test_the_in_search_time_of_hessian_basis_is_read_from_its_progress_bars(scal
     # every product of every basis checkpoint is counted, from tqdm's own lines
     assert figures["search_products"] == stored["matvecs"] > 0
     assert 0 <= figures["search_s"] <= done.seconds  # tqdm shows whole seconds: a tiny search may read 00:00
+    # and each basis checkpoint's median product alone, from the bar's last postfix
+    alone = figures["product_alone_s"]
+    assert {int(step) for step in alone} <= {int(step) for step in ckptstore.open(store).steps}
+    assert len(alone) == len(
+        set(re.findall(r"hessian-basis step (\d+):", (tmp_path / "logs" / "hessian-basis.err").read_text()))
+    )
+    assert all(0 < seconds < done.seconds for seconds in alone.values())
