@@ -37,18 +37,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.basis import sample_examples
-from ckpt.analyzers.hessian_basis import graph_growth, plan_memory
+from ckpt.analyzers.hessian_basis import graph_growth, hessian_operator, plan_memory
 from ckpt.analyzers.spike_causes import check_model_and_split, learning_rates
 from ckpt.plugins import (
     DTYPES,
     AnalysisContext,
     AnalysisError,
     Analyzer,
-    MeanLossHessian,
     Option,
     ParamSpace,
     Worker,
-    chunks,
     datapoint_index,
     format_size,
     hookimpl,
@@ -144,8 +142,7 @@ def top_curvature(
             "vectors: raise --max-memory"
         )
         raise AnalysisError(msg) from None
-    fs = [(block_loss(examples[rows]), 1.0 / datapoints) for rows in chunks(len(examples), plan.block_examples)]
-    hessian = MeanLossHessian(fs, primal, keep_graphs=plan.keep_graphs)
+    hessian = hessian_operator(plan, block_loss, examples, 1.0 / datapoints, primal, batch_size)
 
     hvp = hessian.flat(space)
 

@@ -75,6 +75,18 @@ class MemoryPlan:
     """Bytes the plan is expected to peak at."""
     spill: bool = False
     """Lanczos vectors kept in a temporary file rather than memory (:class:`ckpt.plugins.SpilledRows`)."""
+    kept_examples: int = 0
+    """Without ``keep_graphs``: the first this many examples still keep their graphs (in blocks of the batch
+    size), and only the rest are rebuilt per product, in blocks of ``block_examples``."""
+
+    def describe(self) -> str:
+        """How the graphs are held, for a progress bar."""
+        if self.keep_graphs:
+            return "kept graphs"
+        if self.kept_examples:
+            rebuilt = f"the rest rebuilt per product in blocks of {self.block_examples}"
+            return f"graphs of {self.kept_examples} examples kept, {rebuilt}"
+        return f"graphs rebuilt per product, blocks of {self.block_examples}"
 
 
 PREFERRED_EXTRA_VECTORS = 8
@@ -88,6 +100,9 @@ RSS once the graphs were built, 9.2 GiB during a product, with 1.8 GiB of model,
 besides: 7.4 GiB, 2.3x the graphs."""
 REBUILT_PEAK = 2.3
 """A rebuilt block holds its graph and the product's backward buffers at once (the same measurement)."""
+GRAPH_AT_REST = 1.35
+"""Kept graphs between their products, from the same measurement: 6.1 GiB RSS once built, less the 1.8 GiB
+besides, is 1.35x the 3.2 GiB of graphs. What they hold while a product rebuilds the blocks that did not fit."""
 FIXED_VECTORS = 5
 """Vectors of D held beside the search: the checkpoint's tensors (cached by the worker; θ's leaves share
 them) and the previous checkpoint's (the worker caches two), the product being made, its flat copy and
@@ -113,8 +128,15 @@ def plan_memory(
     In order of speed: kept graphs with the Lanczos vectors in memory (as many as fit; fewer
     vectors cost a few more products, in thick restarts); kept graphs with the vectors spilled to
     a temporary file (a product reads them back, about 0.15 s per GB, where rebuilding a block's
-    graph costs a forward and a backward pass more per product); then blocks rebuilt per product,
-    as large as fit, with the vectors in memory, then spilled.
+    graph costs a forward and a backward pass more per product); with the vectors spilled, the
+    graphs of as many examples as fit kept and the rest rebuilt per product; then blocks rebuilt
+    per product, as large as fit, with the vectors in memory, then spilled.
+
+    Why the third: each basis checkpoint adds its vectors to what the search holds, so a budget
+    that keeps every graph at the first checkpoints stops doing so at a later one, often by less
+    than an example's graph. At GPT-2 small (``--samples 8``, default budget on a 24 GiB machine)
+    the third and fourth checkpoints fell to rebuilding every block, 22.7 s a product against
+    11.7 s with the graphs kept.
 
     Parameters
     ----------
@@ -164,6 +186,12 @@ def plan_memory(
         return MemoryPlan(True, batch_size, vectors, fixed + kept + lanczos_bytes(dimension, vectors, itemsize))
     if can_spill and fixed + kept + spilled(preferred) <= budget:
         return MemoryPlan(True, batch_size, preferred, fixed + kept + spilled(preferred), spill=True)
+    if can_spill:
+        partly = _partly_kept(budget - fixed - spilled(preferred), examples, batch_size, graph)
+        if partly is not None:
+            kept_examples, block, peak = partly
+            estimate = fixed + spilled(preferred) + peak
+            return MemoryPlan(False, block, preferred, estimate, spill=True, kept_examples=kept_examples)
     for spill in (False, True) if can_spill else (False,):
         vectors = preferred if spill else min(preferred, room(budget - fixed - graphs(1, REBUILT_PEAK)))
         search = spilled(vectors) if spill else lanczos_bytes(dimension, vectors, itemsize)
@@ -180,6 +208,53 @@ def plan_memory(
         f"vectors); the memory budget is {format_size(budget)}: raise --max-memory, or lower -k"
     )
     raise AnalysisError(msg)
+
+
+def _partly_kept(
+    left: float, examples: int, batch_size: int, graph: tuple[float, float]
+) -> tuple[int, int, int] | None:
+    """``(kept examples, rebuilt block, peak bytes)`` keeping as many examples' graphs as ``left`` bytes allow.
+
+    The kept graphs (in blocks of ``batch_size``) peak at :data:`GRAPH_PEAK` times their bytes during
+    their part of a product; the blocks rebuilt after it hold their own graph (:data:`REBUILT_PEAK`)
+    beside the kept graphs at rest (:data:`GRAPH_AT_REST`). None when not even one example's graph is
+    kept with one example rebuilt beside it.
+    """
+    constant, per_example = graph
+
+    def held(count: int) -> float:
+        return sum(constant + per_example * min(batch_size, count - start) for start in range(0, count, batch_size))
+
+    for kept in range(examples - 1, 0, -1):
+        graphs = held(kept)
+        if GRAPH_PEAK * graphs > left:
+            continue
+        room = (left - GRAPH_AT_REST * graphs) / REBUILT_PEAK - constant
+        block = int(min(batch_size, examples - kept, room // max(per_example, 1)))
+        if block >= 1:
+            peak = max(GRAPH_PEAK * graphs, GRAPH_AT_REST * graphs + REBUILT_PEAK * (constant + per_example * block))
+            return kept, block, int(peak)
+    return None
+
+
+def hessian_operator(
+    plan: MemoryPlan,
+    block_loss: Callable[[np.ndarray], Any],
+    examples: np.ndarray,
+    weight: float,
+    primal: Any,
+    batch_size: int,
+) -> MeanLossHessian:
+    """The mean loss's Hessian over ``examples`` as ``plan`` holds its graphs (kept, rebuilt, or partly kept).
+
+    ``block_loss(rows)`` is the per-datapoint loss of those examples, each weighted by ``weight``.
+    """
+    kept = len(examples) if plan.keep_graphs else plan.kept_examples
+    kept_rows = [examples[:kept][rows] for rows in chunks(kept, batch_size)] if kept else []
+    rest = examples[kept:]
+    rebuilt_rows = [rest[rows] for rows in chunks(len(rest), plan.block_examples)] if len(rest) else []
+    fs = [(block_loss(rows), weight) for rows in kept_rows + rebuilt_rows]
+    return MeanLossHessian(fs, primal, kept_blocks=len(kept_rows))
 
 
 def graph_growth(block_loss: Callable[[np.ndarray], Any], examples: np.ndarray, primal: Any) -> tuple[int, int]:
@@ -245,10 +320,8 @@ def eigenvectors_at(
         product_limit(space.size - earlier, k),
         can_spill=str(worker.device) == "cpu",
     )
-    fs = [(block_loss(examples[rows]), 1.0 / datapoints) for rows in chunks(len(examples), plan.block_examples)]
     basis = earlier_basis(previous, worker.device, precision)
-
-    hessian = MeanLossHessian(fs, primal, keep_graphs=plan.keep_graphs)
+    hessian = hessian_operator(plan, block_loss, examples, 1.0 / datapoints, primal, batch_size)
 
     hvp = hessian.flat(space)
     seconds: list[float] = []  # each product's own time, apart from the search's vector work
@@ -375,9 +448,8 @@ def _product_progress(
     disk), and a product's own cost is what a forward + backward pass is compared with
     (bench/scale.py reads both).
     """
-    graphs = "kept graphs" if plan.keep_graphs else f"graphs rebuilt per product, blocks of {plan.block_examples}"
     where = " spilled to disk" if plan.spill else ""
-    postfix = f"{graphs}, {plan.vectors} vectors{where}, ~{format_size(plan.estimate)}"
+    postfix = f"{plan.describe()}, {plan.vectors} vectors{where}, ~{format_size(plan.estimate)}"
     with worker.progress_bar(f"hessian-basis step {step}", unit="product", postfix=postfix) as bar:
 
         def progress(products: int, worst: float) -> None:

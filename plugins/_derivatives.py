@@ -536,6 +536,14 @@ class MeanLossHessian:
         ``[(f, weight), ...]`` as for :func:`hessian_vector_product`.
     primal
         θ, ``{name: tensor}``.
+    keep_graphs
+        Keep every block's graph (default), or rebuild each block's graph per product
+        (memory of one block, at the cost of a forward and a backward pass more per block
+        and product).
+    kept_blocks
+        Keep the graphs of the first this many blocks only and rebuild the rest per
+        product (overrides ``keep_graphs``): where the budget holds most of the graphs
+        but not all, a product rebuilds only the blocks that do not fit.
     """
 
     def __init__(
@@ -544,17 +552,20 @@ class MeanLossHessian:
         primal: Mapping[str, Any],
         *,
         keep_graphs: bool = True,
+        kept_blocks: int | None = None,
     ):
         import torch
 
         self.names = tuple(primal)
-        self.keep_graphs = keep_graphs
-        self._fs = list(fs)
+        blocks = list(fs)
+        kept = (len(blocks) if keep_graphs else 0) if kept_blocks is None else max(0, min(kept_blocks, len(blocks)))
+        self.keep_graphs = kept == len(blocks)
+        self._kept_fs, self._rebuilt_fs = blocks[:kept], blocks[kept:]
         self._leaves = [primal[name].detach().requires_grad_(True) for name in self.names]
         self._gradient: list[Any] = []
-        if keep_graphs:
+        if self._kept_fs:
             with torch.enable_grad():
-                for f, weight in self._fs:
+                for f, weight in self._kept_fs:
                     grads = self._block_gradient(f, weight)
                     self._gradient = (
                         list(grads)
@@ -576,13 +587,16 @@ class MeanLossHessian:
 
         direction = [vector[name] for name in self.names]
         with torch.enable_grad():
-            if self.keep_graphs:
-                products = torch.autograd.grad(self._gradient, self._leaves, grad_outputs=direction, retain_graph=True)
-                return dict(zip(self.names, products, strict=True))
-            # one block's graph at a time, built and freed per product: memory of one block, at the
-            # cost of a forward and a backward pass more per block and product
-            total = [torch.zeros_like(leaf) for leaf in self._leaves]
-            for f, weight in self._fs:
+            if self._gradient:
+                kept = torch.autograd.grad(self._gradient, self._leaves, grad_outputs=direction, retain_graph=True)
+                if not self._rebuilt_fs:
+                    return dict(zip(self.names, kept, strict=True))
+                total = list(kept)
+            else:
+                total = [torch.zeros_like(leaf) for leaf in self._leaves]
+            # the other blocks' graphs one at a time, built and freed per product: memory of one
+            # block, at the cost of a forward and a backward pass more per block and product
+            for f, weight in self._rebuilt_fs:
                 grads = self._block_gradient(f, weight)
                 block = torch.autograd.grad(grads, self._leaves, grad_outputs=direction)
                 total = [t.add_(b) for t, b in zip(total, block, strict=True)]

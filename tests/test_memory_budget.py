@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.analyzers.hessian_basis import FIXED_VECTORS, GRAPH_PEAK, MemoryPlan, plan_memory
+from ckpt.analyzers.hessian_basis import (
+    FIXED_VECTORS,
+    GRAPH_AT_REST,
+    GRAPH_PEAK,
+    REBUILT_PEAK,
+    MemoryPlan,
+    plan_memory,
+)
 from ckpt.plugins import AnalysisError, lanczos_bytes, parse_size
 from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
 
@@ -128,6 +135,57 @@ def test_kept_graphs_with_spilled_vectors_come_before_rebuilt_graphs() -> None:
     assert plan.keep_graphs and plan.spill and plan.vectors == 9 and plan.estimate <= budget
     on_gpu = plan_memory(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN)
     assert not on_gpu.keep_graphs and not on_gpu.spill and on_gpu.estimate <= budget
+
+
+def test_graphs_that_almost_fit_are_kept_in_part_and_the_rest_rebuilt() -> None:
+    """A later basis checkpoint's case: its earlier vectors leave the kept graphs a little short of room."""
+    search = lanczos_bytes(1_700_000, 9, spilled=True)
+    fixed = (FIXED_VECTORS + 2) * 1_700_000 * 4
+    constant, per_example = GRAPH
+    all_kept = int(GRAPH_PEAK * (constant + 32 * per_example)) * 2  # two blocks of 32
+    budget = fixed + search + all_kept - 10 * MiB
+    plan = plan_memory(budget, graph=GRAPH, limit=100, **PLAN)
+    assert not plan.keep_graphs and plan.spill and plan.vectors == 9
+    assert 32 < plan.kept_examples < 64 and 1 <= plan.block_examples <= 64 - plan.kept_examples
+    assert plan.estimate <= budget and "graphs of" in plan.describe()
+    # the kept graphs at their product's peak, and at rest beside a rebuilt block, both within the budget
+    kept = constant * 2 + per_example * plan.kept_examples
+    rebuilt = constant + per_example * plan.block_examples
+    assert fixed + search + GRAPH_PEAK * kept <= budget
+    assert fixed + search + GRAPH_AT_REST * kept + REBUILT_PEAK * rebuilt <= budget
+    # one example more kept would not fit
+    assert fixed + search + GRAPH_PEAK * (kept + per_example) > budget or (
+        fixed + search + GRAPH_AT_REST * (kept + per_example) + REBUILT_PEAK * (constant + per_example) > budget
+    )
+    # on a GPU nothing is spilled, and the graphs are all rebuilt as before
+    assert plan_memory(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN).kept_examples == 0
+
+
+def test_a_partly_kept_plan_covers_every_example_once() -> None:
+    """hessian_operator: kept blocks of the batch size, then rebuilt blocks; the same H v as all graphs kept."""
+    import torch
+
+    from ckpt.analyzers.hessian_basis import hessian_operator
+    from ckpt.plugins import MeanLossHessian
+
+    generator = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(11, 5, generator=generator), torch.randn(11, generator=generator)
+    primal = {"w": torch.randn(5, generator=generator, dtype=torch.float64), "b": torch.zeros((), dtype=torch.float64)}
+
+    def block_loss(rows: np.ndarray):
+        def f(params):
+            return torch.tanh(inputs[rows].double() @ params["w"] + params["b"]) - targets[rows].double()
+
+        return lambda params: f(params) ** 2
+
+    examples = np.array([3, 0, 7, 1, 9, 4, 10, 2])
+    plan = MemoryPlan(False, 2, 9, 0, spill=True, kept_examples=5)
+    operator = hessian_operator(plan, block_loss, examples, 1.0 / 8, primal, batch_size=3)
+    assert len(operator._kept_fs) == 2 and len(operator._rebuilt_fs) == 2  # kept 3 + 2, rebuilt 2 + 1
+    whole = MeanLossHessian([(block_loss(examples), 1.0 / 8)], primal)
+    vector = {"w": torch.randn(5, generator=generator, dtype=torch.float64), "b": torch.ones((), dtype=torch.float64)}
+    for name, value in whole(vector).items():
+        torch.testing.assert_close(operator(vector)[name], value, rtol=1e-12, atol=1e-14)
 
 
 def test_a_plan_that_cannot_fit_names_the_knobs() -> None:

@@ -584,9 +584,13 @@ def test_directional_derivatives_and_hvps_through_norms_and_attention_equal_expl
         atol=1e-12,
     )
     # the graph-reusing operator of hessian-basis, over two blocks, for two vectors in turn
-    # and the same with each block's graph rebuilt per product (what a tight --max-memory chooses)
+    # and the same with each block's graph rebuilt per product (what a tight --max-memory chooses),
+    # and with the first block's graph kept and the second's rebuilt (a budget between the two)
     blocks = [(losses, 0.25 / len(targets)), (losses, 0.75 / len(targets))]
-    for operator in (MeanLossHessian(blocks, primal), MeanLossHessian(blocks, primal, keep_graphs=False)):
+    operators = [MeanLossHessian(blocks, primal), MeanLossHessian(blocks, primal, keep_graphs=False)]
+    operators.append(MeanLossHessian(blocks, primal, kept_blocks=1))
+    assert [op.keep_graphs for op in operators] == [True, False, False]
+    for operator in operators:
         for k in range(2):
             hv = operator(unflatten(flat_directions[k]))
             np.testing.assert_allclose(
