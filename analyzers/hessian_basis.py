@@ -133,10 +133,10 @@ def plan_memory(
     per product, as large as fit, with the vectors in memory, then spilled.
 
     Why the third: each basis checkpoint adds its vectors to what the search holds, so a budget
-    that keeps every graph at the first checkpoints stops doing so at a later one, often by less
-    than an example's graph. At GPT-2 small (``--samples 8``, default budget on a 24 GiB machine)
-    the third and fourth checkpoints fell to rebuilding every block, 22.7 s a product against
-    11.7 s with the graphs kept.
+    that keeps every graph at the first checkpoints stops doing so at a later one, by a few
+    vectors of D. At GPT-2 small (``--samples 8``, default budget on a 24 GiB machine) the third
+    and fourth checkpoints fell to rebuilding every block, 22.7 s a product against 11.7 s with
+    the graphs kept.
 
     Parameters
     ----------
