@@ -250,7 +250,7 @@ def hessian_operator(
     ``block_loss(rows)`` is the per-datapoint loss of those examples, each weighted by ``weight``.
     """
     kept = len(examples) if plan.keep_graphs else plan.kept_examples
-    kept_rows = [examples[:kept][rows] for rows in chunks(kept, batch_size)] if kept else []
+    kept_rows = [examples[rows] for rows in chunks(kept, batch_size)] if kept else []  # slices of [0, kept)
     rest = examples[kept:]
     rebuilt_rows = [rest[rows] for rows in chunks(len(rest), plan.block_examples)] if len(rest) else []
     fs = [(block_loss(rows), weight) for rows in kept_rows + rebuilt_rows]

@@ -378,10 +378,10 @@ def search_time(stderr: Path) -> dict[str, Any]:
         "search_products": sum(p for p, _, _ in last.values()),
         "search_s": sum(t for _, t, _ in last.values()),
     }
-    medians = [m for _, _, m in last.values() if m is not None]
-    if medians:
-        # each checkpoint's median product, the operator alone (the bar's own figure)
-        figures["product_alone_s"] = {step: m for step, (_, _, m) in last.items() if m is not None}
+    # each checkpoint's median product, the operator alone (the bar's own figure)
+    alone = {step: m for step, (_, _, m) in last.items() if m is not None}
+    if alone:
+        figures["product_alone_s"] = alone
     return figures
 
 
