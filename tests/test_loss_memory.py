@@ -137,11 +137,15 @@ def test_token_cross_entropy_in_blocks_equals_one_call_bit_for_bit() -> None:
 
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.float64):
-        logits, labels = torch.randn(5, 7, 11, dtype=dtype), torch.randint(0, 11, (5, 7))
+        outputs, labels = torch.randn(5, 8, 11, dtype=dtype), torch.randint(0, 11, (5, 7))
+        logits = outputs[:, :-1]  # a causal LM's slice, which cannot be flattened without a copy
         whole = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(5, 7)
         with torch.no_grad():
-            for block in (1, 77, 2 * 77 + 5, 10**6):  # one sequence per call, two, the whole batch
+            # one position per call, three, one sequence, two, the whole batch; the default (8 MiB)
+            for block in (1, 33, 77, 2 * 77 + 5, 10**6, None):
                 assert torch.equal(_per_token_cross_entropy(logits, labels, block), whole), (dtype, block)
+            empty = _per_token_cross_entropy(logits[:0], labels[:0], 1)
+            assert empty.shape == (0, 7)
         logits.requires_grad_()
         chunked = _per_token_cross_entropy(logits, labels, 1)  # with autograd: one call, whatever the block
         assert torch.equal(chunked.detach(), whole)
@@ -154,7 +158,7 @@ def test_losses_computed_in_blocks_equal_a_plain_loop(lm_store: Path) -> None:
     import ckpt
     from tests.models import tiny_lm
 
-    result = ckpt.analyze("loss", lm_store, force=True, progress=False)  # 8,192 x 127 logits a sequence: 2 blocks
+    result = ckpt.analyze("loss", lm_store, force=True, progress=False)  # 8,192 x 127 logits a sequence: 16 calls
     store = ckptstore.open(lm_store)
     ids = torch.from_numpy(store.data("eval")["inputs"].values)
     model = tiny_lm(**CONFIG).eval()
