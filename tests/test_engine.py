@@ -295,6 +295,16 @@ def test_a_worker_makes_a_cached_value_once_however_many_threads_ask(tmp_path: P
         assert make() is values[0], "kept"
 
 
+def test_a_run_on_threads_never_imports_distributed(mlp_store: Path) -> None:
+    """Given the scheduler's name, or none, dask imports distributed to look for a client (0.28 s a run)."""
+    code = (
+        "import sys, ckpt; ckpt.analyze('loss', sys.argv[1], force=True, progress=False); "
+        "print('distributed' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(mlp_store)], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False"], done.stderr
+
+
 def test_threads_on_a_gpu_read_one_checkpoint_ahead_not_one_per_core() -> None:
     """On a GPU one computation runs at a time; more threads would only hold more checkpoints on it."""
     import os
