@@ -35,7 +35,7 @@ from ckpt.store.arrays import column_digest
 from ckpt.store.format import CHECKPOINTS, DATA, DIGESTS, METRIC_DIGESTS, METRICS, ROOT_ATTR, STEP, history_entry
 from ckpt.store.publish import lock_replaceable, publish, staging_path
 from ckpt.store.reader import Store, check_format
-from ckpt.store.results import delete_analysis
+from ckpt.store.results import delete_analysis, load_result
 from ckpt.store.writer import Writer
 
 
@@ -73,7 +73,7 @@ class RepairReport:
 def analysis_problems(store: Store, name: str) -> list[str]:
     """What is wrong with the stored result ``name``: files gone, chunks damaged, rows its provenance does not claim."""
     try:
-        result = store.analysis(name).load()
+        result = load_result(store.analysis(name))
     except CkptError as exc:
         return [f"analysis {name!r}: {str(exc).split(';')[0]}"]
     except (ValueError, OSError, RuntimeError) as exc:  # zarr could not decode a chunk of a pre-0.2 result

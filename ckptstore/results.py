@@ -335,4 +335,17 @@ def delete_analysis(path: str | os.PathLike[str], name: str, storage_options: di
         sync(zstore.delete_dir(_prefix(name)))
 
 
-__all__ = ["STEP", "STORE_LOCK", "delete_analysis", "result_lock", "store_lock", "write_analysis"]
+def load_result(dataset: xr.Dataset) -> xr.Dataset:
+    """A stored result (Dask-backed, as :meth:`ckpt.store.Store.analysis` opens it) read into memory.
+
+    On dask's threads, given as the scheduler itself: given none, or one by name, dask imports
+    ``distributed`` to look for a cluster's client first, 0.28 s of a 1.1-1.5 s ``ckpt show`` or
+    ``ckpt verify`` on this 2-core machine. A scheduler the user configured is used as it is.
+    """
+    import dask
+    import dask.threaded
+
+    return dataset.load(scheduler=dask.config.get("scheduler", None) or dask.threaded.get)
+
+
+__all__ = ["STEP", "STORE_LOCK", "delete_analysis", "load_result", "result_lock", "store_lock", "write_analysis"]

@@ -253,6 +253,7 @@ def show(store: str, name: str) -> None:
     import ckpt.store as ckptstore
     from ckpt.errors import CkptError
     from ckpt.plugins import Analyzer
+    from ckpt.store.results import load_result
 
     result = ckptstore.open(store).analysis(name)
     record = result.ckpt
@@ -269,7 +270,7 @@ def show(store: str, name: str) -> None:
         # the analyzer as it was run, so that its summary may read its options
         with contextlib.suppress(CkptError):  # options of another version: keep the generic summary
             summarizer = cls(**record.options)
-    click.echo(summarizer.summarize(result.load()))
+    click.echo(summarizer.summarize(load_result(result)))
 
 
 @click.command("rm")

@@ -97,7 +97,7 @@ try:
     cli.main(args=sys.argv[1:], prog_name="ckpt")
 except SystemExit as exc:
     code = exc.code
-heavy = sorted({m.split('.')[0] for m in sys.modules} & {'zarr', 'xarray', 'dask', 'torch'})
+heavy = sorted({m.split('.')[0] for m in sys.modules} & {'zarr', 'xarray', 'dask', 'distributed', 'torch'})
 print(json.dumps({"code": code, "heavy": heavy}))
 """
 
@@ -131,6 +131,20 @@ def test_info_imports_no_torch(tmp_path: Path) -> None:
     assert probe["code"] == 0
     assert "torch" not in probe["heavy"]
     assert {"zarr", "xarray"} <= set(probe["heavy"])  # it did read the store
+
+
+@pytest.mark.parametrize("args", [("show", "loss"), ("verify",)], ids=" ".join)
+def test_reading_a_result_does_not_import_distributed(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """Given no scheduler, dask imports distributed to look for a cluster's client: 0.35-0.65 s of these commands."""
+    store = tmp_path / "old.zarr"
+    shutil.copytree(LEGACY_STORE, store)
+    for step in (["upgrade", str(store)], ["analyze", "loss", str(store), "--force", "--no-progress"]):
+        done = run_ckpt(*step)  # digests, and a result as this version writes it
+        assert done.returncode == 0, done.stderr
+    command, *rest = args
+    probe = _startup(command, str(store), *rest, cwd=tmp_path)
+    assert probe["code"] == 0
+    assert "dask" in probe["heavy"] and "distributed" not in probe["heavy"]  # it did read the result with dask
 
 
 def test_a_store_of_the_previous_release_analyzes_unchanged(tmp_path: Path) -> None:
