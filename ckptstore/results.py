@@ -335,6 +335,24 @@ def delete_analysis(path: str | os.PathLike[str], name: str, storage_options: di
         sync(zstore.delete_dir(_prefix(name)))
 
 
+@contextlib.contextmanager
+def threads_unless_configured() -> Iterator[None]:
+    """Within: dask computes on its threads, given as the scheduler itself, unless the user configured one.
+
+    For the commands that read stored results lazily in many places (figures, the report): with no
+    scheduler configured, dask imports ``distributed`` at the first compute to look for a cluster's
+    client (see :func:`load_result`).
+    """
+    import dask
+    import dask.threaded
+
+    if dask.config.get("scheduler", None) is not None:
+        yield
+        return
+    with dask.config.set(scheduler=dask.threaded.get):
+        yield
+
+
 def load_result(dataset: xr.Dataset) -> xr.Dataset:
     """A stored result (Dask-backed, as :meth:`ckpt.store.Store.analysis` opens it) read into memory.
 
@@ -349,4 +367,13 @@ def load_result(dataset: xr.Dataset) -> xr.Dataset:
     return dataset.load(scheduler=dask.config.get("scheduler", None) or dask.threaded.get)
 
 
-__all__ = ["STEP", "STORE_LOCK", "delete_analysis", "load_result", "result_lock", "store_lock", "write_analysis"]
+__all__ = [
+    "STEP",
+    "STORE_LOCK",
+    "delete_analysis",
+    "load_result",
+    "result_lock",
+    "store_lock",
+    "threads_unless_configured",
+    "write_analysis",
+]

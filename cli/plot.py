@@ -7,6 +7,7 @@ commands that do not plot do not load it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -51,7 +52,7 @@ def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int, 
     """
     import ckpt.store as ckptstore
     from ckpt.analyzers.figures import save
-    from ckpt.errors import CkptError, StepNotFoundError
+    from ckpt.store.results import threads_unless_configured
 
     out = out or f"{name}.png"
     suffix = Path(out).suffix.lower().lstrip(".")
@@ -69,10 +70,19 @@ def plot_command(stores: tuple[str, ...], name: str, out: str | None, dpi: int, 
             raise click.UsageError(msg)
         from ckpt.analyzers.figures.geometry import runs_figure
 
-        save(runs_figure(paths), out, dpi)
+        with threads_unless_configured():
+            save(runs_figure(paths), out, dpi)
         click.echo(f"wrote {out} ({len(paths)} runs)")
         return
-    store = ckptstore.open(paths[0])
+    with threads_unless_configured():
+        _plot_one(ckptstore.open(paths[0]), name, out, dpi, with_parent)
+
+
+def _plot_one(store: Any, name: str, out: str, dpi: int, with_parent: bool) -> None:
+    """The figures of the stored result ``name`` of one store, written beside ``out``."""
+    from ckpt.analyzers.figures import save
+    from ckpt.errors import CkptError, StepNotFoundError
+
     if with_parent:
         from ckpt.plugins import join_lineage, stored_result
 
@@ -116,11 +126,13 @@ def report_command(store: str, out: str | None) -> None:
     tokens, the most frequent ones: see ckpt animate).
     """
     from ckpt.analyzers.figures.report import write_report
+    from ckpt.store.results import threads_unless_configured
 
     remote = "://" in store and not store.startswith("file://")
     out = out or ("report.html" if remote else str(Path(store).resolve().parent / "report.html"))
     _check_writable(out)
-    problems = write_report(store, out, registry())
+    with threads_unless_configured():
+        problems = write_report(store, out, registry())
     for problem in problems:
         click.echo(f"Warning: {problem}", err=True)
     click.echo(f"wrote {out}")
@@ -149,10 +161,12 @@ def animate_command(store: str, out: str | None, fps: int, limit: int, dpi: int)
     """
     import ckpt.store as ckptstore
     from ckpt.analyzers.figures.animation import animate
+    from ckpt.store.results import threads_unless_configured
 
     out = out or str(Path(store).with_suffix(".gif").name)
     _check_writable(out)
-    count = animate(ckptstore.open(store), out, fps=fps, limit=limit, dpi=dpi)
+    with threads_unless_configured():
+        count = animate(ckptstore.open(store), out, fps=fps, limit=limit, dpi=dpi)
     click.echo(f"wrote {out} ({count} frames at {fps} fps)")
 
 

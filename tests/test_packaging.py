@@ -133,9 +133,9 @@ def test_info_imports_no_torch(tmp_path: Path) -> None:
     assert {"zarr", "xarray"} <= set(probe["heavy"])  # it did read the store
 
 
-@pytest.mark.parametrize("args", [("show", "loss"), ("verify",)], ids=" ".join)
+@pytest.mark.parametrize("args", [("show", "loss"), ("verify",), ("plot", "loss"), ("report",)], ids=" ".join)
 def test_reading_a_result_does_not_import_distributed(tmp_path: Path, args: tuple[str, ...]) -> None:
-    """Given no scheduler, dask imports distributed to look for a cluster's client: 0.35-0.65 s of these commands."""
+    """Given no scheduler, dask imports distributed to look for a cluster's client: 0.3-0.65 s of these commands."""
     store = tmp_path / "old.zarr"
     shutil.copytree(LEGACY_STORE, store)
     for step in (["upgrade", str(store)], ["analyze", "loss", str(store), "--force", "--no-progress"]):
