@@ -361,10 +361,8 @@ def load_result(dataset: xr.Dataset) -> xr.Dataset:
     small store took 2.15 s with that import and 1.4-1.5 s without, ``ckpt verify`` 1.8 s and
     1.4-1.7 s (medians of 7 fresh processes). A scheduler the user configured is used as it is.
     """
-    import dask
-    import dask.threaded
-
-    return dataset.load(scheduler=dask.config.get("scheduler", None) or dask.threaded.get)
+    with threads_unless_configured():
+        return dataset.load()
 
 
 __all__ = [

@@ -50,7 +50,7 @@ from ckpt.plugins._runtime import (
     utc_timestamp,
 )
 from ckpt.store.publish import local_path
-from ckpt.store.results import result_lock, write_analysis
+from ckpt.store.results import result_lock, threads_unless_configured, write_analysis
 
 SCHEDULERS = ("threads", "processes", "sync")
 COMMIT_SECONDS = 2.0
@@ -398,8 +398,8 @@ def _warn_if_nonfinite(store: ckptstore.Store, target: str, steps: list[int]) ->
         part = variable.sel(step=[s for s in steps if s in set(result["step"].values.tolist())])
         if part.dtype.kind not in "fc":
             continue
-        # dask's threads given as the scheduler: with none given, dask imports distributed to look for a client
-        values = part.transpose("step", ...).compute(scheduler=dask.threaded.get).values
+        with threads_unless_configured():  # else dask imports distributed to look for a client
+            values = part.transpose("step", ...).values
         finite = np.isfinite(values).reshape(part.sizes["step"], -1).all(axis=1)
         for step in np.asarray(part["step"].values)[~finite].tolist():
             flagged.setdefault(int(step), []).append(str(name))

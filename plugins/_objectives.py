@@ -104,10 +104,9 @@ def _per_token_cross_entropy(logits: Any, labels: Any, block: int | None = None)
 
         if use_twice_differentiable():  # the kept graphs of Hessian-vector products
             return TokenCrossEntropy.apply(logits.flatten(0, 1), labels.flatten()).view(labels.shape)
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
     block = max(1, LOGITS_BLOCK_BYTES // logits.element_size() if block is None else block)
     per_sequence = max(1, math.prod(logits.shape[1:]))
-    if per_sequence * len(logits) <= block:  # one call (an empty batch too)
+    if torch.is_grad_enabled() or per_sequence * len(logits) <= block:  # one call (an empty batch too)
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
     if per_sequence <= block:
         rows = block // per_sequence
