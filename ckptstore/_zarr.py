@@ -29,7 +29,6 @@ import zarr.errors
 import zarr.storage
 from zarr.codecs import BytesCodec, Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
-from zarr.core.chunk_grids import RegularChunkGrid
 from zarr.core.metadata import ArrayV3Metadata
 from zarr.core.sync import sync
 
@@ -133,15 +132,18 @@ class WholeChunks:
         """The chunk files of the array at ``path``, or None when zarr must read it."""
         if not isinstance(store, zarr.storage.LocalStore) or not isinstance(metadata, ArrayV3Metadata):
             return None
-        grid = metadata.chunk_grid
-        if not isinstance(grid, RegularChunkGrid) or tuple(grid.chunk_shape) != (1, *metadata.shape[1:]):
+        # the grid as the spec writes it: zarr's class for it moved (RegularChunkGrid in 3.1,
+        # RegularChunkGridMetadata from 3.2 on), its JSON did not
+        grid = metadata.chunk_grid.to_dict()
+        if grid.get("name") != "regular" or tuple(grid["configuration"]["chunk_shape"]) != (1, *metadata.shape[1:]):
             return None
         codecs = tuple(metadata.codecs)
         if len(codecs) != 2 or not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[1], Crc32cCodec):
             return None
         # the bytes codec sets the byte order on disk; a new array's in-memory dtype may say otherwise
         dtype = np.dtype(metadata.dtype.to_native_dtype()).newbyteorder("=")
-        native = codecs[0].endian is not None and codecs[0].endian.value == sys.byteorder
+        endian = getattr(codecs[0].endian, "value", codecs[0].endian)  # an Endian enum to zarr 3.1, a str from 3.2
+        native = endian == sys.byteorder
         nbytes = math.prod(metadata.shape[1:]) * dtype.itemsize
         if (dtype.itemsize > 1 and not native) or nbytes == 0:  # zarr writes no chunk of 0 bytes
             return None
