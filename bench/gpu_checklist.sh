@@ -3,6 +3,8 @@
 #
 #   bench/gpu_checklist.sh full SECONDS     # every item at once, all stopped by SECONDS after the start
 #   bench/gpu_checklist.sh resume SECONDS   # a second call on the same warm machine: finish what the first left
+#   bench/gpu_checklist.sh table3 SECONDS   # the paper demo alone (Table 3), no profiler; a second call at once
+#                                           # on the warm machine resumes it from .gpu/demo
 #
 # Prepare here first (the machine has no registries): the Python 3.12 wheels of what its image lacks, in
 # .whl/ (ignored; carried with `carry: [".whl"]`). ckpt itself is installed there editable, from the
@@ -12,8 +14,9 @@
 #
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#       -d .whl zarr zarrs google-crc32c numcodecs donfig dask distributed partd locket tblib zict tornado \
-#       hdbscan xarray pandas dask-cuda rapids-dask-dependency setuptools py-spy   # the versions pip freeze shows
+#       -d .whl zarr zarrs google-crc32c numcodecs donfig msgspec typing_extensions dask distributed partd \
+#       locket tblib zict tornado hdbscan dask-cuda rapids-dask-dependency setuptools py-spy ruff
+#   (dask and distributed at the version rapids-dask-dependency pins; the image's xarray and pandas will do)
 #   pip wheel --no-deps -w .whl pyhessian==0.1 hessian-eigenthings==1.0.0a5
 #
 # The items run side by side, so their wall times are upper bounds (each line of summary.txt says what ran
@@ -31,10 +34,11 @@ export PYTHONUNBUFFERED=1
 began=$(date +%s)
 left() { echo $((budget - ($(date +%s) - began))); }
 
-# what the image lacks, into /tmp/site (the image's own torch, numpy, transformers stay)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+# what the image lacks, into the image's own environment (its torch, numpy, transformers stay): not a
+# --target folder on PYTHONPATH, which the processes that tests start with a clean environment do not see
+# (the second lent session lost 5 quick-suite tests to that)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl \
     >"$logs/install.log" 2>&1 || { echo "install failed"; tail -20 "$logs/install.log"; }
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$logs/install.log" 2>&1 ||
     { echo "editable install of ckpt failed"; tail -20 "$logs/install.log"; }
 {
@@ -62,30 +66,57 @@ job() {
         timeout -s INT -k 20 "$limit" "$@" >"$logs/$name.log" 2>&1
         echo "$name: exit $? after $(($(date +%s) - start)) s (limit $limit s)" >>"$logs/summary.txt"
     ) &
+    jobs_started+=($!)
 }
+jobs_started=()
 
 end=$(($(left) - 25)) # leaves time to pack the logs
+# what the GPU did meanwhile (utilisation and memory every 5 s): were the side-by-side jobs waiting for it?
+# And each process's memory beside its command line: the second lent session saw 110 GB held from the
+# moment the demo's hessian-basis began (its plan: ~10.2 GiB) and could not tell which of four jobs held it.
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >"$logs/gpu-use.csv" 2>&1 &
+sampler=$!
+(
+    while sleep 5; do
+        date +%T
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | while IFS=, read -r pid used; do
+            echo "  $pid $used $(tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | cut -c1-160)"
+        done
+    done
+) >"$logs/gpu-processes.txt" 2>&1 &
+processes=$!
 demo=(ckpt demo "$work/demo" --preset paper --device cuda --progress)
-if command -v py-spy >/dev/null; then # where the paper demo's time goes: its first run spent ~4 s a POLCA
-    # checkpoint outside the passes its bars time (3.9 s in them, ~8 s in all); every thread, 10 samples a second
-    demo=(py-spy record --format raw --rate 10 --output "$logs/demo-profile-$phase.txt" -- "${demo[@]}")
+if command -v py-spy >/dev/null; then # where the paper demo's time goes: POLCA spent ~4 s a checkpoint
+    # outside the passes its bars time on the H100 (3.9 s in them, ~8 s in all), ~1.8 s on the H200 (~5.7 s in
+    # all, the GPU shared). A raw profile (the second session's) has no time axis, so it could not separate the
+    # demo's phases: speedscope keeps each thread's samples in order, idle ones too, 10 a second.
+    demo=(py-spy record --format speedscope --idle --rate 10 --output "$logs/demo-profile-$phase.json" -- "${demo[@]}")
 fi
 if [ "$phase" = full ]; then
     echo "beside each other: demo, cuda tests then bench/polca.py, bench/scale.py --sizes L, the quick suite (-n 4)" >"$logs/summary.txt"
     job demo "$end" "${demo[@]}"
+    # bench/polca.py a section at a time: each prints its table when it ends, so one cut short loses only itself
     job cuda-then-polca "$end" bash -c "python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
-        >'$logs/cuda-tests.log' 2>&1; echo cuda tests exit \$?; python3 bench/polca.py --device cuda"
-    job scale "$end" python3 bench/scale.py --sizes L --device cuda --out "$work/scale" --timeout 240 \
+        >'$logs/cuda-tests.log' 2>&1; echo cuda tests exit \$?; \
+        python3 bench/polca.py --device cuda --only hessian; python3 bench/polca.py --device cuda --only polca"
+    # steps of at most 150 s, so that the plain-PyTorch baselines (run after every step) are reached
+    job scale "$end" python3 bench/scale.py --sizes L --device cuda --out "$work/scale" --timeout 150 \
         --build-timeout 240
     job quick-suite "$end" python3 -m pytest -q -m "not slow" -n 4 -p no:cacheprovider \
         --continue-on-collection-errors -rfE --deselect tests/test_cuda.py
+elif [ "$phase" = table3 ]; then
+    # the second lent session measured the demo under load (training ~2.5 min, hessian-basis 197 s, POLCA
+    # ~4 s a checkpoint in its passes, ~6-7 s in all): about 17 minutes, so two calls with nothing beside it
+    echo "alone: the paper demo, resumed from $work/demo if a call before this one stopped it" >"$logs/summary.txt"
+    job demo "$end" ckpt demo "$work/demo" --preset paper --device cuda --progress
 else
     echo "resume: demo beside bench/scale.py --sizes S,M" >"$logs/summary.txt"
     job demo "$end" "${demo[@]}"
     job scale "$end" python3 bench/scale.py --sizes S,M --device cuda --out "$work/scale" --timeout 240 \
         --build-timeout 240
 fi
-wait
+wait "${jobs_started[@]}"
+kill "$sampler" "$processes" 2>/dev/null
 cat "$logs/summary.txt"
 tail -n 3 "$logs/cuda-tests.log" "$logs/quick-suite.log" 2>/dev/null
 tr '\r' '\n' <"$logs/demo.log" | grep -v "it/s\]$\|s/it\]$" | tail -n 60

@@ -382,7 +382,11 @@ def child(name: str, args: argparse.Namespace, **extra: str) -> dict:
         done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode:
         raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    # each measurement as it ends: a section stopped by a time limit (a lent GPU's) keeps what it measured
+    shown = {key: value for key, value in result.items() if isinstance(value, (int, float, str))}
+    print(f"    [{name}{' compiled' if '--compile' in command else ''}] {json.dumps(shown)}", flush=True)
+    return result
 
 
 def main() -> None:

@@ -68,6 +68,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,7 +260,11 @@ def measure(command: list[str], logs: Path, timeout: float, memory_limit: float 
         child = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
         killed = ""
         while True:
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            try:
+                pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            except KeyboardInterrupt:  # our own Ctrl-C (a time limit's SIGINT): the child's session goes with us
+                os.killpg(child.pid, signal.SIGKILL)
+                raise
             if pid:
                 break
             elapsed = time.perf_counter() - began
@@ -271,7 +276,11 @@ def measure(command: list[str], logs: Path, timeout: float, memory_limit: float 
                 os.killpg(child.pid, signal.SIGKILL)
                 pid, status, usage = os.wait4(child.pid, 0)
                 break
-            time.sleep(0.1)
+            try:
+                time.sleep(0.1)
+            except KeyboardInterrupt:
+                os.killpg(child.pid, signal.SIGKILL)
+                raise
         seconds = time.perf_counter() - began
     child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     outcome = Outcome(command, "ok", seconds, usage.ru_maxrss * 1024)  # ru_maxrss is in KiB on Linux
@@ -385,12 +394,16 @@ def search_time(stderr: Path) -> dict[str, Any]:
     return figures
 
 
-def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
+def bench_size(size: str, args: argparse.Namespace, figures: dict[str, Any], save: Callable[[], None]) -> None:
+    """Build (or reuse) size ``size``'s run, then measure ckpt's steps and the baselines into ``figures``.
+
+    ``save`` is called after every measurement, so that a run stopped at a time limit keeps what it measured.
+    """
     folder = args.out / size
     folder.mkdir(parents=True, exist_ok=True)
     store = folder / "run.zarr"
     limit = args.memory_limit * 2**30 if args.memory_limit else None
-    figures: dict[str, Any] = {"config": SIZES[size], "steps": {}, "baselines": {}}
+    figures.update(config=SIZES[size], steps={}, baselines={})
     built = folder / "run.json"
     if args.keep and built.exists() and len(checkpoint_folders(folder)) == CHECKPOINTS:
         figures["run"] = json.loads(built.read_text())
@@ -400,9 +413,10 @@ def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
         command = [sys.executable, __file__, "--build", size, "--run", str(folder)]
         done = measure(command, folder / "logs" / "build", args.build_timeout, limit)
         figures["run"] = {**json.loads(built.read_text()), "outcome": asdict(done)} if done.ok else asdict(done)
+        save()
         if not done.ok:
             print(f"{size}: building the run failed: {done.detail}", flush=True)
-            return figures
+            return
     for name, command in ckpt_steps(store, folder, args):
         print(f"{size}: ckpt {name} ...", end=" ", flush=True)
         done = measure(command, folder / "logs" / name.replace(" ", "-"), args.timeout, limit)
@@ -412,6 +426,7 @@ def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
             done.result |= search_time(folder / "logs" / "hessian-basis.err")
         print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
         figures["steps"][name] = asdict(done)
+        save()
         if name in ("import", "data add") and not done.ok:
             break  # nothing after can run
     vectors = figures["steps"].get("random-basis", {}).get("result", {}).get("vectors")
@@ -427,7 +442,7 @@ def bench_size(size: str, args: argparse.Namespace) -> dict[str, Any]:
             done.gpu_peak = done.result.get("gpu_peak")
         print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
         figures["baselines"][name] = asdict(done)
-    return figures
+        save()
 
 
 # -- printing -------------------------------------------------------------------------------------------------
@@ -569,9 +584,19 @@ def main() -> None:
         everything["gpu"] = torch.cuda.get_device_name(0)
     orders = "" if args.second_order == ["none"] else "-polca-" + "-".join(args.second_order)
     path = args.out / f"scale-{'-'.join(args.sizes)}-{args.device}{orders}.json"
-    for size in args.sizes:
-        everything["sizes"][size] = bench_size(size, args)
-        path.write_text(json.dumps(everything, indent=2))  # after every size: a later crash keeps these
+
+    def save() -> None:
+        path.write_text(json.dumps(everything, indent=2))
+
+    try:
+        for size in args.sizes:
+            bench_size(size, args, everything["sizes"].setdefault(size, {}), save)
+    except KeyboardInterrupt:  # a time limit's SIGINT: print and keep what was measured before it
+        everything["interrupted"] = True
+        save()
+        print_tables(everything)
+        print(f"\ninterrupted; what was measured before is in {path}")
+        sys.exit(130)
     print_tables(everything)
     print(f"\nfigures: {path}")
 
@@ -582,7 +607,11 @@ def print_tables(everything: dict[str, Any]) -> None:
     if everything.get("memory_limit_gib"):
         limits += f", memory limit {everything['memory_limit_gib']:g} GiB RSS"
     print(limits)
+    if everything.get("interrupted"):
+        print("interrupted (Ctrl-C or a time limit): the steps below are those measured before it")
     for size, figures in everything["sizes"].items():
+        if "steps" not in figures:
+            continue  # interrupted before its run was built
         print()
         print(table(size, figures, everything["device"]))
 

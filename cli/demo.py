@@ -326,6 +326,7 @@ def _demo_run(
         click.echo(f"training the addition task ({preset} preset, seed {seed}) into {path} ...")
         task = registry().tasks["addition"]
         train(task, str(path), preset=preset, steps=steps, seed=seed, device=device, progress=progress)
+        click.echo(f"trained in {time.perf_counter() - started:.0f} s")
     trained = time.perf_counter()
     settings = DEMO_ANALYSES[preset]
     engine = {"registry": registry(), "device": device, "progress": progress}

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import re
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +64,31 @@ def test_a_failing_or_slow_step_is_reported_and_killed(scale, tmp_path: Path) ->
     assert done.status == "memory" and done.detail.startswith("killed at the memory limit")
     done = scale.measure([sys.executable, "-c", "x = bytearray(100 * 2**20)"], tmp_path / "fine", 60, None)
     assert done.ok and done.peak_rss >= 100 * 2**20
+
+
+def test_an_interrupt_while_a_step_runs_kills_the_step_and_reaches_the_caller(scale, tmp_path: Path) -> None:
+    """A lent GPU's time limit sends SIGINT: the step's session is killed, the caller sees the interrupt."""
+    child = tmp_path / "child.pid"
+    code = f"import os, time; open({str(child)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    sleeper = [sys.executable, "-c", code]
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    began = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        scale.measure(sleeper, tmp_path / "logs" / "sleeper", timeout=120, memory_limit=None)
+    timer.join()
+    assert time.perf_counter() - began < 30
+    pid = int(child.read_text())
+    for _ in range(50):  # killed with SIGKILL and reaped by no one but init: gone, or a zombie
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step's process {pid} still runs after the interrupt")
 
 
 def test_the_in_search_time_of_hessian_basis_is_read_from_its_progress_bars(scale, tmp_path: Path) -> None:
