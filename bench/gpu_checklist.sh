@@ -6,18 +6,11 @@
 #   bench/gpu_checklist.sh table3 SECONDS   # the paper demo alone (Table 3), no profiler; a second call at once
 #                                           # on the warm machine resumes it from .gpu/demo
 #
-# Prepare here first (the machine has no registries): the Python 3.12 wheels of what its image lacks, in
-# .whl/ (ignored; carried with `carry: [".whl"]`). ckpt itself is installed there editable, from the
-# working tree: a wheel of it is shadowed by the tree's own ckpt/ folder (the root package alone, without
-# ckpt.store and the rest) for every process started in the repository root, as the tests and scripts are
-# (the first lent session lost its test run to that); the carried setuptools builds it (pyproject needs >= 69).
-#
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#       -d .whl zarr zarrs google-crc32c numcodecs donfig msgspec typing_extensions dask distributed partd \
-#       locket tblib zict tornado hdbscan dask-cuda rapids-dask-dependency setuptools py-spy ruff
-#   (dask and distributed at the version rapids-dask-dependency pins; the image's xarray and pandas will do)
-#   pip wheel --no-deps -w .whl pyhessian==0.1 hessian-eigenthings==1.0.0a5
+# Prepare here first (the machine has no registries): `bash bench/gpu_wheels.sh` puts the Python 3.12 wheels
+# of what its image lacks in .whl/ (ignored; carried with `carry: [".whl"]`). ckpt itself is installed there
+# editable, from the working tree: a wheel of it is shadowed by the tree's own ckpt/ folder (the root package
+# alone, without ckpt.store and the rest) for every process started in the repository root, as the tests and
+# scripts are (the first lent session lost its test run to that); the carried setuptools builds it.
 #
 # The items run side by side, so their wall times are upper bounds (each line of summary.txt says what ran
 # beside it); the ratios of bench/scale.py compare runs made under the same load. Work that must survive
