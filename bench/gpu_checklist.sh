@@ -39,9 +39,11 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$log
     python3 - <<'EOF'
 import importlib, torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))
+import importlib.metadata
 for name in ("numpy", "pandas", "xarray", "zarr", "dask", "distributed", "hdbscan", "transformers", "dask_cuda"):
-    try:
-        print(name, importlib.import_module(name).__version__)
+    try:  # imported (it must load here), its version from its distribution (hdbscan has no __version__)
+        importlib.import_module(name)
+        print(name, importlib.metadata.version(name.replace("_", "-")))
     except Exception as exc:  # noqa: BLE001 - an inventory: say what failed and go on
         print(name, "FAILED:", exc)
 import ckpt.plugins, ckpt.store
