@@ -142,7 +142,7 @@ class WholeChunks:
             return None
         # the bytes codec sets the byte order on disk; a new array's in-memory dtype may say otherwise
         dtype = np.dtype(metadata.dtype.to_native_dtype()).newbyteorder("=")
-        endian = getattr(codecs[0].endian, "value", codecs[0].endian)  # an Endian enum to zarr 3.1, a str from 3.2
+        endian = getattr(codecs[0].endian, "value", codecs[0].endian)  # an Endian enum to zarr 3.2, a str from 3.3
         native = endian == sys.byteorder
         nbytes = math.prod(metadata.shape[1:]) * dtype.itemsize
         if (dtype.itemsize > 1 and not native) or nbytes == 0:  # zarr writes no chunk of 0 bytes
