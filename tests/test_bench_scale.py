@@ -71,12 +71,17 @@ def test_an_interrupt_while_a_step_runs_kills_the_step_and_reaches_the_caller(sc
     child = tmp_path / "child.pid"
     code = f"import os, time; open({str(child)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     sleeper = [sys.executable, "-c", code]
+    # Python's own SIGINT handler, as in the script: pytest-xdist's workers ignore SIGINT
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     began = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):
-        scale.measure(sleeper, tmp_path / "logs" / "sleeper", timeout=120, memory_limit=None)
-    timer.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            scale.measure(sleeper, tmp_path / "logs" / "sleeper", timeout=120, memory_limit=None)
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
     assert time.perf_counter() - began < 30
     pid = int(child.read_text())
     for _ in range(50):  # killed with SIGKILL and reaped by no one but init: gone, or a zombie
