@@ -57,6 +57,7 @@ stdout and stderr are kept under ``--out``; the figures go to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -259,28 +260,25 @@ def measure(command: list[str], logs: Path, timeout: float, memory_limit: float 
         began = time.perf_counter()
         child = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
         killed = ""
-        while True:
-            try:
+        try:
+            while True:
                 pid, status, usage = os.wait4(child.pid, os.WNOHANG)
-            except KeyboardInterrupt:  # our own Ctrl-C (a time limit's SIGINT): the child's session goes with us
-                os.killpg(child.pid, signal.SIGKILL)
-                raise
-            if pid:
-                break
-            elapsed = time.perf_counter() - began
-            if not killed and elapsed > timeout:
-                killed = f"not done after {timeout:g} s"
-            elif not killed and memory_limit and (rss := tree_rss(child.pid)) > memory_limit:
-                killed = f"killed at the memory limit ({rss / 2**30:.1f} GiB RSS) after {elapsed:.0f} s"
-            if killed:
-                os.killpg(child.pid, signal.SIGKILL)
-                pid, status, usage = os.wait4(child.pid, 0)
-                break
-            try:
+                if pid:
+                    break
+                elapsed = time.perf_counter() - began
+                if not killed and elapsed > timeout:
+                    killed = f"not done after {timeout:g} s"
+                elif not killed and memory_limit and (rss := tree_rss(child.pid)) > memory_limit:
+                    killed = f"killed at the memory limit ({rss / 2**30:.1f} GiB RSS) after {elapsed:.0f} s"
+                if killed:
+                    os.killpg(child.pid, signal.SIGKILL)
+                    pid, status, usage = os.wait4(child.pid, 0)
+                    break
                 time.sleep(0.1)
-            except KeyboardInterrupt:
+        except KeyboardInterrupt:  # our own Ctrl-C (a time limit's SIGINT): the child's session goes with us
+            with contextlib.suppress(ProcessLookupError):  # already reaped
                 os.killpg(child.pid, signal.SIGKILL)
-                raise
+            raise
         seconds = time.perf_counter() - began
     child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     outcome = Outcome(command, "ok", seconds, usage.ru_maxrss * 1024)  # ru_maxrss is in KiB on Linux
