@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ckpt.plugins._derivatives import BlockLoss, eager_directional_derivatives, forward_mode
+from ckpt.plugins._head import split_first_order
 
 # keyed by the model's id: each program holds its model, so the id stays its own
 _PROGRAMS: dict[tuple, _Program] = {}
@@ -94,6 +95,9 @@ def directional_derivatives(
     if compiled and isinstance(f, BlockLoss):
         return compiled_directional_derivatives(f, primal, directions, order)
     with forward_mode(composite=order == 2):
+        split = split_first_order(f, primal, directions) if order == 1 and isinstance(f, BlockLoss) else None
+        if split is not None:  # a language model's head without its logits' tangents (ckpt.plugins._head)
+            return (*split, None)
         return eager_directional_derivatives(f, primal, directions, order)
 
 

@@ -218,7 +218,8 @@ def loss_function(
         inputs = inputs.to(precision)
     fixed = {k: cast_floating(v, precision) for k, v in params.items() if k not in space.names}
     batch = {"fixed": fixed, "inputs": inputs, "targets": targets, "mask": mask}
-    return BlockLoss(model, worker.objective(objective).losses, batch)
+    chosen = worker.objective(objective)
+    return BlockLoss(model, chosen.losses, batch, chosen.token_rows)
 
 
 @dataclass(frozen=True, eq=False)
@@ -238,11 +239,14 @@ class BlockLoss:
         The objective's ``losses(outputs, targets, mask)``.
     batch
         ``{"fixed": {name: buffer}, "inputs", "targets", "mask"}`` of the block.
+    token_rows
+        The objective's :attr:`ckpt.plugins.Objective.token_rows`, when it has one.
     """
 
     model: Any
     losses: Callable[[Any, Any, Any], Any]
     batch: Mapping[str, Any]
+    token_rows: Callable[[Any, Any], tuple[Any, Any]] | None = None
 
     def __call__(self, trainable: Mapping[str, Any]) -> Any:
         """Per-datapoint losses ``[X]`` at ``trainable``."""

@@ -34,11 +34,18 @@ class Objective:
         arrays of equal length; position is -1 for whole-example datapoints.
     description
         One line for ``ckpt plugins``.
+    token_rows
+        Optional, for objectives that are the cross-entropy of each selected token's logits
+        against a label: ``token_rows(targets, mask) -> (index, labels)``, the datapoints as
+        rows of the model's flattened ``[B·T, ...]`` positions (in the order of ``losses``) and
+        each one's label. With it, first-order JVPs of known language models skip the logits'
+        tangents (:mod:`ckpt.plugins._head`).
     """
 
     losses: Callable[[Any, Any, Any], Any]
     datapoints: Callable[[np.ndarray, np.ndarray | None], tuple[np.ndarray, np.ndarray]]
     description: str = ""
+    token_rows: Callable[[Any, Any], tuple[Any, Any]] | None = None
 
 
 def _example_datapoints(targets: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -152,6 +159,33 @@ def _causal_lm(outputs: Any, targets: Any, mask: Any) -> Any:
     return per_token[selected]
 
 
+def _token_rows(targets: Any, mask: Any) -> tuple[Any, Any]:
+    labels = targets.long().flatten()
+    if mask is None:
+        return _arange(labels), labels
+    selected = mask.bool().flatten()
+    return _arange(labels)[selected], labels[selected]
+
+
+def _causal_lm_rows(targets: Any, mask: Any) -> tuple[Any, Any]:
+    import torch
+
+    labels = targets.long()
+    selected = torch.zeros_like(labels, dtype=torch.bool)  # position t predicts token t + 1: the last one nothing
+    selected[:, :-1] = labels[:, 1:] != IGNORE_INDEX
+    if mask is not None:
+        selected[:, :-1] &= mask.bool()[:, 1:]
+    following = torch.zeros_like(labels)
+    following[:, :-1] = labels[:, 1:]
+    return _arange(labels)[selected.flatten()], following.flatten()[selected.flatten()]
+
+
+def _arange(like: Any) -> Any:
+    import torch
+
+    return torch.arange(like.numel(), device=like.device)
+
+
 def _causal_lm_datapoints(targets: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     selected = np.asarray(targets) != IGNORE_INDEX
     selected[:, 0] = False  # the first token is never predicted
@@ -172,12 +206,14 @@ TOKEN_CROSS_ENTROPY = Objective(
     _token_cross_entropy,
     _token_datapoints,
     "per-token cross-entropy of [N, seq, vocab] logits against [N, seq] targets, on the tokens the mask selects",
+    _token_rows,
 )
 CAUSAL_LM = Objective(
     _causal_lm,
     _causal_lm_datapoints,
     "next-token cross-entropy of a causal LM: logits at t against token t+1 of the targets (default: the inputs), "
     "as model(ids, labels=ids).loss; targets -100 and masked tokens are not datapoints",
+    _causal_lm_rows,
 )
 
 
