@@ -130,6 +130,16 @@ class MemoryPlan:
 
 PASS_PEAK = 1.25
 """Measured pass bytes (tensors, op by op) to what the process holds: ops' workspaces and the allocator."""
+CPU_TOKEN_VECTORS = 2048
+"""Most tokens × vectors a forward-mode pass of a language model holds on the CPU (a preference below the budget).
+
+Why: a pass's tangents are [vectors, tokens, width] tensors, and on the CPU those larger than glibc's
+largest mmap threshold (32 MiB) are mapped afresh and zeroed page by page each time: a pass over 32
+sequences of 128 tokens spent half its time in the kernel. First-order passes over 32 sequences of 128
+tokens along 4 vectors, in passes of b sequences (GPT-2 configurations of bench/scale.py, random init,
+this 2-core machine, seconds): S (d 256) b = 32: 5.1-6.2, 16: 4.2, 8: 2.9, 4: 3.0-3.6, 2: 3.6; M (d 512)
+32: 21.5-23.3, 16: 17.3, 8: 15.9-16.1, 4: 13.0; L (d 768) 32: 105-114, 16: 68-80, 8: 61-67, 4: 61.5;
+second order at M, 32: 114-118, 4: 66-67. b = 4 is 2,048 tokens × vectors."""
 PREFERRED_EXAMPLES = 8
 """Examples per pass below which fewer vectors per pass are chosen first: every vector pass repeats the
 primal, but a pass over very few examples (a single row each, for a per-example model) runs at a
@@ -146,6 +156,7 @@ def plan_memory(
     batch_size: int,
     basis_batch: int,
     who: str = "polca",
+    tokens: int = 0,
 ) -> MemoryPlan:
     """Fit a checkpoint's passes into ``budget`` bytes, or say which knob to turn.
 
@@ -166,6 +177,9 @@ def plan_memory(
         Examples of the task and basis vectors K.
     batch_size, basis_batch
         The user's upper bounds (``--batch-size``, ``--basis-batch``).
+    tokens
+        Tokens per example of a language model's passes on the CPU: each pass then holds at most
+        :data:`CPU_TOKEN_VECTORS` tokens × vectors (at least one example). 0: no such bound.
 
     Raises
     ------
@@ -181,10 +195,15 @@ def plan_memory(
         left = room - cost.constant - k * cost.per_vector
         if left < per_example:
             return 0
-        return most if per_example <= 0 else int(min(most, left // per_example))
+        fits = most if per_example <= 0 else int(min(most, left // per_example))
+        return min(fits, token_bound(k))
+
+    def token_bound(k: int) -> int:
+        return max(1, CPU_TOKEN_VECTORS // (k * tokens)) if tokens else most
 
     options = [(k, block(k)) for k in range(min(basis_batch, vectors), 0, -1)]
-    preferred = [(k, b) for k, b in options if b >= min(most, PREFERRED_EXAMPLES)]
+    # the token bound is a preference too: a pass that reaches it is as fast as a larger one would be
+    preferred = [(k, b) for k, b in options if b >= min(most, PREFERRED_EXAMPLES, token_bound(k))]
     fitting = [(k, b) for k, b in options if b >= 1]
     if preferred or fitting:
         k, b = preferred[0] if preferred else max(fitting, key=lambda option: option[0] * option[1])
@@ -215,6 +234,13 @@ def measure_passes(
             part = {name: tensor[:k] for name, tensor in directions.items()}
             measured[b, k] = peak_bytes(lambda f=f, part=part: directional_derivatives(f, primal, part, order=order))
     return PassCost.fit(measured)
+
+
+def _cpu_tokens(worker: Worker, split: str, objective: str | None) -> int:
+    """Tokens per example when the passes are a language model's on the CPU (:data:`CPU_TOKEN_VECTORS`), else 0."""
+    inputs = worker.data(split)["inputs"]
+    language = worker.objective(objective).token_rows is not None and inputs.ndim == 2
+    return int(inputs.shape[1]) if language and str(worker.device) == "cpu" else 0
 
 
 def checkpoint_terms(
@@ -275,6 +301,7 @@ def checkpoint_terms(
             vectors=count,
             batch_size=batch_size,
             basis_batch=basis_batch,
+            tokens=_cpu_tokens(worker, split, objective),
         )
         blocks = list(chunks(stop - start, plan.block_examples))
         batches = list(chunks(count, plan.vectors))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.analyzers.polca import PASS_PEAK, PassCost, plan_memory
+from ckpt.analyzers.polca import CPU_TOKEN_VECTORS, PASS_PEAK, PassCost, plan_memory
 from ckpt.plugins import AnalysisError, peak_bytes
 from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
 from tests.test_memory_budget import error_lines, limited
@@ -56,11 +56,14 @@ def test_a_small_budget_gives_the_same_numbers_in_smaller_passes(gpt2_store: Pat
     first = (*POLCA, "--second-order", "none", "--progress")
     roomy = run_ckpt("analyze", "polca", str(gpt2_store), *first, "--max-memory", "16GiB", timeout=300)
     assert roomy.returncode == 0, roomy.stderr
-    assert planned_passes(roomy.stderr) == {(32, VECTORS)}  # one pass a checkpoint, as before the budget
-    tight = run_ckpt("analyze", "polca", str(other), *first, "--max-memory", "250MiB", timeout=300)
+    # on the CPU a language model's pass holds at most CPU_TOKEN_VECTORS tokens x vectors (48 a sequence)
+    assert planned_passes(roomy.stderr) == {(CPU_TOKEN_VECTORS // (48 * VECTORS), VECTORS)}
+    # 100 MiB: the split head (ckpt.plugins._head) makes no logits' tangents, and 150 MiB fits a pass of
+    # 8 examples x 6 vectors, more than the roomy plan's 5 x 8 once the token bound caps that
+    tight = run_ckpt("analyze", "polca", str(other), *first, "--max-memory", "100MiB", timeout=300)
     assert tight.returncode == 0, tight.stderr
     plans = planned_passes(tight.stderr)
-    assert plans and all(b * k <= 32 * VECTORS / 4 for b, k in plans), plans
+    assert plans and all(b * k <= 5 * VECTORS / 2 for b, k in plans), plans
     unbounded = ckptstore.open(gpt2_store).analysis("polca").load()
     bounded = ckptstore.open(other).analysis("polca").load()
     for name in ("polca", "first_order", "loss_change", "step_projection"):
@@ -69,16 +72,20 @@ def test_a_small_budget_gives_the_same_numbers_in_smaller_passes(gpt2_store: Pat
 
 
 def test_the_planned_passes_fit_where_one_pass_does_not(gpt2_store: Path) -> None:
-    """Under an address-space limit the old block sizes (a 100 GiB budget) run out; 200 MiB fits."""
+    """Under an address-space limit the old block sizes (a 100 GiB budget) run out; 200 MiB fits.
+
+    600 MiB: the CPU's token bound (CPU_TOKEN_VECTORS) keeps even a 100 GiB budget's passes small
+    enough for the 900 MiB this test used before it.
+    """
     args = ("analyze", "polca", str(gpt2_store), *POLCA, "--no-progress")
     before = tree_digest(gpt2_store)
-    ignored, _ = limited(900 * MiB, *args, "--max-memory", "100GiB")
+    ignored, _ = limited(600 * MiB, *args, "--max-memory", "100GiB")
     assert ignored.returncode != 0
     lines = error_lines(ignored.stderr)
     assert len(lines) == 1 and "ran out of memory" in lines[0] and "--max-memory" in lines[0], ignored.stderr
     assert tree_digest(gpt2_store) == before
 
-    honoured, _ = limited(900 * MiB, *args, "--max-memory", "200MiB")
+    honoured, _ = limited(600 * MiB, *args, "--max-memory", "200MiB")
     assert honoured.returncode == 0, honoured.stderr
     assert ckptstore.open(gpt2_store).analysis("polca").sizes["basis"] == VECTORS
 
@@ -158,6 +165,17 @@ def test_every_plan_fits_its_budget(budget_mib: int) -> None:
         assert (plan.block_examples, plan.vectors) == (1, 1)
     small = plan_memory(budget, fixed, COST, examples=48, vectors=8, batch_size=4, basis_batch=2)
     assert small.block_examples <= 4 and small.vectors <= 2  # the user's sizes stay upper bounds
+
+
+def test_a_language_models_cpu_passes_hold_at_most_the_token_vectors_that_run_fastest() -> None:
+    """CPU_TOKEN_VECTORS bounds tokens x vectors below the budget; it never raises a plan above it."""
+    budget, fixed = 10_000 * MiB, 20 * MiB
+    roomy = plan_memory(budget, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8, tokens=128)
+    assert roomy.vectors == 8 and roomy.block_examples == CPU_TOKEN_VECTORS // (8 * 128) == 2
+    long = plan_memory(budget, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8, tokens=4096)
+    assert (long.block_examples, long.vectors) == (1, 8), "one example even when it alone holds more tokens"
+    tight = plan_memory(60 * MiB, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8, tokens=1)
+    assert (tight.block_examples, tight.vectors) == (1, 1), "the budget still decides where it is smaller"
 
 
 def test_a_plan_that_cannot_fit_names_the_knobs() -> None:
