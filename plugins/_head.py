@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ckpt.plugins._derivatives import chunks
+
 FUSED_CLASSES = frozenset(
     {
         "GPT2LMHeadModel",
@@ -111,15 +113,18 @@ def split_first_order(f: Any, primal: Mapping[str, Any], directions: Mapping[str
     if weight is None:
         return None
     bias = next((name for name in split.biases if name in params), None)
+    head = (params[weight], params[bias] if bias else None)
     with _CHECKED_LOCK:
         verdict = _CHECKED.get(f.model)
     if verdict is None:
-        verdict = _agrees(f, split, primal, weight, bias)
+        verdict = _agrees(f, split, primal, head)
         with _CHECKED_LOCK:
             _CHECKED[f.model] = verdict
     if not verdict:
         return None
-    return _first_order(f, split, primal, directions, weight, bias)
+    # absent when held fixed
+    head_directions = (directions.get(weight), directions.get(bias) if bias else None)
+    return _first_order(f, split, primal, directions, head, head_directions)
 
 
 def _hidden(f: Any, split: HeadSplit, batch: Mapping[str, Any]) -> Any:
@@ -145,20 +150,21 @@ def _rows(f: Any, batch: Mapping[str, Any]) -> tuple[Any, Any]:
     return index.to(batch["inputs"].device), labels.to(batch["inputs"].device).long()
 
 
-def _agrees(f: Any, split: HeadSplit, primal: Mapping[str, Any], weight: str, bias: str | None) -> bool:
+def _agrees(f: Any, split: HeadSplit, primal: Mapping[str, Any], head: tuple[Any, Any]) -> bool:
     """Whether the split gives the model's own losses on the block's first example (whole block if it has none)."""
     import torch
 
-    batch = dict(f.batch)
+    batch = f.batch
     one = {**batch, **{key: batch[key][:1] for key in ("inputs", "targets", "mask") if batch[key] is not None}}
-    if len(_rows(f, one)[0]):
+    index, labels = _rows(f, one)
+    if len(index):
         batch = one
-    params = {**batch["fixed"], **primal}
+    else:
+        index, labels = _rows(f, batch)
     with torch.no_grad():
         expected = f.of(primal, batch)
         h = _hidden(f, split, batch)(primal)
-        index, labels = _rows(f, batch)
-        got = _head_losses(h.flatten(0, 1)[index], labels, params[weight], params.get(bias) if bias else None)
+        got = _head_losses(h.flatten(0, 1)[index], labels, *head)
     if got.shape != expected.shape:
         return False
     if not got.numel():
@@ -171,19 +177,24 @@ def _head_losses(rows: Any, labels: Any, weight: Any, bias: Any) -> Any:
     import torch
 
     losses = torch.empty(len(rows), dtype=rows.dtype, device=rows.device)
-    for block in _blocks(len(rows), weight):
+    for block in chunks(len(rows), _block_rows(weight)):
         z = torch.nn.functional.linear(rows[block], weight, bias)
         losses[block] = torch.logsumexp(z, 1) - z.gather(1, labels[block, None]).squeeze(1)
     return losses
 
 
-def _blocks(count: int, weight: Any) -> list[slice]:
-    size = max(1, HEAD_BLOCK_BYTES // (weight.shape[0] * weight.element_size()))
-    return [slice(start, min(start + size, count)) for start in range(0, count, size)]
+def _block_rows(weight: Any) -> int:
+    """Tokens whose logits take :data:`HEAD_BLOCK_BYTES`."""
+    return max(1, HEAD_BLOCK_BYTES // (weight.shape[0] * weight.element_size()))
 
 
 def _first_order(
-    f: Any, split: HeadSplit, primal: Mapping[str, Any], directions: Mapping[str, Any], weight: str, bias: str | None
+    f: Any,
+    split: HeadSplit,
+    primal: Mapping[str, Any],
+    directions: Mapping[str, Any],
+    head: tuple[Any, Any],
+    head_directions: tuple[Any, Any],
 ) -> tuple[Any, Any]:
     import torch
     from torch.func import jvp, vmap
@@ -192,12 +203,10 @@ def _first_order(
     h, dh = vmap(lambda direction: jvp(hidden, (primal,), (direction,)), out_dims=(None, 0))(directions)
     index, labels = _rows(f, f.batch)
     rows, tangents = h.flatten(0, 1)[index], dh.flatten(1, 2)[:, index]  # [X, d], [K, X, d]
-    params = {**f.batch["fixed"], **primal}
-    w, c = params[weight], params[bias] if bias else None
-    dw, dc = directions.get(weight), directions.get(bias) if bias else None  # absent when held fixed
+    (w, c), (dw, dc) = head, head_directions
     losses = torch.empty(len(rows), dtype=rows.dtype, device=rows.device)
     first = torch.empty(tangents.shape[0], len(rows), dtype=rows.dtype, device=rows.device)
-    for block in _blocks(len(rows), w):
+    for block in chunks(len(rows), _block_rows(w)):
         z = torch.nn.functional.linear(rows[block], w, c)  # [n, V]
         lse = torch.logsumexp(z, 1)
         y = labels[block, None]
