@@ -94,7 +94,7 @@ def directional_derivatives(
     """
     if compiled and isinstance(f, BlockLoss):
         return compiled_directional_derivatives(f, primal, directions, order)
-    with forward_mode(composite=order == 2):
+    with forward_mode(composite=order == 2, forward_only=True):
         split = split_first_order(f, primal, directions) if order == 1 and isinstance(f, BlockLoss) else None
         if split is not None:  # a language model's head without its logits' tangents (ckpt.plugins._head)
             return (*split, None)
@@ -133,7 +133,7 @@ class _Program:
         self._lock = threading.Lock()
 
     def run_eagerly(self, primal: Any, directions: Any, batch: Any) -> tuple[Any, Any, Any]:
-        with forward_mode(composite=self.order == 2):
+        with forward_mode(composite=self.order == 2, forward_only=True):
             return _pass(self.f, self.order)(primal, directions, batch)
 
     def __call__(self, primal: Any, directions: Any, batch: Any) -> tuple[Any, Any, Any]:
@@ -170,7 +170,7 @@ class _Program:
 
         problem, compiled = "", None
         try:
-            with forward_mode(composite=self.order == 2):  # tracing runs the JVPs
+            with forward_mode(composite=self.order == 2, forward_only=True):  # tracing runs the JVPs
                 traced = make_fx(_pass(self.f, self.order))(primal, directions, batch)
         except Exception as exc:  # control flow on data values, an op tracing cannot take: eager stands
             problem = f"the model cannot be traced ({_first_line(exc)})"

@@ -309,7 +309,7 @@ def eager_directional_derivatives(
 
 
 @contextlib.contextmanager
-def forward_mode(*, composite: bool, lock: bool = True) -> Iterator[None]:
+def forward_mode(*, composite: bool, lock: bool = True, forward_only: bool = False) -> Iterator[None]:
     """What forward-mode AD through any model needs; every JVP and HVP here runs in it.
 
     - :data:`FORWARD_AD_LOCK`;
@@ -320,7 +320,9 @@ def forward_mode(*, composite: bool, lock: bool = True) -> Iterator[None]:
       fused inference paths (``_native_multi_head_attention``,
       ``_transformer_encoder_layer_fwd``), which have no forward-mode rule either;
       with ``composite``, normalization layers run as elementary ops (needed for
-      the second order of a nested JVP).
+      the second order of a nested JVP); with ``forward_only`` (passes that
+      take no gradient: the directional derivatives), embedding lookups run as
+      row gathers (:func:`_gathered_embedding`).
 
     ``lock=False`` leaves out the lock, for reverse-mode passes that take the
     rest for the same model (the math attention kernel has a double backward).
@@ -328,7 +330,7 @@ def forward_mode(*, composite: bool, lock: bool = True) -> Iterator[None]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     held = FORWARD_AD_LOCK if lock else contextlib.nullcontext()
-    with held, sdpa_kernel(SDPBackend.MATH), composite_norms(replace=composite):
+    with held, sdpa_kernel(SDPBackend.MATH), composite_norms(replace=composite, gather=forward_only):
         yield
 
 
@@ -416,11 +418,37 @@ def _instance_norm(
     return _per_channel(_normalized(input, tuple(range(2, input.ndim)), eps), weight, bias)
 
 
-def composite_norms(*, replace: bool = True) -> Any:
+def _gathered_embedding(
+    input: Any,  # noqa: A002 (F.embedding's own argument names, passed by keyword too)
+    weight: Any,
+    padding_idx: int | None = None,
+    max_norm: float | None = None,
+    norm_type: float = 2.0,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> Any | None:
+    """``F.embedding`` as ``weight.index_select`` in a forward-mode pass; None (torch's own) with ``max_norm``.
+
+    Why: under ``vmap`` of a JVP the weight's tangent is batched, ``[K, V, d]``, and the
+    embedding's batching rule reshapes it to ``[V, K·d]``, a copy of every direction's whole
+    table in each pass (at GPT-2 small 147 MiB a direction, the largest block of a pass over
+    a few examples; forward mode keeps the tangent in the weight's own layout, so no layout
+    of the directions avoids it). A gather along dim 1 of the batched tangent reads only the
+    rows looked up. Forward values and tangents are the embedding's, ``padding_idx`` included
+    (it changes gradients only, which these passes do not take); ``max_norm`` rescales rows of
+    the weight in place and is left to torch.
+    """
+    if max_norm is not None:
+        return None
+    return weight.index_select(0, input.reshape(-1)).view(*input.shape, weight.shape[-1])
+
+
+def composite_norms(*, replace: bool = True, gather: bool = False) -> Any:
     """A context in which normalization layers run as elementary ops inside nested JVPs.
 
     With ``replace=False`` it changes nothing but being a torch-function mode
-    (see :func:`forward_mode`).
+    (see :func:`forward_mode`); with ``gather``, embedding lookups run as
+    :func:`_gathered_embedding` (forward-mode passes only).
 
     torch's forward-mode rules for ``native_layer_norm`` and for batch norm with
     batch statistics (which ``instance_norm`` uses too) are right to first order
@@ -446,6 +474,8 @@ def composite_norms(*, replace: bool = True) -> Any:
         if replace
         else {}
     )
+    if gather:
+        replacements[torch.nn.functional.embedding] = _gathered_embedding
 
     class _Mode(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

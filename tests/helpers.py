@@ -71,6 +71,18 @@ def state_dict(seed: int) -> dict[str, Any]:
     }
 
 
+def tiny_gpt2(vocab: int, dtype: Any = None) -> Any:
+    """A seeded 2-layer GPT-2 (d 16, 16 positions) in eval mode, in ``dtype`` (default float32)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_head=2, n_embd=16, vocab_size=vocab, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
+    return GPT2LMHeadModel(config).to(dtype or torch.float32).eval()
+
+
 def write_gpt2_run(folder: Path, checkpoints: int = 1, sequences: int = 16, length: int = 24) -> Path:
     """``folder/run.zarr``: a 1.7M-parameter GPT-2 (vocabulary 4,096) imported from ``save_pretrained`` folders.
 

@@ -15,6 +15,7 @@ from ckpt.plugins import BlockLoss, directional_derivatives
 from ckpt.plugins._derivatives import eager_directional_derivatives, forward_mode
 from ckpt.plugins._head import _CHECKED, head_split, split_first_order
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY
+from tests.helpers import tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,13 +23,7 @@ VOCAB = 61
 
 
 def gpt2() -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    config = GPT2Config(
-        n_layer=2, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=16, bos_token_id=0, eos_token_id=0
-    )
-    return GPT2LMHeadModel(config).double().eval()
+    return tiny_gpt2(VOCAB, torch.float64)
 
 
 def gptj() -> torch.nn.Module:
