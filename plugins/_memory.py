@@ -179,6 +179,13 @@ def release_freed_memory() -> None:
     examples, built and freed, left the process at 3.9 GiB; ``malloc_trim(0)`` brought it to 0.9
     GiB. hessian-basis' second basis checkpoint started 3 GiB above its first for that reason,
     and passed 12 GiB. A no-op where the C library is not glibc.
+
+    glibc also gives each thread its own heap (arena) and keeps what a thread freed there for
+    that thread's next allocations. Threads taking turns at the computation slot each kept the
+    activations of their last turn: ``grad-norms`` of a GPT-2 run (6 layers, d 512, vocabulary
+    16,384, 32 x 128 tokens) peaked at 4,397 MiB on 2 threads, 3,467 MiB with
+    ``MALLOC_ARENA_MAX=1`` (one heap) and 3,332 MiB on one thread, against 3,513 MiB for a plain
+    PyTorch loop. So each turn ends with this too (~10 ms, against seconds of computation).
     """
     trim = _malloc_trim()
     if trim is not None:

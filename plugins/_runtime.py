@@ -18,7 +18,6 @@ call supplies the checkpoint's tensors.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import threading
 from collections import OrderedDict
@@ -31,6 +30,7 @@ from tqdm import tqdm
 
 from ckpt.errors import AnalysisError, StepNotFoundError
 from ckpt.plugins._manager import registry
+from ckpt.plugins._memory import release_freed_memory
 from ckpt.plugins._weightless import weightless_model
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -120,34 +120,6 @@ def concurrent_computations(device: str) -> int:
     import torch
 
     return max(1, (os.cpu_count() or 1) // max(1, torch.get_num_threads()))
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    """The C library's ``malloc_trim`` (glibc), or None (musl, macOS, Windows: nothing to call)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def release_freed_memory() -> None:
-    """Give the memory the C library holds freed back to the system (glibc's ``malloc_trim``; else nothing).
-
-    glibc gives each thread its own heap (arena) and keeps what a thread freed
-    there for that thread's next allocations. Threads taking turns at the
-    computation slot each kept the activations of their last turn: ``grad-norms``
-    of a GPT-2 run (6 layers, d 512, vocabulary 16,384, 32 x 128 tokens) peaked at
-    4,397 MiB on 2 threads, 3,467 MiB with ``MALLOC_ARENA_MAX=1`` (one heap) and
-    3,332 MiB on one thread, against 3,513 MiB for a plain PyTorch loop. So each
-    turn ends by trimming every arena (~10 ms, against seconds of computation).
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def read_here(array: Any) -> np.ndarray:
