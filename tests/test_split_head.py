@@ -122,3 +122,15 @@ def test_models_and_objectives_without_a_split_are_left_alone() -> None:
     per_sequence = BlockLoss(model, CROSS_ENTROPY.losses, f.batch)  # no token rows: not a token objective
     assert split_first_order(per_sequence, params, directions) is None
     assert model not in _CHECKED, "nothing was checked: the split was never considered"
+
+
+def test_compiled_first_order_passes_of_a_split_model_run_the_split() -> None:
+    """``compiled=True`` traces no program for them: the plan measured the split pass, not the traced one."""
+    from ckpt.plugins._compiled import _PROGRAMS
+
+    model = gpt2()
+    f, params, directions = block(model, CAUSAL_LM, mask=False)
+    _, first, _ = directional_derivatives(f, params, directions, order=1, compiled=True)
+    assert _CHECKED[model] is True
+    assert not [key for key in _PROGRAMS if key[0] == id(model)], "no program was traced for this model"
+    torch.testing.assert_close(first, brute_force(f, params, directions), rtol=1e-9, atol=1e-10)
