@@ -150,37 +150,27 @@ def _token_cross_entropy(outputs: Any, targets: Any, mask: Any) -> Any:
 
 
 def _causal_lm(outputs: Any, targets: Any, mask: Any) -> Any:
+    import torch
+
+    from ckpt.plugins._cross_entropy import use_twice_differentiable
+
     logits = _at_least_float32(logits_of(outputs))
     labels = targets.long()[:, 1:]  # position t predicts token t + 1
-    per_token = _twice_differentiable_causal(logits, labels)
-    if per_token is None:
+    if torch.is_grad_enabled() and use_twice_differentiable():
+        # The kept graphs of Hessian-vector products score all T positions: the model's own contiguous
+        # [B·T, V] logits flatten to a view, where logits[:, :-1] flattened is a copy, and every product's
+        # backward pass put its gradient back in a zeroed [B, T, V] tensor and copied it twice more. At
+        # GPT-2 small (8 sequences of 128 tokens, alternated in one process) a product took a median 10.8 s
+        # instead of 11.8 s, equal to the bit. The last position's placeholder label (0) is dropped from
+        # the losses, so its gradient is zero.
+        following = torch.nn.functional.pad(labels.clamp(min=0), (0, 1))
+        per_token = _per_token_cross_entropy(logits, following)[:, :-1]
+    else:
         per_token = _per_token_cross_entropy(logits[:, :-1], labels.clamp(min=0))
     selected = labels != IGNORE_INDEX
     if mask is not None:
         selected = selected & mask.bool()[:, 1:]
     return per_token[selected]
-
-
-def _twice_differentiable_causal(logits: Any, labels: Any) -> Any | None:
-    """[B, T - 1] token losses for the kept graphs of Hessian-vector products, from all T positions; else None.
-
-    Why all T: the last position predicts nothing, but its logits are the model's own
-    contiguous [B·T, V] block, whose flattening is a view. Without them, ``logits[:, :-1]``
-    flattened is a copy, and every product's backward pass puts its gradient back in a zeroed
-    [B, T, V] tensor and copies it twice more. At GPT-2 small (8 sequences of 128 tokens, products
-    alternated in one process) a product took a median 10.8 s instead of 11.8 s, equal to the bit.
-    The last position gets a placeholder label; it is dropped from the losses, so its gradient is
-    zero.
-    """
-    import torch
-
-    from ckpt.plugins._cross_entropy import TokenCrossEntropy, use_twice_differentiable
-
-    if not (torch.is_grad_enabled() and use_twice_differentiable()):
-        return None
-    following = torch.nn.functional.pad(labels.clamp(min=0), (0, 1))  # [B, T]: 0 after the last
-    per_position = TokenCrossEntropy.apply(logits.flatten(0, 1), following.flatten()).view(following.shape)
-    return per_position[:, :-1]
 
 
 def _token_rows(targets: Any, mask: Any) -> tuple[Any, Any]:
