@@ -396,19 +396,33 @@ def earlier_basis(previous: Sequence[Mapping[str, Any]], device: str, precision:
     return [rows]
 
 
-def basis_dataset(piece: Mapping[str, Any], space: ParamSpace, steps: Sequence[int], first: int = 0) -> xr.Dataset:
+def basis_dataset(
+    piece: Mapping[str, Any],
+    space: ParamSpace,
+    steps: Sequence[int],
+    first: int = 0,
+    *,
+    tensors: Mapping[str, Any] | None = None,
+) -> xr.Dataset:
     """Basis vectors split back into their tensors, with eigenvalues, residuals and products, along ``basis``.
 
     ``piece``'s arrays (numpy or dask) hold the vectors found at ``steps``, k per step, in
-    order; ``first`` is the index of its first vector in the whole basis.
+    order; ``first`` is the index of its first vector in the whole basis. ``tensors``: the
+    vectors already split into the space's tensors (``[count, *shape]`` each), in place of
+    ``piece["vectors"]``.
     """
     import xarray as xr
 
-    vectors = piece["vectors"]
-    count = vectors.shape[0]
+    if tensors is None:
+        vectors = piece["vectors"]
+        tensors = {
+            name: vectors[:, start : start + length].reshape(-1, *shape)
+            for name, shape, start, length in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True)
+        }
+    count = piece["eigenvalue"].shape[0]
     variables: dict[str, Any] = {}
-    for name, shape, start, length in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True):
-        variables[name] = (basis_dims(name, len(shape)), vectors[:, start : start + length].reshape(-1, *shape))
+    for name, shape in zip(space.names, space.shapes, strict=True):
+        variables[name] = (basis_dims(name, len(shape)), tensors[name])
     for name in ("eigenvalue", "residual", "matvecs"):
         variables[name] = ("basis", piece[name])
     found_at = np.repeat(np.asarray(steps, np.int64), count // max(len(steps), 1))
@@ -420,6 +434,33 @@ def basis_dataset(piece: Mapping[str, Any], space: ParamSpace, steps: Sequence[i
     )
     result["residual"].attrs["description"] = "||P H P v - eigenvalue v||"
     return result
+
+
+def _lazy_tensors(pieces: Sequence[Any], space: ParamSpace, k: int, dtype: np.dtype) -> dict[str, Any]:
+    """Each tensor of the basis as dask rows, one chunk per piece, each a view of that piece's vectors.
+
+    Why not slices of one dask array of the vectors: dask copies a slice that is at most half of its
+    chunk (``dask.array.chunk.getitem``), so every piece was held twice, once for the later searches'
+    deflation and once in the copies of its tensors, until the run ended. At GPT-2 small that is
+    0.46 GiB more at every basis checkpoint. Held once, the four basis checkpoints of bench/scale.py's
+    L run (``--samples 8 --tol 1e-2``, default budget) peaked at 10.44 GiB RSS instead of 11.96 GiB,
+    with the same products and residuals.
+    """
+    import dask
+    import dask.array as da
+
+    rows = dask.delayed(_tensor_rows, pure=True)
+    return {
+        name: da.concatenate(
+            [da.from_delayed(rows(p["vectors"], start, length, shape), shape=(k, *shape), dtype=dtype) for p in pieces]
+        )
+        for name, shape, start, length in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True)
+    }
+
+
+def _tensor_rows(vectors: np.ndarray, start: int, length: int, shape: tuple[int, ...]) -> np.ndarray:
+    """``vectors[:, start : start + length]`` in the tensor's shape: a view, never a copy."""
+    return vectors[:, start : start + length].reshape(-1, *shape)
 
 
 def saved_eigenpairs(
@@ -529,18 +570,17 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
                     found_at=steps[: index + 1],
                 )
             )
-        k, size = self.k, space.size
+        k = self.k
 
         def column(key: str, shape: tuple[int, ...], dtype: Any) -> Any:
             return da.concatenate([da.from_delayed(p[key], shape=shape, dtype=dtype) for p in pieces])
 
         columns = {
-            "vectors": column("vectors", (k, size), np.dtype(self.dtype)),
             "eigenvalue": column("eigenvalue", (k,), np.float64),
             "residual": column("residual", (k,), np.float64),
             "matvecs": column("matvecs", (k,), np.int64),
         }
-        result = basis_dataset(columns, space, steps)
+        result = basis_dataset(columns, space, steps, tensors=_lazy_tensors(pieces, space, k, np.dtype(self.dtype)))
         result.attrs["hessian_split"] = split
         return result
 
