@@ -418,11 +418,7 @@ def basis_dataset(
     import xarray as xr
 
     if tensors is None:
-        vectors = piece["vectors"]
-        tensors = {
-            name: vectors[:, start : start + length].reshape(-1, *shape)
-            for name, shape, start, length in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True)
-        }
+        tensors = space.unflatten(piece["vectors"])
     count = piece["eigenvalue"].shape[0]
     variables: dict[str, Any] = {}
     for name, shape in zip(space.names, space.shapes, strict=True):
@@ -453,18 +449,12 @@ def _lazy_tensors(pieces: Sequence[Any], space: ParamSpace, k: int, dtype: np.dt
     import dask
     import dask.array as da
 
-    rows = dask.delayed(_tensor_rows, pure=True)
+    # one delayed dict of views per piece: a Delayed's item is a plain dict lookup, never a copy
+    split = [dask.delayed(space.unflatten, pure=True)(p["vectors"]) for p in pieces]
     return {
-        name: da.concatenate(
-            [da.from_delayed(rows(p["vectors"], start, length, shape), shape=(k, *shape), dtype=dtype) for p in pieces]
-        )
-        for name, shape, start, length in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True)
+        name: da.concatenate([da.from_delayed(views[name], shape=(k, *shape), dtype=dtype) for views in split])
+        for name, shape in zip(space.names, space.shapes, strict=True)
     }
-
-
-def _tensor_rows(vectors: np.ndarray, start: int, length: int, shape: tuple[int, ...]) -> np.ndarray:
-    """``vectors[:, start : start + length]`` in the tensor's shape: a view, never a copy."""
-    return vectors[:, start : start + length].reshape(-1, *shape)
 
 
 def saved_eigenpairs(
