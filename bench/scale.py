@@ -38,9 +38,10 @@ the same Trainer folders through ``transformers``:
 - ``backward``: one backward pass of the mean loss at every checkpoint, gradient norms;
 - ``fwd+bwd``: one forward + backward over the Hessian sample (8 sequences), median
   of 5 after a warm-up: what one Hessian-vector product is compared with
-  (ckpt's seconds per product three ways: hessian-basis's wall time / its ``matvecs``,
+  (ckpt's seconds per product four ways: hessian-basis's wall time / its ``matvecs``,
   an upper bound where start-up and building the graphs count too; its progress bars'
   elapsed time / products, the time a product in the searches with their vector work;
+  the same after each search's first product, which also builds the kept graphs;
   and the median product alone, which the bars show beside their rate);
 - ``floor``: K forward passes over the eval data at every checkpoint, K the
   random basis's vector count: POLCA's floor.
@@ -372,19 +373,31 @@ def search_time(stderr: Path) -> dict[str, Any]:
     products (the kept graphs are built in the first): its elapsed time over its count is the time a
     product in the search, where the process's wall time over all products also counts start-up,
     reading and planning.
+
+    The first product also builds the kept graphs, so the bars are read a second way too: from
+    each bar's first state with a product done to its last (``steady_s`` over ``steady_products``),
+    the products after the first with their vector work. tqdm may skip states of fast products;
+    then that span starts later, never earlier.
     """
     last: dict[str, tuple[int, float, float | None]] = {}
+    first: dict[str, tuple[int, float]] = {}
     pattern = r"hessian-basis step (\d+): (\d+)product \[(\d+(?::\d+)+)([^\]\r\n]*)"
     for step, products, elapsed, rest in re.findall(pattern, stderr.read_text()):
         seconds = sum(float(part) * 60**i for i, part in enumerate(reversed(elapsed.split(":"))))
         alone = re.search(r"a product alone ([\d.e+-]+) s \(median\)", rest)
         last[step] = (int(products), seconds, float(alone.group(1)) if alone else None)
+        if int(products) >= 1:
+            first.setdefault(step, (int(products), seconds))
     if not last:
         return {}
     figures: dict[str, Any] = {
         "search_products": sum(p for p, _, _ in last.values()),
         "search_s": sum(t for _, t, _ in last.values()),
     }
+    steady = [(last[s][0] - n, last[s][1] - t) for s, (n, t) in first.items() if last[s][0] > n]
+    if steady:
+        figures["steady_products"] = sum(n for n, _ in steady)
+        figures["steady_s"] = sum(t for _, t in steady)
     # each checkpoint's median product, the operator alone (the bar's own figure)
     alone = {step: m for step, (_, _, m) in last.items() if m is not None}
     if alone:
@@ -496,6 +509,10 @@ def table(size: str, figures: dict[str, Any], device: str) -> str:
             if searched and products and per_pass:
                 in_search = searched / products
                 notes.append(f"in the searches {in_search:.3f} s a product, {ratio(in_search, per_pass)} a fwd+bwd")
+            steady_s, steady_products = (step.get("result", {}).get(k) for k in ("steady_s", "steady_products"))
+            if steady_s and steady_products and per_pass:
+                after = steady_s / steady_products
+                notes.append(f"after each search's first product {after:.3f} s a product, {ratio(after, per_pass)}")
             alone = step.get("result", {}).get("product_alone_s") or {}
             if alone and per_pass:
                 typical = statistics.median(alone.values())

@@ -108,6 +108,10 @@ def test_the_in_search_time_of_hessian_basis_is_read_from_its_progress_bars(scal
     # every product of every basis checkpoint is counted, from tqdm's own lines
     assert figures["search_products"] == stored["matvecs"] > 0
     assert 0 <= figures["search_s"] <= done.seconds  # tqdm shows whole seconds: a tiny search may read 00:00
+    # after each search's first product: fewer products (the first of each is left out), no more time
+    bars = len(set(re.findall(r"hessian-basis step (\d+):", (tmp_path / "logs" / "hessian-basis.err").read_text())))
+    assert 0 < figures["steady_products"] <= figures["search_products"] - bars
+    assert 0 <= figures["steady_s"] <= figures["search_s"]
     # and each basis checkpoint's median product alone, from the bar's last postfix
     alone = figures["product_alone_s"]
     assert {int(step) for step in alone} <= {int(step) for step in ckptstore.open(store).steps}
