@@ -92,7 +92,11 @@ class MemoryPlan:
 PREFERRED_EXTRA_VECTORS = 8
 """Room beyond k that keeps thick restarts cheap. Products at tol 1e-6, unbounded against bounded: top-1 of
 a 1.7M-parameter GPT-2 35 against 39 with 9 vectors, 43 with 7, 56 with 5; top-4 of the bench model 49
-against 51 with 24 vectors and 58 with 12 (bench/lanczos.py)."""
+against 51 with 24 vectors and 58 with 12 (bench/lanczos.py). Spilled vectors cost disk, not memory, but more
+of them is not faster either: GPT-2 small's first basis checkpoint (--samples 8 --tol 1e-2, this 2-core
+machine) took 16 products with 9 spilled vectors or with 25, and the search's vector work per product was
+1.82 s with 9 (two thick restarts, 0.35 s of it) and 2.37 s with 25 (no restart; its passes over all kept
+vectors read more of them)."""
 GRAPH_PEAK = 2.3
 """A product differentiates the kept graphs again, and its backward pass holds about as much again.
 Measured on GPT-2 small, --samples 8 (3.2 GiB of graphs by :func:`ckpt.plugins.graph_bytes`): 6.1 GiB
