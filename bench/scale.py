@@ -385,9 +385,10 @@ def search_time(stderr: Path) -> dict[str, Any]:
     for step, products, elapsed, rest in re.findall(pattern, stderr.read_text()):
         seconds = sum(float(part) * 60**i for i, part in enumerate(reversed(elapsed.split(":"))))
         alone = re.search(r"a product alone ([\d.e+-]+) s \(median\)", rest)
-        last[step] = (int(products), seconds, float(alone.group(1)) if alone else None)
-        if int(products) >= 1:
-            first.setdefault(step, (int(products), seconds))
+        count = int(products)
+        last[step] = (count, seconds, float(alone.group(1)) if alone else None)
+        if count >= 1:
+            first.setdefault(step, (count, seconds))
     if not last:
         return {}
     figures: dict[str, Any] = {

@@ -266,17 +266,18 @@ def test_each_basis_checkpoint_is_held_once_not_again_in_its_tensors(tmp_path: P
     names = [name for name in lazy.data_vars if name not in ("eigenvalue", "residual", "matvecs")]
     assert len(names) > 1
     whole = lazy.compute(scheduler="sync")
+
+    def root(array: np.ndarray) -> object:
+        """The buffer a view was made from (the array itself when it owns its data)."""
+        while isinstance(array, np.ndarray) and array.base is not None:
+            array = array.base
+        return array
+
     for piece in range(3):
         blocks = [lazy[name].data.blocks[piece] for name in names]
         graph = {key: task for block in blocks for key, task in dict(block.__dask_graph__()).items()}
         # the chunks as the tasks return them: dask.compute would copy them once more to hand them out
         tensors = get_sync(graph, [next(iter(flatten(block.__dask_keys__()))) for block in blocks])
-
-        def root(array: np.ndarray) -> object:
-            while isinstance(array, np.ndarray) and array.base is not None:
-                array = array.base
-            return array
-
         roots = {id(root(tensor)) for tensor in tensors}
         assert len(roots) == 1, f"piece {piece}: its {len(names)} tensors live in {len(roots)} buffers"
         assert not any(tensor.flags.owndata for tensor in tensors)
