@@ -3,6 +3,7 @@
 #
 #   bench/gpu_checklist.sh full SECONDS     # every item at once, all stopped by SECONDS after the start
 #   bench/gpu_checklist.sh resume SECONDS   # a second call on the same warm machine: finish what the first left
+#   bench/gpu_checklist.sh scale SECONDS    # bench/scale.py (L, M, S) with the GPU to itself, the tests beside
 #   bench/gpu_checklist.sh table3 SECONDS   # the paper demo alone (Table 3), no profiler; a second call at once
 #                                           # on the warm machine resumes it from .gpu/demo
 #
@@ -99,6 +100,17 @@ if [ "$phase" = full ]; then
         --build-timeout 240
     job quick-suite "$end" python3 -m pytest -q -m "not slow" -n 4 -p no:cacheprovider \
         --continue-on-collection-errors -rfE --deselect tests/test_cuda.py
+elif [ "$phase" = scale ]; then
+    # issue 29's GPU figures: bench/scale.py with the GPU to itself (L first, as the largest and the one
+    # asked for), the CUDA tests then the quick suite on the CPUs beside it; and which process holds how
+    # much of the GPU (gpu-processes.txt): the second lent session saw 110-137 GB and could not tell
+    echo "beside each other: bench/scale.py --sizes L,M,S (the GPU's only heavy user), the CUDA tests then the quick suite (-n 4)" >"$logs/summary.txt"
+    job scale "$end" python3 bench/scale.py --sizes L,M,S --device cuda --out "$work/scale" --timeout 150 \
+        --build-timeout 200
+    job tests "$end" bash -c "python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        >'$logs/cuda-tests.log' 2>&1; echo cuda tests exit \$?; python3 -m pytest -q -m 'not slow' -n 4 \
+        -p no:cacheprovider --continue-on-collection-errors -rfE --deselect tests/test_cuda.py \
+        >'$logs/quick-suite.log' 2>&1; echo quick suite exit \$?"
 elif [ "$phase" = table3 ]; then
     # the second lent session measured the demo under load (training ~2.5 min, hessian-basis 197 s, POLCA
     # ~4 s a checkpoint in its passes, ~6-7 s in all): about 17 minutes, so two calls with nothing beside it
@@ -114,8 +126,10 @@ wait "${jobs_started[@]}"
 kill "$sampler" "$processes" 2>/dev/null
 cat "$logs/summary.txt"
 tail -n 3 "$logs/cuda-tests.log" "$logs/quick-suite.log" 2>/dev/null
-tr '\r' '\n' <"$logs/demo.log" | grep -v "it/s\]$\|s/it\]$" | tail -n 60
-grep -h -A 12 "^[SML]: " "$logs/scale.log" 2>/dev/null | head -n 60
+[ -f "$logs/demo.log" ] && tr '\r' '\n' <"$logs/demo.log" | grep -v "it/s\]$\|s/it\]$" | tail -n 60
+# the tables bench/scale.py prints at its end (or on its time limit's SIGINT), else its lines so far
+grep -q "^figures:\|^interrupted" "$logs/scale.log" 2>/dev/null && sed -n '/^x86_64/,$p' "$logs/scale.log" | head -n 90 ||
+    head -n 60 "$logs/scale.log" 2>/dev/null
 cp "$work"/scale/*.json "$logs/" 2>/dev/null
 cp "$work"/demo/report.html "$out/" 2>/dev/null
 tar -czf "$out/gpu-logs.tar.gz" -C "$out" logs && rm -rf "$logs"
