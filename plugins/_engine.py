@@ -39,12 +39,13 @@ from ckpt.errors import AnalysisError, MissingDataError, NonFiniteWarning, Unver
 from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
-from ckpt.plugins._memory import default_budget, format_size, parse_size
+from ckpt.plugins._memory import default_budget, format_size, parse_size, release_freed_memory
 from ckpt.plugins._resume import Journal
 from ckpt.plugins._runtime import (
     TaskSpec,
     allow_tasks,
     concurrent_computations,
+    forget_worker,
     resolve_device,
     stop_tasks,
     utc_timestamp,
@@ -455,6 +456,20 @@ def _tasks_stop_on_interrupt() -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def _run_worker_released(spec: TaskSpec) -> Iterator[None]:
+    """The run's computation; when it ends, its worker and the memory it freed are let go.
+
+    What the worker cached (checkpoints, data, a basis: device memory on a GPU) is not kept for a
+    later run in this process, which measures its own budget and so gets a worker of its own.
+    """
+    try:
+        yield
+    finally:
+        forget_worker(spec)
+        release_freed_memory()
+
+
 @_tasks_stop_on_interrupt()
 def _compute(
     analyzer: Analyzer,
@@ -482,62 +497,65 @@ def _compute(
         tasks=parallel_tasks(engine["scheduler"], engine["address"], engine["workers"], engine["device"]),
         progress=bool(engine["progress"]),
     )
-    context = AnalysisContext(store, missing, spec, results, analyzer=analyzer.name, journal=journal)
-    dataset = analyzer.compute(context)
-    _check_lazy(analyzer.name, dataset)
-    _check_contract(analyzer, dataset, missing)
-    per_step = analyzer.per in (PER_CHECKPOINT, PER_PAIR)
-    with compute_settings(engine["scheduler"], engine["address"], engine["workers"], engine["device"]) as (
-        settings,
-        count,
-    ):
-        if not per_step:
-            with _out_of_memory(engine, analyzer.name, []), _cluster_lost(engine, analyzer.name, []):
-                computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
-            attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
-            attrs["ckpt"]["created"] = utc_timestamp()
-            write_analysis(where, target, computed, attrs=attrs, storage_options=engine["storage_options"])
-            if journal is not None:  # the whole result is committed: its pieces are not needed any more
-                journal.discard()
-            return list(context.resumed)
-        # Blocks of steps, each committed when done, so that a killed run resumes
-        # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
-        # commit costs ~50-70 ms, so committing every block of a few steps
-        # tripled the engine's time against a plain loop (bench/engine.py).
-        # A block holds at least one step more than compute at once, so that one
-        # reads while another computes; not the thread count: on a 16-core GPU
-        # machine, blocks of 16 POLCA steps of the paper preset (8 s each, one at a
-        # time) lost two minutes of work to each kill.
-        least = _busy(engine, count) + 1
-        size = engine["block_steps"] or max(least, 4)
-        done = list(covered)
-        carry = _stored_totals(analyzer, target, where, engine["storage_options"]) if covered else None
-        start = 0
-        with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None) as bar:
-            while start < len(missing):
-                began = time.perf_counter()
-                with _out_of_memory(engine, analyzer.name, done), _cluster_lost(engine, analyzer.name, done):
-                    part = dataset.isel(step=slice(start, start + size)).compute(**settings)
-                part = _add_running_sums(analyzer, part, carry)
-                carry = {total: part[total].isel(step=-1, drop=True) for total in analyzer.running_sums}
-                steps = [int(s) for s in part["step"].values]
-                done += steps
-                attrs = {"ckpt": {**provenance, "steps": done, "ckpt_version": ckptstore.__version__}}
+    with _run_worker_released(spec):
+        context = AnalysisContext(store, missing, spec, results, analyzer=analyzer.name, journal=journal)
+        dataset = analyzer.compute(context)
+        _check_lazy(analyzer.name, dataset)
+        _check_contract(analyzer, dataset, missing)
+        per_step = analyzer.per in (PER_CHECKPOINT, PER_PAIR)
+        with compute_settings(engine["scheduler"], engine["address"], engine["workers"], engine["device"]) as (
+            settings,
+            count,
+        ):
+            if not per_step:
+                with _out_of_memory(engine, analyzer.name, []), _cluster_lost(engine, analyzer.name, []):
+                    computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
+                attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
                 attrs["ckpt"]["created"] = utc_timestamp()
-                write_analysis(
-                    where,
-                    target,
-                    part,
-                    append_dim="step" if len(done) > len(steps) else None,
-                    attrs=attrs,
-                    storage_options=engine["storage_options"],
-                )
-                bar.update(len(steps))
-                start += len(steps)
-                if not engine["block_steps"]:
-                    per_step = (time.perf_counter() - began) / len(steps)
-                    size = max(least, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
-    return []
+                write_analysis(where, target, computed, attrs=attrs, storage_options=engine["storage_options"])
+                if journal is not None:  # the whole result is committed: its pieces are not needed any more
+                    journal.discard()
+                return list(context.resumed)
+            # Blocks of steps, each committed when done, so that a killed run resumes
+            # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
+            # commit costs ~50-70 ms, so committing every block of a few steps
+            # tripled the engine's time against a plain loop (bench/engine.py).
+            # A block holds at least one step more than compute at once, so that one
+            # reads while another computes; not the thread count: on a 16-core GPU
+            # machine, blocks of 16 POLCA steps of the paper preset (8 s each, one at a
+            # time) lost two minutes of work to each kill.
+            least = _busy(engine, count) + 1
+            size = engine["block_steps"] or max(least, 4)
+            done = list(covered)
+            carry = _stored_totals(analyzer, target, where, engine["storage_options"]) if covered else None
+            start = 0
+            with tqdm(
+                total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None
+            ) as bar:
+                while start < len(missing):
+                    began = time.perf_counter()
+                    with _out_of_memory(engine, analyzer.name, done), _cluster_lost(engine, analyzer.name, done):
+                        part = dataset.isel(step=slice(start, start + size)).compute(**settings)
+                    part = _add_running_sums(analyzer, part, carry)
+                    carry = {total: part[total].isel(step=-1, drop=True) for total in analyzer.running_sums}
+                    steps = [int(s) for s in part["step"].values]
+                    done += steps
+                    attrs = {"ckpt": {**provenance, "steps": done, "ckpt_version": ckptstore.__version__}}
+                    attrs["ckpt"]["created"] = utc_timestamp()
+                    write_analysis(
+                        where,
+                        target,
+                        part,
+                        append_dim="step" if len(done) > len(steps) else None,
+                        attrs=attrs,
+                        storage_options=engine["storage_options"],
+                    )
+                    bar.update(len(steps))
+                    start += len(steps)
+                    if not engine["block_steps"]:
+                        per_step = (time.perf_counter() - began) / len(steps)
+                        size = max(least, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
+        return []
 
 
 def _busy(engine: Mapping[str, Any], count: int) -> int:
@@ -572,6 +590,23 @@ def _allocation_failure(exc: BaseException) -> str | None:
     return None
 
 
+def _whole_sentences(text: str, limit: int) -> str:
+    """The sentences ``text`` begins with, as many as fit in ``limit`` characters (at least the first, cut).
+
+    Why: torch's CUDA message says which process holds the device in its fourth and fifth sentences
+    ("Process 971 has 77.07 GiB memory in use. Including non-PyTorch memory, this process has ...");
+    cut at 200 characters, the H200's message lost the second mid-word, and with it whether this run
+    or another process held the memory.
+    """
+    sentences = re.split(r"(?<=\.) ", text.strip())
+    kept = sentences[0][:limit]
+    for sentence in sentences[1:]:
+        if len(kept) + 1 + len(sentence) > limit:
+            break
+        kept += " " + sentence
+    return kept.rstrip(".")
+
+
 @contextlib.contextmanager
 def _out_of_memory(engine: Mapping[str, Any], name: str, done: Sequence[int]) -> Iterator[None]:
     """Turn an allocation failure mid-run into one AnalysisError that keeps what was committed."""
@@ -585,7 +620,8 @@ def _out_of_memory(engine: Mapping[str, Any], name: str, done: Sequence[int]) ->
         told = f" (this run's budget: {format_size(budget)})" if budget else ""
         kept = f"the {len(done)} step(s) committed before are kept" if done else "nothing was committed"
         msg = (
-            f"{name} ran out of memory: {failure[:200]}; {kept}. Give the run less with --max-memory{told} "
+            f"{name} ran out of memory: {_whole_sentences(failure, 300)}; {kept}. "
+            f"Give the run less with --max-memory{told} "
             "or smaller blocks (e.g. --batch-size, --samples), then rerun the same command"
         )
         raise AnalysisError(msg) from None

@@ -218,6 +218,19 @@ def worker_for(spec: TaskSpec) -> Worker:
     return worker
 
 
+def forget_worker(spec: TaskSpec) -> None:
+    """Drop this process's :class:`Worker` for ``spec`` and what it cached (the end of a run).
+
+    Why: a default budget is measured when each run starts, so nearly every run has a spec of its
+    own, and its worker stayed in this process with the checkpoints, data and basis it had loaded:
+    four in-process ``grad-norms`` runs of a 1.7M-parameter GPT-2 left four workers holding 13 MiB
+    of checkpoints each. On a GPU those are device memory (two checkpoints, 1 GB at GPT-2 small;
+    a POLCA basis K·4·D bytes), held by a notebook or a test process after its analysis returned.
+    """
+    with _process_lock:
+        _workers.pop(spec, None)
+
+
 def clear_cache() -> None:
     """Forget every cached worker, model and dataset of this process (tests, long sessions)."""
     with _process_lock:
@@ -249,6 +262,7 @@ class Worker:
         self._params: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._cache: dict[Any, Any] = {}
         self._recent: OrderedDict[Any, Any] = OrderedDict()
+        self._models: dict[tuple[int, str], Any] = {}  # (thread, dtype) -> that thread's model
 
     @property
     def store(self) -> Store:
@@ -348,10 +362,10 @@ class Worker:
         fails loudly; evaluate functionally instead. A parameter the checkpoints
         do not hold is an :class:`~ckpt.errors.AnalysisError`.
         """
-        models = getattr(_thread_state, "models", None)
-        if models is None:
-            models = _thread_state.models = {}
-        key = (self.spec, str(dtype))
+        # one per thread: a functional call swaps the module's parameters, so threads cannot share one;
+        # kept by the worker (not the thread), so that a forgotten worker takes its models along
+        models = self._models
+        key = (threading.get_ident(), str(dtype))
         model = models.get(key)
         if model is None:
             spec = self._store.model
