@@ -65,6 +65,10 @@ job() {
     jobs_started+=($!)
 }
 jobs_started=()
+# the quick suite with CUDA visible, each test's line stamped with the time it ended: the third lent session
+# saw a pytest worker hold 77-79 GB of the GPU for minutes, and nothing said which test it was running
+quick_suite="set -o pipefail; python3 -m pytest -v -m 'not slow' -n 4 -p no:cacheprovider --continue-on-collection-errors -rfE \
+    --deselect tests/test_cuda.py 2>&1 | while IFS= read -r line; do printf '%(%T)T %s\n' -1 \"\$line\"; done"
 
 end=$(($(left) - 25)) # leaves time to pack the logs
 # what the GPU did meanwhile (utilisation and memory every 5 s): were the side-by-side jobs waiting for it?
@@ -98,8 +102,7 @@ if [ "$phase" = full ]; then
     # steps of at most 150 s, so that the plain-PyTorch baselines (run after every step) are reached
     job scale "$end" python3 bench/scale.py --sizes L --device cuda --out "$work/scale" --timeout 150 \
         --build-timeout 240
-    job quick-suite "$end" python3 -m pytest -q -m "not slow" -n 4 -p no:cacheprovider \
-        --continue-on-collection-errors -rfE --deselect tests/test_cuda.py
+    job quick-suite "$end" bash -c "$quick_suite"
 elif [ "$phase" = scale ]; then
     # issue 29's GPU figures: bench/scale.py with the GPU to itself (L first, as the largest and the one
     # asked for), the CUDA tests then the quick suite on the CPUs beside it; and which process holds how
@@ -108,9 +111,8 @@ elif [ "$phase" = scale ]; then
     job scale "$end" python3 bench/scale.py --sizes L,M,S --device cuda --out "$work/scale" --timeout 150 \
         --build-timeout 200
     job tests "$end" bash -c "python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
-        >'$logs/cuda-tests.log' 2>&1; echo cuda tests exit \$?; python3 -m pytest -q -m 'not slow' -n 4 \
-        -p no:cacheprovider --continue-on-collection-errors -rfE --deselect tests/test_cuda.py \
-        >'$logs/quick-suite.log' 2>&1; echo quick suite exit \$?"
+        >'$logs/cuda-tests.log' 2>&1; echo cuda tests exit \$?; ($quick_suite) >'$logs/quick-suite.log'; \
+        echo quick suite exit \$?"
 elif [ "$phase" = table3 ]; then
     # the second lent session measured the demo under load (training ~2.5 min, hessian-basis 197 s, POLCA
     # ~4 s a checkpoint in its passes, ~6-7 s in all): about 17 minutes, so two calls with nothing beside it
