@@ -16,9 +16,10 @@
 # The items run side by side, so their wall times are upper bounds (each line of summary.txt says what ran
 # beside it); the ratios of bench/scale.py compare runs made under the same load. Work that must survive
 # between two calls (the paper demo's store, scale's GPT-2 runs) lives in .gpu/ in the repository root,
-# which the device keeps between calls on a warm machine because .gitignore names it: the third lent session's
-# second call found the L run's eval_ids.npy gone (then ignored by .git/info/exclude alone) while the *.zarr
-# stores beside it, which .gitignore named, were still there. Logs come back as $OUT/gpu-logs.tar.gz.
+# which the device should keep between calls on a warm machine. The third lent session's second call found
+# the L run's eval_ids.npy gone (ignored then by .git/info/exclude alone) while the *.zarr stores beside it,
+# which .gitignore names, were still there: so .gitignore now names .gpu/ too (not yet seen to suffice).
+# Logs come back as $OUT/gpu-logs.tar.gz.
 set -u
 phase=${1:-full}
 budget=${2:-540}
