@@ -95,9 +95,10 @@ def test_the_default_budget_is_a_share_of_free_gpu_memory() -> None:
 def test_a_run_gives_its_gpu_memory_back(cpu_store: Path, tmp_path: Path) -> None:
     """After an in-process run nothing of it stays on the device: not its cached checkpoints, nor free cached blocks.
 
-    The second lent session's quick suite had a test process hold 79 GB of an H200 for minutes
-    after its analyses (cached workers, and torch's cache of freed blocks), and bench/scale.py's
-    hessian-basis, started beside it with 80% of the then free memory as its budget, ran out.
+    In the third lent session a process of the quick suite held 77-79 GB of an H200 for minutes
+    (which test, the log did not say), and bench/scale.py's hessian-basis, started beside it with
+    80% of the then free memory as its budget, ran out. What an in-process run left behind then:
+    its worker's cached checkpoints, data and basis, and torch's cache of the blocks it freed.
     """
     if not DEVICE.startswith("cuda"):
         pytest.skip("device memory needs a GPU")
