@@ -497,65 +497,66 @@ def _compute(
         tasks=parallel_tasks(engine["scheduler"], engine["address"], engine["workers"], engine["device"]),
         progress=bool(engine["progress"]),
     )
-    with _run_worker_released(spec):
-        context = AnalysisContext(store, missing, spec, results, analyzer=analyzer.name, journal=journal)
-        dataset = analyzer.compute(context)
-        _check_lazy(analyzer.name, dataset)
-        _check_contract(analyzer, dataset, missing)
-        per_step = analyzer.per in (PER_CHECKPOINT, PER_PAIR)
-        with compute_settings(engine["scheduler"], engine["address"], engine["workers"], engine["device"]) as (
+    context = AnalysisContext(store, missing, spec, results, analyzer=analyzer.name, journal=journal)
+    dataset = analyzer.compute(context)
+    _check_lazy(analyzer.name, dataset)
+    _check_contract(analyzer, dataset, missing)
+    per_step = analyzer.per in (PER_CHECKPOINT, PER_PAIR)
+    # the worker the tasks make goes with the run, however it ends
+    with (
+        _run_worker_released(spec),
+        compute_settings(engine["scheduler"], engine["address"], engine["workers"], engine["device"]) as (
             settings,
             count,
-        ):
-            if not per_step:
-                with _out_of_memory(engine, analyzer.name, []), _cluster_lost(engine, analyzer.name, []):
-                    computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
-                attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
+        ),
+    ):
+        if not per_step:
+            with _out_of_memory(engine, analyzer.name, []), _cluster_lost(engine, analyzer.name, []):
+                computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
+            attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
+            attrs["ckpt"]["created"] = utc_timestamp()
+            write_analysis(where, target, computed, attrs=attrs, storage_options=engine["storage_options"])
+            if journal is not None:  # the whole result is committed: its pieces are not needed any more
+                journal.discard()
+            return list(context.resumed)
+        # Blocks of steps, each committed when done, so that a killed run resumes
+        # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
+        # commit costs ~50-70 ms, so committing every block of a few steps
+        # tripled the engine's time against a plain loop (bench/engine.py).
+        # A block holds at least one step more than compute at once, so that one
+        # reads while another computes; not the thread count: on a 16-core GPU
+        # machine, blocks of 16 POLCA steps of the paper preset (8 s each, one at a
+        # time) lost two minutes of work to each kill.
+        least = _busy(engine, count) + 1
+        size = engine["block_steps"] or max(least, 4)
+        done = list(covered)
+        carry = _stored_totals(analyzer, target, where, engine["storage_options"]) if covered else None
+        start = 0
+        with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None) as bar:
+            while start < len(missing):
+                began = time.perf_counter()
+                with _out_of_memory(engine, analyzer.name, done), _cluster_lost(engine, analyzer.name, done):
+                    part = dataset.isel(step=slice(start, start + size)).compute(**settings)
+                part = _add_running_sums(analyzer, part, carry)
+                carry = {total: part[total].isel(step=-1, drop=True) for total in analyzer.running_sums}
+                steps = [int(s) for s in part["step"].values]
+                done += steps
+                attrs = {"ckpt": {**provenance, "steps": done, "ckpt_version": ckptstore.__version__}}
                 attrs["ckpt"]["created"] = utc_timestamp()
-                write_analysis(where, target, computed, attrs=attrs, storage_options=engine["storage_options"])
-                if journal is not None:  # the whole result is committed: its pieces are not needed any more
-                    journal.discard()
-                return list(context.resumed)
-            # Blocks of steps, each committed when done, so that a killed run resumes
-            # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
-            # commit costs ~50-70 ms, so committing every block of a few steps
-            # tripled the engine's time against a plain loop (bench/engine.py).
-            # A block holds at least one step more than compute at once, so that one
-            # reads while another computes; not the thread count: on a 16-core GPU
-            # machine, blocks of 16 POLCA steps of the paper preset (8 s each, one at a
-            # time) lost two minutes of work to each kill.
-            least = _busy(engine, count) + 1
-            size = engine["block_steps"] or max(least, 4)
-            done = list(covered)
-            carry = _stored_totals(analyzer, target, where, engine["storage_options"]) if covered else None
-            start = 0
-            with tqdm(
-                total=len(missing), desc=analyzer.name, unit="step", disable=not engine["progress"] or None
-            ) as bar:
-                while start < len(missing):
-                    began = time.perf_counter()
-                    with _out_of_memory(engine, analyzer.name, done), _cluster_lost(engine, analyzer.name, done):
-                        part = dataset.isel(step=slice(start, start + size)).compute(**settings)
-                    part = _add_running_sums(analyzer, part, carry)
-                    carry = {total: part[total].isel(step=-1, drop=True) for total in analyzer.running_sums}
-                    steps = [int(s) for s in part["step"].values]
-                    done += steps
-                    attrs = {"ckpt": {**provenance, "steps": done, "ckpt_version": ckptstore.__version__}}
-                    attrs["ckpt"]["created"] = utc_timestamp()
-                    write_analysis(
-                        where,
-                        target,
-                        part,
-                        append_dim="step" if len(done) > len(steps) else None,
-                        attrs=attrs,
-                        storage_options=engine["storage_options"],
-                    )
-                    bar.update(len(steps))
-                    start += len(steps)
-                    if not engine["block_steps"]:
-                        per_step = (time.perf_counter() - began) / len(steps)
-                        size = max(least, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
-        return []
+                write_analysis(
+                    where,
+                    target,
+                    part,
+                    append_dim="step" if len(done) > len(steps) else None,
+                    attrs=attrs,
+                    storage_options=engine["storage_options"],
+                )
+                bar.update(len(steps))
+                start += len(steps)
+                if not engine["block_steps"]:
+                    per_step = (time.perf_counter() - began) / len(steps)
+                    size = max(least, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
+    return []
 
 
 def _busy(engine: Mapping[str, Any], count: int) -> int:
