@@ -107,15 +107,17 @@ REBUILT_PEAK = 2.3
 GRAPH_AT_REST = 1.35
 """Kept graphs between their products, from the same measurement: 6.1 GiB RSS once built, less the 1.8 GiB
 besides, is 1.35x the 3.2 GiB of graphs. What they hold while a product rebuilds the blocks that did not fit."""
-FIXED_VECTORS = 3
+FIXED_VECTORS = 2
 """Vectors of D held beside the search: the checkpoint's tensors (cached by the worker; θ's leaves share
-them), the previous checkpoint's (the worker caches two) and the product being made, tensor by tensor.
-Its flat copy and the residual copied from it are the search's (:func:`ckpt.plugins.lanczos_bytes`).
-This counted them too (5 vectors) until the result's tensors stopped copying each basis checkpoint's
-vectors: the 0.92 GiB at GPT-2 small hid that uncounted copy, which outgrew it from the third basis
-checkpoint on. In bench/scale.py's L run (four basis checkpoints) the fourth peaked at 11.96 GiB RSS
-against a plan of 11.3 GiB, about 0.5 GiB of it libraries the plan leaves out; held once, at 10.44 GiB
-against a plan of 10.9 GiB, and the first at 9.2 GiB against 10.7 GiB."""
+them) and the product being made, tensor by tensor. Its flat copy and the residual copied from it are
+the search's (:func:`ckpt.plugins.lanczos_bytes`). This counted them too (5 vectors) until the result's
+tensors stopped copying each basis checkpoint's vectors: the 0.92 GiB at GPT-2 small hid that uncounted
+copy, which outgrew it from the third basis checkpoint on. In bench/scale.py's L run (four basis
+checkpoints) the fourth peaked at 11.96 GiB RSS against a plan of 11.3 GiB, about 0.5 GiB of it
+libraries the plan leaves out; held once, at 10.44 GiB against a plan of 10.9 GiB, and the first at
+9.2 GiB against 10.7 GiB. It was 3 while the worker also kept the previous basis checkpoint's tensors,
+which no search reads (:meth:`ckpt.plugins.Worker.params` with ``alone``): at GPT-2 small with a
+10.7 GiB budget that vector made the third and fourth basis checkpoints rebuild graphs per product."""
 
 
 def plan_memory(
@@ -304,7 +306,7 @@ def eigenvectors_at(
     import torch
 
     precision = torch_dtype(dtype)
-    params = worker.params(step)
+    params = worker.params(step, alone=True)  # the previous basis checkpoint's tensors: not read, not held
     primal = trainable(params, space, dtype)
     example_of, _ = datapoint_index(worker.store, split, objective)
     datapoints = int(np.isin(example_of, examples).sum())

@@ -292,13 +292,22 @@ class Worker:
         self._ensure_step(step)
         return self._store.tensors(step, names)
 
-    def params(self, step: int) -> dict[str, Any]:
+    def params(self, step: int, *, alone: bool = False) -> dict[str, Any]:
         """The checkpoint's tensors as torch tensors on the worker's device (last 2 steps cached).
 
         Half-precision tensors (bfloat16, float16, float8: mixed-precision checkpoints) come in
         float32, the precision analyzers compute in unless their ``--dtype`` says otherwise: a
         bfloat16 weight against the float32 model and inputs would not even multiply.
+
+        ``alone``: first drop every other cached checkpoint, for a task that uses one checkpoint
+        and fills the memory budget around it (hessian-basis). Two are cached for the tasks of
+        pairs of checkpoints; a search at the next basis checkpoint never reads the previous one,
+        which held 0.46 GiB at GPT-2 small through every product of the search.
         """
+        if alone:
+            with self._lock:
+                for other in [key for key in self._params if key != step]:
+                    del self._params[other]
 
         def load() -> dict[str, Any]:
             check_stopped()

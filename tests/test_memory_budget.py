@@ -283,3 +283,27 @@ def test_each_basis_checkpoint_is_held_once_not_again_in_its_tensors(tmp_path: P
         assert not any(tensor.flags.owndata for tensor in tensors)
         for name, tensor in zip(names, tensors, strict=True):
             np.testing.assert_array_equal(tensor, whole[name].values[2 * piece : 2 * piece + 2], err_msg=name)
+
+
+def test_a_search_holds_its_own_checkpoint_not_the_one_before(tmp_path: Path) -> None:
+    """The worker caches two checkpoints for tasks of pairs; hessian-basis's searches read one.
+
+    The plan counts one checkpoint (:data:`FIXED_VECTORS`); the one before, cached from the
+    previous basis checkpoint, was held beside every product of the next search uncounted.
+    """
+    from ckpt.plugins._runtime import forget_worker, worker_for
+
+    path = write_example_run(tmp_path / "run.zarr", steps=3, examples=40)
+    store = ckptstore.open(path)
+    spec = TaskSpec(str(path))
+    analyzer = load_registry().analyzers["hessian-basis"](every=1, k=1, dtype="float64", tol=1e-8)
+    try:
+        analyzer.compute(AnalysisContext(store, store.steps, spec, {})).compute(scheduler="sync")
+        worker = worker_for(spec)
+        assert list(worker._params) == [store.steps[-1]]
+        # a task of pairs still finds both checkpoints cached
+        worker.params(store.steps[0])
+        worker.params(store.steps[1])
+        assert list(worker._params) == list(store.steps[:2])
+    finally:
+        forget_worker(spec)
