@@ -136,11 +136,12 @@ def plan_memory(
     """Fit one basis checkpoint's search into ``budget`` bytes, or say which knob to turn.
 
     In order of speed: kept graphs with the Lanczos vectors in memory (as many as fit; fewer
-    vectors cost a few more products, in thick restarts); kept graphs with the vectors spilled to
+    vectors cost more products, in thick restarts, so on the CPU at least k + 8, and on a GPU,
+    which cannot spill, at least k + 4); kept graphs with the vectors spilled to
     a temporary file (a product reads them back, about 0.15 s per GB, where rebuilding a block's
     graph costs a forward and a backward pass more per product); with the vectors spilled, the
     graphs of as many examples as fit kept and the rest rebuilt per product; then blocks rebuilt
-    per product, as large as fit, with the vectors in memory, then spilled.
+    per product, as large as fit, with the vectors in memory (as many as above), then spilled.
 
     Why the third: each basis checkpoint adds its vectors to what the search holds, so a budget
     that keeps every graph at the first checkpoints stops doing so at a later one, by a few
@@ -190,9 +191,13 @@ def plan_memory(
     def spilled(vectors: int) -> int:
         return lanczos_bytes(dimension, vectors, itemsize, spilled=True)
 
+    # Where vectors can be spilled, fewer than `preferred` in memory lose to `preferred` spilled: at GPT-2
+    # small's first basis checkpoint k + 4 in memory took 38 products, k + 8 spilled 30, at about the same
+    # time a product. Spilled always needs less memory, so fewer in memory is for a GPU only.
+    enough = preferred if can_spill else smallest
     kept = sum(graphs(min(batch_size, examples - start), GRAPH_PEAK) for start in range(0, examples, batch_size))
     vectors = room(budget - fixed - kept)
-    if vectors >= smallest:
+    if vectors >= enough:
         return MemoryPlan(True, batch_size, vectors, fixed + kept + lanczos_bytes(dimension, vectors, itemsize))
     if can_spill and fixed + kept + spilled(preferred) <= budget:
         return MemoryPlan(True, batch_size, preferred, fixed + kept + spilled(preferred), spill=True)
@@ -205,7 +210,7 @@ def plan_memory(
     for spill in (False, True) if can_spill else (False,):
         vectors = preferred if spill else min(preferred, room(budget - fixed - graphs(1, REBUILT_PEAK)))
         search = spilled(vectors) if spill else lanczos_bytes(dimension, vectors, itemsize)
-        if vectors >= smallest and fixed + graphs(1, REBUILT_PEAK) + search <= budget:
+        if vectors >= enough and fixed + graphs(1, REBUILT_PEAK) + search <= budget:
             left = budget - fixed - search
             block = int(min(batch_size, examples, max(1, (left / REBUILT_PEAK - constant) // max(per_example, 1))))
             return MemoryPlan(False, block, vectors, fixed + graphs(block, REBUILT_PEAK) + search, spill=spill)
@@ -218,6 +223,71 @@ def plan_memory(
         f"vectors); the memory budget is {format_size(budget)}: raise --max-memory, or lower -k"
     )
     raise AnalysisError(msg)
+
+
+def check_the_run_fits(
+    budget: int,
+    dimension: int,
+    k: int,
+    total: int,
+    largest_tensor: int,
+    examples: int,
+    batch_size: int,
+    graph: tuple[float, float],
+    itemsize: int,
+    *,
+    cpu: bool = True,
+) -> None:
+    """Raise now, not hours later, when a later basis checkpoint or the end of the run cannot fit ``budget``.
+
+    Each basis checkpoint holds every vector found before it, so the run's last search
+    (``total - k`` earlier vectors) is the largest. When the search ends, the engine puts the
+    ``total`` vectors together into the result's tensors, a copy of them beside the vectors
+    themselves, and reads each tensor back whole to record its digests (host memory: checked on
+    the CPU only, where the budget is the host's). At GPT-2 small (0.46 GiB a vector, ``--samples
+    8``) on a 10.7 GiB budget the searches fit up to 15 basis vectors, the end of the run up to 9:
+    a run that would have stopped at its 16th basis checkpoint, or gone over its budget at the end,
+    now stops at its first, with the knobs named.
+
+    Parameters
+    ----------
+    budget, dimension, k, examples, batch_size, graph, itemsize
+        As for :func:`plan_memory`.
+    total
+        Basis vectors the whole run finds (its basis checkpoints times k).
+    largest_tensor
+        Parameters of the model's largest tensor.
+    cpu
+        The search runs on the CPU: its vectors may be spilled (``can_spill`` of
+        :func:`plan_memory`), and the budget is the host memory the end of the run takes.
+    """
+    fewer = "or take fewer basis checkpoints (--every, --at-steps)"
+    earlier = total - k
+    try:
+        plan_memory(
+            budget,
+            dimension,
+            k,
+            earlier,
+            examples,
+            batch_size,
+            graph,
+            itemsize,
+            product_limit(dimension - earlier, k),
+            can_spill=cpu,
+        )
+    except AnalysisError as exc:
+        msg = str(exc).replace("hessian-basis needs", "hessian-basis's last basis checkpoint needs", 1)
+        raise AnalysisError(f"{msg}, {fewer}") from None
+    vector = dimension * itemsize
+    end = 2 * total * vector + total * largest_tensor * itemsize + vector
+    if cpu and end > budget:
+        msg = (
+            f"hessian-basis needs {format_size(end)} at the end of the run, to put its {total} basis vectors of "
+            f"{dimension:,} parameters into the result beside them; the memory budget is {format_size(budget)}: "
+            f"raise --max-memory, lower -k, {fewer}"
+        )
+        raise AnalysisError(msg)
 
 
 def _partly_kept(
@@ -296,12 +366,15 @@ def eigenvectors_at(
     journal: Journal | None = None,
     keys: Sequence[Any] = (),
     found_at: Sequence[int] = (),
+    total: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Top-k eigenpairs of P H_step P against the vectors found at earlier checkpoints (on a worker).
 
     With a ``journal``, the piece is committed to it before it is returned (``keys``: the
     journal keys of this and every earlier piece; ``found_at``: their steps), so that a
-    run killed later resumes after it.
+    run killed later resumes after it. ``total``: the basis vectors the whole run finds;
+    when given, a run whose later checkpoints or end cannot fit the budget stops here
+    (:func:`check_the_run_fits`).
     """
     import torch
 
@@ -318,6 +391,8 @@ def eigenvectors_at(
         return loss_function(worker, params, space, split=split, examples=rows, objective=objective, dtype=dtype)
 
     earlier = sum(len(p["vectors"]) for p in previous)
+    graph = graph_growth(block_loss, examples, primal)
+    can_spill = str(worker.device) == "cpu"
     plan = plan_memory(
         worker.memory_budget,
         space.size,
@@ -325,11 +400,25 @@ def eigenvectors_at(
         earlier,
         len(examples),
         batch_size,
-        graph_growth(block_loss, examples, primal),
+        graph,
         precision.itemsize,
         product_limit(space.size - earlier, k),
-        can_spill=str(worker.device) == "cpu",
+        can_spill=can_spill,
     )
+    if total is not None:  # after this checkpoint's own plan, whose error says more when it is this one
+        largest = max(space.sizes)
+        check_the_run_fits(
+            worker.memory_budget,
+            space.size,
+            k,
+            total,
+            largest,
+            len(examples),
+            batch_size,
+            graph,
+            precision.itemsize,
+            cpu=can_spill,
+        )
     basis = earlier_basis(previous, worker.device, precision)
     hessian = hessian_operator(plan, block_loss, examples, 1.0 / datapoints, primal, batch_size)
 
@@ -568,6 +657,7 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
                     journal=ctx.journal,
                     keys=keys[: index + 1],
                     found_at=steps[: index + 1],
+                    total=len(steps) * self.k,
                 )
             )
         k = self.k
@@ -641,6 +731,7 @@ __all__ = [
     "HessianBasis",
     "MemoryPlan",
     "basis_dataset",
+    "check_the_run_fits",
     "ckpt_register_analyzers",
     "eigenvectors_at",
     "graph_growth",

@@ -22,9 +22,11 @@ from ckpt.analyzers.hessian_basis import (
     GRAPH_PEAK,
     REBUILT_PEAK,
     MemoryPlan,
+    check_the_run_fits,
     plan_memory,
 )
 from ckpt.plugins import AnalysisContext, AnalysisError, TaskSpec, lanczos_bytes, load_registry, parse_size
+from ckpt.plugins._derivatives import parameter_space
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
 
@@ -307,3 +309,69 @@ def test_a_search_holds_its_own_checkpoint_not_the_one_before(tmp_path: Path) ->
         assert list(worker._params) == list(store.steps[:2])
     finally:
         forget_worker(spec)
+
+
+def test_a_run_whose_last_basis_checkpoint_cannot_fit_is_told_before_any_search() -> None:
+    """Each basis checkpoint holds the vectors found before it: the last search is the largest."""
+    first = plan_memory(160 * MiB, graph=GRAPH, limit=100, **{**PLAN, "earlier": 0})
+    assert first.estimate <= 160 * MiB
+    args = {key: PLAN[key] for key in ("dimension", "k", "examples", "batch_size", "itemsize")}
+    check_the_run_fits(160 * MiB, total=4, largest_tensor=100_000, graph=GRAPH, **args)  # fits to its end
+    with pytest.raises(
+        AnalysisError, match=r"last basis checkpoint needs at least .* 29 earlier basis vectors"
+    ) as info:
+        check_the_run_fits(160 * MiB, total=30, largest_tensor=100_000, graph=GRAPH, **args)
+    assert "raise --max-memory" in str(info.value) and "--every, --at-steps" in str(info.value)
+
+
+def test_a_run_whose_end_cannot_fit_is_told_before_any_search() -> None:
+    """The end of the run copies the basis into the result's tensors, beside the vectors (host memory)."""
+    args = {key: PLAN[key] for key in ("dimension", "k", "examples", "batch_size", "itemsize")}
+    vector = PLAN["dimension"] * PLAN["itemsize"]
+    end = 2 * 16 * vector + 16 * 100_000 * PLAN["itemsize"] + vector
+    # the last search (15 earlier vectors) fits in less than the end needs
+    plan_memory(end - 1, graph=GRAPH, limit=100, **{**PLAN, "earlier": 15})
+    with pytest.raises(AnalysisError, match=r"at the end of the run, to put its 16 basis vectors .* --at-steps"):
+        check_the_run_fits(end - 1, total=16, largest_tensor=100_000, graph=GRAPH, **args)
+    check_the_run_fits(end, total=16, largest_tensor=100_000, graph=GRAPH, **args)
+    # on a GPU the budget is the device's; the vectors come back to the host
+    check_the_run_fits(end - 1, total=16, largest_tensor=100_000, graph=GRAPH, cpu=False, **args)
+
+
+@pytest.mark.slow
+def test_a_run_that_cannot_fit_stops_at_its_first_basis_checkpoint_with_nothing_kept(tmp_path: Path) -> None:
+    """A real GPT-2 run of 12 checkpoints: before, it computed and kept the basis checkpoints that fitted."""
+    store = write_gpt2_run(tmp_path, checkpoints=12)
+    before = tree_digest(store)
+    base = ("analyze", "hessian-basis", str(store), "--samples", "2", "--no-progress", "--scheduler", "sync")
+    space = parameter_space(ckptstore.open(store))
+    vector, largest = 4 * space.size, 4 * max(space.sizes)
+    end = 2 * 12 * vector + 12 * largest + vector  # k 1: 12 basis vectors of 6.8 MB, the last search 11 earlier
+    for extra, expected in (
+        # k 4: the last search holds 44 earlier vectors (0.3 GB); the first fits in 150 MiB
+        (("-k", "4", "--max-memory", "150MiB"), "last basis checkpoint needs at least"),
+        (("-k", "1", "--max-memory", str(end - MiB)), "at the end of the run"),
+    ):
+        done = run_ckpt(*base, *extra)
+        assert done.returncode != 0
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error:") and expected in lines[0], done.stderr
+        assert "--max-memory" in lines[0] and "--at-steps" in lines[0]
+    assert tree_digest(store) == before
+
+
+def test_on_the_cpu_fewer_than_k_plus_8_vectors_in_memory_give_way_to_k_plus_8_spilled() -> None:
+    """Room for k + 4 to k + 7 vectors beside the kept graphs: spilled on the CPU, in memory on a GPU.
+
+    At GPT-2 small's first basis checkpoint k + 4 in memory took 38 products, k + 8 spilled 30.
+    """
+    fixed = (FIXED_VECTORS + PLAN["earlier"]) * 1_700_000 * 4
+    kept_graphs = int(GRAPH_PEAK * (4 * MiB + 32 * 1.5 * MiB)) * 2
+    for room in (5, 6, 7, 8):
+        budget = fixed + kept_graphs + lanczos_bytes(1_700_000, room)
+        on_cpu = plan_memory(budget, graph=GRAPH, limit=100, **PLAN)
+        assert on_cpu.keep_graphs and on_cpu.spill and on_cpu.vectors == 9 and on_cpu.estimate <= budget
+        on_gpu = plan_memory(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN)
+        assert on_gpu.keep_graphs and not on_gpu.spill and on_gpu.vectors == room and on_gpu.estimate <= budget
+    budget = fixed + kept_graphs + lanczos_bytes(1_700_000, 9)
+    assert not plan_memory(budget, graph=GRAPH, limit=100, **PLAN).spill  # k + 8 in memory: not spilled
