@@ -116,8 +116,9 @@ copy, which outgrew it from the third basis checkpoint on. In bench/scale.py's L
 checkpoints) the fourth peaked at 11.96 GiB RSS against a plan of 11.3 GiB, about 0.5 GiB of it
 libraries the plan leaves out; held once, at 10.44 GiB against a plan of 10.9 GiB, and the first at
 9.2 GiB against 10.7 GiB. It was 3 while the worker also kept the previous basis checkpoint's tensors,
-which no search reads (:meth:`ckpt.plugins.Worker.params` with ``alone``): at GPT-2 small with a
-10.7 GiB budget that vector made the third and fourth basis checkpoints rebuild graphs per product."""
+which no search reads (:meth:`ckpt.plugins.Worker.params` with ``alone``): at GPT-2 small that vector
+made the later basis checkpoints rebuild graphs per product (the last three of bench/scale.py's L run
+on 2026-11-27; with a 10.7 GiB budget, the fourth)."""
 
 
 def plan_memory(
@@ -241,7 +242,7 @@ def check_the_run_fits(
     """Raise now, not hours later, when a later basis checkpoint or the end of the run cannot fit ``budget``.
 
     Each basis checkpoint holds every vector found before it, so the run's last search
-    (``total - k`` earlier vectors) is the largest. When the search ends, the engine puts the
+    (``total - k`` earlier vectors) is the largest. When the last search ends, the engine puts the
     ``total`` vectors together into the result's tensors, a copy of them beside the vectors
     themselves, and reads each tensor back whole to record its digests (host memory: checked on
     the CPU only, where the budget is the host's). At GPT-2 small (0.46 GiB a vector, ``--samples
