@@ -394,8 +394,9 @@ def eigenvectors_at(
     earlier = sum(len(p["vectors"]) for p in previous)
     graph = graph_growth(block_loss, examples, primal)
     can_spill = str(worker.device) == "cpu"
+    budget = worker.memory_budget  # one reading for both plans (without --max-memory it measures free memory)
     plan = plan_memory(
-        worker.memory_budget,
+        budget,
         space.size,
         k,
         earlier,
@@ -407,13 +408,12 @@ def eigenvectors_at(
         can_spill=can_spill,
     )
     if total is not None:  # after this checkpoint's own plan, whose error says more when it is this one
-        largest = max(space.sizes)
         check_the_run_fits(
-            worker.memory_budget,
+            budget,
             space.size,
             k,
             total,
-            largest,
+            max(space.sizes),
             len(examples),
             batch_size,
             graph,
