@@ -610,14 +610,32 @@ def top_eigenpairs(
     used = 1  # rows of `vectors` in use
     restarts = 0
     estimates = theta = top = ritz = None
+    # On the CPU the vector work runs on one torch thread, the products on the caller's. Why: its passes
+    # are thousands of small parallel regions a product (a few per column block), and with two threads
+    # some processes ran them 2-5x slower than others, for their whole life; one thread never did.
+    # The three-term recurrence's pass at D = 124M (two kept vectors in memory, this 2-core machine,
+    # 8 processes each, interleaved): two threads 0.39-0.47 s in 6 of them, 0.85 and 1.87 s in 2; one
+    # thread 0.47-0.55 s in all 8. A search of 14 products with 9 vectors spilled (a cheap operator
+    # that sleeps 3 s, as a product would): 1.74-1.92 s of vector work a product against 2.83-3.12 s.
+    caller_threads = torch.get_num_threads()
+    vector_threads = 1 if str(device) == "cpu" else caller_threads
+
+    def product_of(vector: Any) -> Any:
+        torch.set_num_threads(caller_threads)
+        try:
+            return hvp(vector)
+        finally:
+            torch.set_num_threads(vector_threads)
+
     try:
+        torch.set_num_threads(vector_threads)
         # scipy's LAPACK between torch's kernels: OpenBLAS threads left spinning after its calls slowed
         # the products 40x when ARPACK drove them (88 products: 371 s instead of 9 s, bench/polca.py)
         with threadpool_limits(limits=1, user_api="blas"):
             for products in range(1, limit + 1):
                 # current is in the complement already (started there, reorthogonalized against B
                 # below): P H P v = P H v, and B and the kept vectors are taken out in one pass
-                product = hvp(current)
+                product = product_of(current)
                 vectors.wait()  # `spare` may be the row a spilled search is still writing
                 r = spare  # the orthogonalized product goes here: ours to update, whatever hvp returns
                 # The three-term recurrence: B and the vectors T couples the current one to (the previous
@@ -730,5 +748,6 @@ def top_eigenpairs(
             found[:, columns] = (combination @ stacked.block(columns)).to(dtype)
         _orthonormalize_rows(found)
     finally:
+        torch.set_num_threads(caller_threads)
         vectors.close()
     return Eigenpairs(values, found.cpu().numpy(), estimates.astype(np.float64), products, restarts, passes)

@@ -151,6 +151,37 @@ def test_a_product_that_is_not_finite_is_named_not_returned() -> None:
         top_eigenpairs(hvp, 50, 1, tol=1e-12, dtype=torch.float64)
 
 
+def test_the_vector_work_runs_on_one_thread_and_the_products_on_the_callers() -> None:
+    """Small parallel regions made some processes' passes 2-5x slower with two threads (see top_eigenpairs)."""
+    matrix = symmetric(np.concatenate([[5.0, 4.0], np.linspace(1.0, 2.0, 58)]), seed=6)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        in_products: list[int] = []
+        in_progress: list[int] = []
+
+        def hvp(v: torch.Tensor) -> torch.Tensor:
+            in_products.append(torch.get_num_threads())
+            return (matrix @ v.double()).to(v.dtype)
+
+        found = top_eigenpairs(
+            hvp, 60, 1, tol=1e-5, max_vectors=5, progress=lambda *_: in_progress.append(torch.get_num_threads())
+        )
+        assert found.restarts > 0  # restarts and the Ritz vectors' combination ran in between as well
+        assert in_products == [3] * found.matvecs
+        assert in_progress == [1] * found.matvecs
+        assert torch.get_num_threads() == 3
+
+        def failing(v: torch.Tensor) -> torch.Tensor:
+            return hvp(v) * float("nan")
+
+        with pytest.raises(AnalysisError, match="not finite"):
+            top_eigenpairs(failing, 60, 1)
+        assert torch.get_num_threads() == 3  # restored however the search ends
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_no_convergence_and_no_room_are_errors() -> None:
     matrix = symmetric(np.linspace(0.0, 1.0, 2000), seed=4)  # top gap 5e-4: slow
     _, hvp = counted(matrix)
