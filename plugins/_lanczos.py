@@ -540,7 +540,9 @@ def top_eigenpairs(
     reorthogonalization with 2-4 full passes a search instead of one a product
     (:attr:`Eigenpairs.full_passes`). Memory:
     :func:`lanczos_bytes` of ``max_vectors`` (the products' own precision, 4·D
-    bytes a vector in float32), plus the basis given.
+    bytes a vector in float32), plus the basis given. Threads: on the CPU the
+    vector work runs on one torch thread and ``hvp`` on the caller's; the
+    caller's count is restored however the search ends.
     """
     import torch
     from scipy.linalg import eigh
