@@ -57,6 +57,12 @@ def node_chunks(node: dict[str, Any]) -> tuple[int, ...]:
     return tuple(node["chunk_grid"]["configuration"]["chunk_shape"])
 
 
+DIGEST_READ_BYTES = 64 * 2**20
+"""Most bytes :func:`digest_variable` reads at once (unless one row of chunks alone is larger; then chunk by chunk).
+Why: it read each variable whole, so committing hessian-basis's result at GPT-2 small held, beside the
+basis, its largest tensor (the token embedding, 0.15 GB) once per basis vector."""
+
+
 def digest_variable(
     variable: Any, node: dict[str, Any], previous: dict[str, Any] | None, appended_along: int | None
 ) -> dict[str, str]:
@@ -64,7 +70,8 @@ def digest_variable(
 
     With ``previous`` (the committed node) and ``appended_along`` (the axis rows
     were appended to), only the chunks at or after the first one the append
-    touched are read; the earlier digests are kept from the commit record.
+    touched are read; the earlier digests are kept from the commit record. The
+    values are read in slabs along the first axis of at most :data:`DIGEST_READ_BYTES`.
     """
     shape, chunks = tuple(node["shape"]), node_chunks(node)
     known = (previous or {}).get("attributes", {}).get(CHUNK_DIGESTS)
@@ -75,12 +82,51 @@ def digest_variable(
         first = previous["shape"][axis] // chunks[axis]
         digests = {k: v for k, v in known.items() if int(k.split(".")[axis]) < first}
     offset = first * chunks[axis] if axis is not None else 0
-    selection = tuple(slice(offset, None) if i == axis else slice(None) for i in range(len(shape)))
-    values = np.asarray(variable[selection].values)
-    for key, region in chunk_regions(shape, chunks, axis=axis, first=first):
-        local = tuple(slice(r.start - offset, r.stop - offset) if i == axis else r for i, r in enumerate(region))
-        digests[key] = block_digest(values[local])
+    regions = list(chunk_regions(shape, chunks, axis=axis, first=first))
+    if not shape:
+        for key, _ in regions:
+            digests[key] = block_digest(variable.values)
+        return digests
+    row_bytes = variable.dtype.itemsize * math.prod(shape[1:])
+    for rows, group in _slabs(regions, row_bytes):
+        if (rows.stop - rows.start) * row_bytes > DIGEST_READ_BYTES:  # one row of chunks: each chunk alone
+            for key, region in group:
+                digests[key] = block_digest(np.asarray(variable[region].values))
+            continue
+        start = (rows.start, *(offset if i == axis else 0 for i in range(1, len(shape))))
+        selection = (rows, *(slice(offset, None) if i == axis else slice(None) for i in range(1, len(shape))))
+        values = np.asarray(variable[selection].values)
+        for key, region in group:
+            local = tuple(slice(r.start - s, r.stop - s) for r, s in zip(region, start, strict=True))
+            digests[key] = block_digest(values[local])
     return digests
+
+
+def _slabs(
+    regions: list[tuple[str, tuple[slice, ...]]], row_bytes: int
+) -> Iterator[tuple[slice, list[tuple[str, tuple[slice, ...]]]]]:
+    """The chunks' regions grouped into reads ``(rows, regions)`` along the first axis.
+
+    Consecutive rows of chunks, together at most :data:`DIGEST_READ_BYTES` (``row_bytes``: one row
+    of the array), or one row of chunks alone. A row whose chunks were trimmed along another axis
+    (an append) counts in full: a bound.
+    """
+    rows: list[tuple[slice, list[tuple[str, tuple[slice, ...]]]]] = []
+    for key, region in regions:  # the first axis varies slowest: one row of chunks after another
+        if rows and rows[-1][0] == region[0]:
+            rows[-1][1].append((key, region))
+        else:
+            rows.append((region[0], [(key, region)]))
+    slab: tuple[slice, list[tuple[str, tuple[slice, ...]]]] | None = None
+    for span, group in rows:
+        if slab is not None and (span.stop - slab[0].start) * row_bytes <= DIGEST_READ_BYTES:
+            slab = (slice(slab[0].start, span.stop), slab[1] + group)
+            continue
+        if slab is not None:
+            yield slab
+        slab = (span, group)
+    if slab is not None:
+        yield slab
 
 
 def verified(dataset: Any, nodes: dict[str, dict[str, Any]], prefix: str, describe: str, remedy: str) -> Any:

@@ -417,6 +417,52 @@ def test_every_chunk_of_a_result_is_bound_by_its_digest_also_across_appends(mlp_
     assert run_ckpt("verify", str(mlp_store)).returncode == 0
 
 
+def test_chunk_digests_read_in_bounded_slabs_are_those_of_the_whole(mlp_store: Path, monkeypatch) -> None:
+    """Digests are taken from reads of at most DIGEST_READ_BYTES (whole rows of chunks, or chunk by chunk)."""
+    import xarray as xr
+
+    import ckpt.store.chunks as chunks_module
+    from ckpt.store import _zarr
+
+    rng = np.random.default_rng(0)
+    first = xr.Dataset(
+        {
+            "tensor": (("basis", "row", "col"), rng.normal(size=(6, 40, 30)).astype(np.float32)),
+            "per_step": (("example", "step"), rng.normal(size=(10, 3))),
+        },
+        coords={"step": [0, 1, 2]},
+    ).chunk({"basis": 2, "row": 16, "col": 16, "example": 4, "step": 2})
+    more = first.isel(step=slice(0, 2)).assign_coords(step=[3, 4])
+
+    def recorded(name: str, limit: int) -> dict[str, dict[str, str]]:
+        monkeypatch.setattr(chunks_module, "DIGEST_READ_BYTES", limit)
+        write_analysis(mlp_store, name, first)
+        write_analysis(mlp_store, name, more[["per_step"]], append_dim="step")  # digests of the new chunks only
+        _, committed = _zarr.read_root(ckptstore.open(mlp_store)._zstore, str(mlp_store))
+        return {
+            path.rsplit("/", 1)[1]: node["attributes"]["ckpt_chunk_digests"]
+            for path, node in committed.items()
+            if path.startswith(f"analyses/{name}/") and node.get("node_type") == "array"
+        }
+
+    whole = recorded("whole", 2**40)
+    row_of_tensor = 40 * 30 * 4
+    for limit in (1, 2 * row_of_tensor, 5 * row_of_tensor):
+        assert recorded(f"slabs-{limit}", limit) == whole, limit
+    assert len(whole["tensor"]) == 3 * 3 * 2 and len(whole["per_step"]) == 3 * 3
+    # read back, each chunk checked against its digest (chunks.verified): the values as written
+    for name in ("whole", "slabs-1"):
+        stored = ckptstore.open(mlp_store).analysis(name)
+        np.testing.assert_array_equal(stored["tensor"].values, first["tensor"].values)
+        np.testing.assert_array_equal(stored["per_step"].values, np.concatenate([first["per_step"].values, more["per_step"].values], axis=1))
+    # the reads: whole rows of chunks up to the limit, every chunk once
+    regions = list(chunks_module.chunk_regions((6, 40, 30), (2, 16, 16)))
+    monkeypatch.setattr(chunks_module, "DIGEST_READ_BYTES", 5 * row_of_tensor)
+    slabs = list(chunks_module._slabs(regions, row_of_tensor))
+    assert [(rows.start, rows.stop) for rows, _ in slabs] == [(0, 4), (4, 6)]
+    assert sorted(key for _, group in slabs for key, _ in group) == sorted(key for key, _ in regions)
+
+
 def test_a_changed_step_coordinate_of_a_result_is_caught_when_opened(mlp_store: Path) -> None:
     run("loss", mlp_store, block_steps=2)  # step chunks of 2 rows each
     first, second = _chunk_files(mlp_store / "analyses" / "loss", "step")[:2]
