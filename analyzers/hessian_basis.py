@@ -20,6 +20,7 @@ basis checkpoint.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ import numpy as np
 from ckpt.analyzers.basis import ComputeOptions, HessianOptions, basis_steps, sample_examples
 from ckpt.errors import AnalysisError
 from ckpt.plugins import (
+    DIGEST_READ_BYTES,
+    DOT_BLOCK_BYTES,
     MIN_VECTORS_BEYOND_K,
     PER_RUN,
     AnalysisContext,
@@ -38,6 +41,7 @@ from ckpt.plugins import (
     MeanLossHessian,
     Option,
     ParamSpace,
+    SpilledRows,
     Worker,
     basis_dims,
     chunks,
@@ -78,6 +82,8 @@ class MemoryPlan:
     kept_examples: int = 0
     """Without ``keep_graphs``: the first this many examples still keep their graphs (in blocks of the batch
     size), and only the rest are rebuilt per product, in blocks of ``block_examples``."""
+    spill_basis: bool = False
+    """The earlier basis vectors are read from a temporary file at every projection, not held in memory."""
 
     def describe(self) -> str:
         """How the graphs are held, for a progress bar."""
@@ -107,6 +113,9 @@ REBUILT_PEAK = 2.3
 GRAPH_AT_REST = 1.35
 """Kept graphs between their products, from the same measurement: 6.1 GiB RSS once built, less the 1.8 GiB
 besides, is 1.35x the 3.2 GiB of graphs. What they hold while a product rebuilds the blocks that did not fit."""
+BASIS_BLOCK_BYTES = DOT_BLOCK_BYTES
+"""What an earlier basis spilled to a file holds in memory: one block of its columns as read, at most one
+block of float64 scratch (:class:`ckpt.plugins.SpilledRows`)."""
 FIXED_VECTORS = 2
 """Vectors of D held beside the search: the checkpoint's tensors (cached by the worker; θ's leaves share
 them) and the product being made, tensor by tensor. Its flat copy and the residual copied from it are
@@ -133,6 +142,7 @@ def plan_memory(
     limit: int,
     *,
     can_spill: bool = True,
+    can_spill_basis: bool = False,
 ) -> MemoryPlan:
     """Fit one basis checkpoint's search into ``budget`` bytes, or say which knob to turn.
 
@@ -149,6 +159,13 @@ def plan_memory(
     vectors of D. At GPT-2 small (``--samples 8``, default budget on a 24 GiB machine) the third
     and fourth checkpoints fell to rebuilding every block, 22.7 s a product against 11.7 s with
     the graphs kept.
+
+    With ``can_spill_basis``, where the earlier basis vectors in memory would leave fewer graphs
+    kept, they are put in a temporary file instead and read back by blocks of columns at every
+    projection (0.15 s per GB from the page cache), if that keeps more graphs. At GPT-2 small
+    (``-k 5 --samples 8``) the basis checkpoint after the first, with 5 earlier vectors (2.3 GiB)
+    in memory, kept the graphs of 7 of 8 examples: a product alone took 11.2 s against 8.6 s at
+    the first.
 
     Parameters
     ----------
@@ -167,6 +184,8 @@ def plan_memory(
         Most Lanczos vectors the search could use (no restart).
     can_spill
         Whether the vectors may be spilled to a file (on the CPU only).
+    can_spill_basis
+        Whether the earlier basis vectors may be spilled to a file (on the CPU, read from the journal).
 
     Raises
     ------
@@ -174,7 +193,7 @@ def plan_memory(
         When even one example's graph and k + 4 Lanczos vectors do not fit.
     """
     vector = dimension * itemsize
-    fixed = FIXED_VECTORS * vector + earlier * vector
+    in_memory = FIXED_VECTORS * vector + earlier * vector
     constant, per_example = graph
     smallest = min(limit, k + MIN_VECTORS_BEYOND_K)
     preferred = min(limit, k + PREFERRED_EXTRA_VECTORS)
@@ -196,34 +215,68 @@ def plan_memory(
     # small's first basis checkpoint k + 4 in memory took 38 products, k + 8 spilled 30, at about the same
     # time a product. Spilled always needs less memory, so fewer in memory is for a GPU only.
     enough = preferred if can_spill else smallest
-    kept = sum(graphs(min(batch_size, examples - start), GRAPH_PEAK) for start in range(0, examples, batch_size))
-    vectors = room(budget - fixed - kept)
-    if vectors >= enough:
-        return MemoryPlan(True, batch_size, vectors, fixed + kept + lanczos_bytes(dimension, vectors, itemsize))
-    if can_spill and fixed + kept + spilled(preferred) <= budget:
-        return MemoryPlan(True, batch_size, preferred, fixed + kept + spilled(preferred), spill=True)
-    if can_spill:
-        partly = _partly_kept(budget - fixed - spilled(preferred), examples, batch_size, graph)
-        if partly is not None:
-            kept_examples, block, peak = partly
-            estimate = fixed + spilled(preferred) + peak
-            return MemoryPlan(False, block, preferred, estimate, spill=True, kept_examples=kept_examples)
-    for spill in (False, True) if can_spill else (False,):
-        vectors = preferred if spill else min(preferred, room(budget - fixed - graphs(1, REBUILT_PEAK)))
-        search = spilled(vectors) if spill else lanczos_bytes(dimension, vectors, itemsize)
-        if vectors >= enough and fixed + graphs(1, REBUILT_PEAK) + search <= budget:
-            left = budget - fixed - search
-            block = int(min(batch_size, examples, max(1, (left / REBUILT_PEAK - constant) // max(per_example, 1))))
-            return MemoryPlan(False, block, vectors, fixed + graphs(block, REBUILT_PEAK) + search, spill=spill)
+
+    def fit(fixed: int) -> MemoryPlan | None:
+        """The fastest plan beside ``fixed`` bytes whose end fits too, or None.
+
+        Its end: once the search converges the graphs are freed (:func:`_release_graphs`), and the k
+        eigenvectors are formed beside the Lanczos vectors.
+        """
+        plan = fastest(fixed)
+        if plan is None:
+            return None
+        end = fixed + (spilled(plan.vectors) if plan.spill else lanczos_bytes(dimension, plan.vectors, itemsize))
+        end += k * vector
+        return dataclasses.replace(plan, estimate=max(plan.estimate, end)) if end <= budget else None
+
+    def fastest(fixed: int) -> MemoryPlan | None:
+        """The fastest plan of the search beside ``fixed`` bytes, or None."""
+        kept = sum(graphs(min(batch_size, examples - start), GRAPH_PEAK) for start in range(0, examples, batch_size))
+        vectors = room(budget - fixed - kept)
+        if vectors >= enough:
+            return MemoryPlan(True, batch_size, vectors, fixed + kept + lanczos_bytes(dimension, vectors, itemsize))
+        if can_spill and fixed + kept + spilled(preferred) <= budget:
+            return MemoryPlan(True, batch_size, preferred, fixed + kept + spilled(preferred), spill=True)
+        if can_spill:
+            partly = _partly_kept(budget - fixed - spilled(preferred), examples, batch_size, graph)
+            if partly is not None:
+                kept_examples, block, peak = partly
+                estimate = fixed + spilled(preferred) + peak
+                return MemoryPlan(False, block, preferred, estimate, spill=True, kept_examples=kept_examples)
+        for spill in (False, True) if can_spill else (False,):
+            vectors = preferred if spill else min(preferred, room(budget - fixed - graphs(1, REBUILT_PEAK)))
+            search = spilled(vectors) if spill else lanczos_bytes(dimension, vectors, itemsize)
+            if vectors >= enough and fixed + graphs(1, REBUILT_PEAK) + search <= budget:
+                left = budget - fixed - search
+                block = int(min(batch_size, examples, max(1, (left / REBUILT_PEAK - constant) // max(per_example, 1))))
+                return MemoryPlan(False, block, vectors, fixed + graphs(block, REBUILT_PEAK) + search, spill=spill)
+        return None
+
+    plan = fit(in_memory)
+    if earlier and can_spill_basis and (plan is None or not plan.keep_graphs):
+        # the earlier basis in a file costs its reads at every projection, a rebuilt graph a forward and a
+        # backward pass more per product: spilled where that keeps more graphs
+        spilled_basis = fit(FIXED_VECTORS * vector + BASIS_BLOCK_BYTES)
+        if spilled_basis is not None and (plan is None or _kept(spilled_basis, examples) > _kept(plan, examples)):
+            return dataclasses.replace(spilled_basis, spill_basis=True)
+    if plan is not None:
+        return plan
+    fixed = FIXED_VECTORS * vector + (BASIS_BLOCK_BYTES if earlier and can_spill_basis else earlier * vector)
     search = spilled(smallest) if can_spill else lanczos_bytes(dimension, smallest, itemsize)
-    need = fixed + graphs(1, REBUILT_PEAK) + search
+    need = fixed + max(graphs(1, REBUILT_PEAK), k * vector) + search
     msg = (
         f"hessian-basis needs at least {format_size(need)} per task for {dimension:,} parameters "
         f"({smallest} Lanczos vectors of {format_size(vector)}{' spilled to disk' if can_spill else ''}, one "
         f"example's Hessian graph {format_size(graphs(1, REBUILT_PEAK))}, the model and {earlier} earlier basis "
-        f"vectors); the memory budget is {format_size(budget)}: raise --max-memory, or lower -k"
+        f"vectors{' spilled to disk' if earlier and can_spill_basis else ''}); the memory budget is "
+        f"{format_size(budget)}: raise --max-memory, or lower -k"
     )
     raise AnalysisError(msg)
+
+
+def _kept(plan: MemoryPlan, examples: int) -> int:
+    """Examples whose graphs ``plan`` keeps for all products."""
+    return examples if plan.keep_graphs else plan.kept_examples
 
 
 def check_the_run_fits(
@@ -238,17 +291,18 @@ def check_the_run_fits(
     itemsize: int,
     *,
     cpu: bool = True,
+    journal: bool = True,
 ) -> None:
     """Raise now, not hours later, when a later basis checkpoint or the end of the run cannot fit ``budget``.
 
     Each basis checkpoint holds every vector found before it, so the run's last search
-    (``total - k`` earlier vectors) is the largest. When the last search ends, the engine puts the
-    ``total`` vectors together into the result's tensors, a copy of them beside the vectors
-    themselves, and reads each tensor back whole to record its digests (host memory: checked on
-    the CPU only, where the budget is the host's). At GPT-2 small (0.46 GiB a vector, ``--samples
-    8``) on a 10.7 GiB budget the searches fit up to 15 basis vectors, the end of the run up to 9:
-    a run that would have stopped at its 16th basis checkpoint, or gone over its budget at the end,
-    now stops at its first, with the knobs named.
+    (``total - k`` earlier vectors) is the largest. When the last search ends, the result's
+    tensors are read back from the journal, one copy of the ``total`` vectors, and written
+    (host memory: checked on the CPU only, where the budget is the host's). Without a journal
+    the vectors the searches returned are copied into the result's tensors beside themselves:
+    at GPT-2 small (0.46 GiB a vector, ``--samples 8``) on a 10.7 GiB budget that end fitted 9
+    basis vectors where the searches fit 15. A run that would stop at a later basis checkpoint,
+    or go over its budget at the end, stops at its first, with the knobs named.
 
     Parameters
     ----------
@@ -261,6 +315,9 @@ def check_the_run_fits(
     cpu
         The search runs on the CPU: its vectors may be spilled (``can_spill`` of
         :func:`plan_memory`), and the budget is the host memory the end of the run takes.
+    journal
+        The pieces are committed to a journal as they are found (:func:`eigenvectors_at`), from
+        which the searches and the end of the run read the earlier vectors.
     """
     fewer = "or take fewer basis checkpoints (--every, --at-steps)"
     earlier = total - k
@@ -276,16 +333,22 @@ def check_the_run_fits(
             itemsize,
             product_limit(dimension - earlier, k),
             can_spill=cpu,
+            can_spill_basis=cpu and journal,
         )
     except AnalysisError as exc:
         msg = str(exc).replace("hessian-basis needs", "hessian-basis's last basis checkpoint needs", 1)
         raise AnalysisError(f"{msg}, {fewer}") from None
     vector = dimension * itemsize
-    end = 2 * total * vector + total * largest_tensor * itemsize + vector
+    if journal:  # the basis read back into the result's tensors, a piece at a time; digests in bounded slabs
+        largest = total * largest_tensor * itemsize
+        end = total * vector + k * largest_tensor * itemsize + min(DIGEST_READ_BYTES, largest)
+    else:  # the pieces, their copy in the result's tensors, each tensor read back whole for its digests
+        end = 2 * total * vector + total * largest_tensor * itemsize + vector
     if cpu and end > budget:
         msg = (
             f"hessian-basis needs {format_size(end)} at the end of the run, to put its {total} basis vectors of "
-            f"{dimension:,} parameters into the result beside them; the memory budget is {format_size(budget)}: "
+            f"{dimension:,} parameters into the result{'' if journal else ' beside them'}; the memory budget is "
+            f"{format_size(budget)}: "
             f"raise --max-memory, lower -k, {fewer}"
         )
         raise AnalysisError(msg)
@@ -371,11 +434,12 @@ def eigenvectors_at(
 ) -> dict[str, np.ndarray]:
     """Top-k eigenpairs of P H_step P against the vectors found at earlier checkpoints (on a worker).
 
-    With a ``journal``, the piece is committed to it before it is returned (``keys``: the
-    journal keys of this and every earlier piece; ``found_at``: their steps), so that a
-    run killed later resumes after it. ``total``: the basis vectors the whole run finds;
-    when given, a run whose later checkpoints or end cannot fit the budget stops here
-    (:func:`check_the_run_fits`).
+    With a ``journal``, the piece is committed to it and returned without its vectors (``keys``:
+    the journal keys of this and every earlier piece; ``found_at``: their steps), so that a
+    run killed later resumes after it; the earlier vectors are read from it, not from
+    ``previous``, which then holds each piece's eigenvalues, residuals and products only.
+    ``total``: the basis vectors the whole run finds; when given, a run whose later checkpoints
+    or end cannot fit the budget stops here (:func:`check_the_run_fits`).
     """
     import torch
 
@@ -391,7 +455,7 @@ def eigenvectors_at(
     def block_loss(rows: np.ndarray) -> Any:
         return loss_function(worker, params, space, split=split, examples=rows, objective=objective, dtype=dtype)
 
-    earlier = sum(len(p["vectors"]) for p in previous)
+    earlier = sum(len(p["eigenvalue"]) for p in previous)
     graph = graph_growth(block_loss, examples, primal)
     can_spill = str(worker.device) == "cpu"
     budget = worker.memory_budget  # one reading for both plans (without --max-memory it measures free memory)
@@ -406,6 +470,7 @@ def eigenvectors_at(
         precision.itemsize,
         product_limit(space.size - earlier, k),
         can_spill=can_spill,
+        can_spill_basis=can_spill and journal is not None,
     )
     if total is not None:  # after this checkpoint's own plan, whose error says more when it is this one
         check_the_run_fits(
@@ -419,8 +484,14 @@ def eigenvectors_at(
             graph,
             precision.itemsize,
             cpu=can_spill,
+            journal=journal is not None,
         )
-    basis = earlier_basis(previous, worker.device, precision)
+    if journal is not None and earlier:
+        basis = journal_basis(
+            journal, keys[:-1], earlier, space=space, device=worker.device, dtype=dtype, spill=plan.spill_basis
+        )
+    else:
+        basis = earlier_basis(previous, worker.device, precision)
     hessian = hessian_operator(plan, block_loss, examples, 1.0 / datapoints, primal, batch_size)
 
     hvp = hessian.flat(space)
@@ -434,7 +505,7 @@ def eigenvectors_at(
         seconds.append(time.perf_counter() - start)
         return product
 
-    with _product_progress(worker, step, tol, plan, seconds) as progress:
+    with _product_progress(worker, step, tol, plan, seconds) as progress, _closed(basis):
         try:
             pairs = top_eigenpairs(
                 timed_hvp,
@@ -448,6 +519,7 @@ def eigenvectors_at(
                 max_vectors=plan.vectors,
                 spill=plan.spill,
                 progress=progress,
+                products_done=lambda: _release_graphs(hessian),
             )
         except AnalysisError as exc:
             if "is not finite" not in str(exc):
@@ -468,7 +540,22 @@ def eigenvectors_at(
     }
     if journal is not None:
         journal.append(basis_dataset(piece, space, found_at[-1:], first=(len(found_at) - 1) * k), "basis", keys)
+        # The journal holds the vectors now: the later searches and the result read them from it. Held as
+        # Dask's result of this task instead, every piece stayed in memory to the end of the run, where the
+        # result's tensors copied them once more (check_the_run_fits).
+        del piece["vectors"]
     return piece
+
+
+def _release_graphs(hessian: MeanLossHessian) -> None:
+    """Free the search's kept graphs once it has converged, before its eigenvectors are formed and committed.
+
+    Why: the k eigenvectors (k·D·s) were formed, and the piece written to the journal, beside the graphs.
+    At GPT-2 small with ``-k 5 --samples 8`` that run peaked at 15.5 GiB RSS against plans of 9.3 and
+    10.9 GiB: the plans count the graphs or the eigenvectors, not both (:func:`plan_memory`).
+    """
+    hessian.release()
+    release_freed_memory()  # the heap's freed pages back to the system, so that the eigenvectors take their place
 
 
 def earlier_basis(previous: Sequence[Mapping[str, Any]], device: str, precision: Any) -> list[Any]:
@@ -494,6 +581,98 @@ def earlier_basis(previous: Sequence[Mapping[str, Any]], device: str, precision:
         rows[first : first + len(piece)].copy_(piece)
         first += len(piece)
     return [rows]
+
+
+def _read_journal(journal: Journal, keys: Sequence[Any], into: Mapping[str, Any], *, space: ParamSpace) -> None:
+    """Fill ``into`` with the vectors of the pieces ``keys`` from the journal.
+
+    ``into``: each tensor's ``[count, *shape]`` array, or all of them in one ``[count, D]`` array
+    ``"vectors"``, or in :class:`ckpt.plugins.SpilledRows` ``"spilled"``.
+
+    The journal must hold exactly the pieces of ``keys``. It is read a piece at a time, so that at most one
+    piece of one tensor is held beside ``into`` (a whole tensor read at once is read into chunks and then
+    joined, twice its size).
+    """
+    import torch
+
+    loaded = journal.load(keys)
+    if loaded is None or len(loaded[1]) != len(keys):
+        msg = f"the pieces of {journal.partial} changed while this run read them (another run?); rerun the command"
+        raise AnalysisError(msg)
+    saved = loaded[0]
+    target = next(iter(into.values()))
+    count = target.capacity if "spilled" in into else target.shape[0]
+    if saved.sizes.get("basis") != count:
+        msg = f"{journal.partial} holds {saved.sizes.get('basis')} basis vectors where {count} were committed"
+        raise AnalysisError(msg)
+    per_piece = count // len(keys)
+    for first in range(0, count, per_piece):
+        rows = saved.isel(basis=slice(first, first + per_piece))
+        for name, start, length in zip(space.names, space.offsets, space.sizes, strict=True):
+            values = read_here(rows[name])
+            if "vectors" in into:
+                into["vectors"][first : first + per_piece, start : start + length] = values.reshape(per_piece, length)
+            elif "spilled" in into:
+                flat = torch.from_numpy(values.reshape(per_piece, length))
+                into["spilled"].write_block(per_piece, slice(start, start + length), flat, first=first)
+            else:
+                into[name][first : first + per_piece] = values
+
+
+def journal_basis(
+    journal: Journal,
+    keys: Sequence[Any],
+    count: int,
+    *,
+    space: ParamSpace,
+    device: Any,
+    dtype: str,
+    spill: bool = False,
+) -> list[Any]:
+    """The ``count`` vectors of the earlier pieces (``keys``), read from the journal, as one torch ``[count, D]``.
+
+    ``spill``: into :class:`ckpt.plugins.SpilledRows` instead (an unlinked temporary file; the CPU only),
+    which the caller closes.
+    """
+    import torch
+
+    if spill:
+        rows = SpilledRows(count, space.size, torch_dtype(dtype))
+        try:
+            _read_journal(journal, keys, {"spilled": rows}, space=space)
+        except BaseException:
+            rows.close()
+            raise
+        return [rows]
+    vectors = np.empty((count, space.size), np.dtype(dtype))
+    _read_journal(journal, keys, {"vectors": vectors}, space=space)
+    rows = torch.from_numpy(vectors)
+    return [rows if str(device) == "cpu" else rows.to(device)]
+
+
+@contextlib.contextmanager
+def _closed(basis: Sequence[Any]) -> Iterator[None]:
+    """Close the spilled rows among ``basis`` (their files) however the search ends."""
+    try:
+        yield
+    finally:
+        for rows in basis:
+            if isinstance(rows, SpilledRows):
+                rows.close()
+
+
+def journal_tensors(
+    worker: Worker, journal: Journal, keys: Sequence[Any], pieces: Sequence[Any], *, space: ParamSpace, dtype: str
+) -> dict[str, np.ndarray]:
+    """The whole basis split into the space's tensors, read from the journal once every piece is in it (a task).
+
+    ``pieces``: the values of every piece's task, so that this runs after them (their vectors are in the journal).
+    """
+    count = sum(len(p["eigenvalue"]) for p in pieces)
+    shapes = zip(space.names, space.shapes, strict=True)
+    tensors = {name: np.empty((count, *shape), np.dtype(dtype)) for name, shape in shapes}
+    _read_journal(journal, keys, tensors, space=space)
+    return tensors
 
 
 def basis_dataset(
@@ -554,18 +733,19 @@ def _lazy_tensors(pieces: Sequence[Any], space: ParamSpace, k: int, dtype: np.dt
 
 
 def saved_eigenpairs(
-    worker: Worker, journal: Journal, keys: Sequence[Any], index: int, *, space: ParamSpace, k: int, dtype: str
+    worker: Worker, journal: Journal, keys: Sequence[Any], index: int, *, k: int
 ) -> dict[str, np.ndarray]:
-    """Piece ``index`` of the basis as an interrupted run committed it to ``journal`` (on a worker)."""
+    """Piece ``index`` of the basis as an interrupted run committed it to ``journal`` (on a worker).
+
+    Its eigenvalues, residuals and products: its vectors stay in the journal, from which the later
+    searches and the result read them.
+    """
     loaded = journal.load(keys)
     if loaded is None or len(loaded[1]) <= index:
         msg = f"the pieces of {journal.partial} changed while this run read them (another run?); rerun the command"
         raise AnalysisError(msg)
     rows = loaded[0].isel(basis=slice(index * k, (index + 1) * k))
-    vectors = np.empty((k, space.size), np.dtype(dtype))
-    for name, start, length in zip(space.names, space.offsets, space.sizes, strict=True):
-        vectors[:, start : start + length] = read_here(rows[name]).reshape(k, length)
-    return {name: read_here(rows[name]) for name in ("eigenvalue", "residual", "matvecs")} | {"vectors": vectors}
+    return {name: read_here(rows[name]) for name in ("eigenvalue", "residual", "matvecs")}
 
 
 @contextlib.contextmanager
@@ -580,7 +760,8 @@ def _product_progress(
     (bench/scale.py reads both).
     """
     where = " spilled to disk" if plan.spill else ""
-    postfix = f"{plan.describe()}, {plan.vectors} vectors{where}, ~{format_size(plan.estimate)}"
+    basis = ", the earlier basis spilled to disk" if plan.spill_basis else ""
+    postfix = f"{plan.describe()}, {plan.vectors} vectors{where}{basis}, ~{format_size(plan.estimate)}"
     with worker.progress_bar(f"hessian-basis step {step}", unit="product", postfix=postfix) as bar:
 
         def progress(products: int, worst: float) -> None:
@@ -637,9 +818,7 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
         pieces: list[Any] = []
         for index, step in enumerate(steps):
             if index < resumed:
-                pieces.append(
-                    ctx.delayed(saved_eigenpairs, ctx.journal, keys, index, space=space, k=self.k, dtype=self.dtype)
-                )
+                pieces.append(ctx.delayed(saved_eigenpairs, ctx.journal, keys, index, k=self.k))
                 continue
             pieces.append(
                 ctx.delayed(
@@ -671,7 +850,17 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
             "residual": column("residual", (k,), np.float64),
             "matvecs": column("matvecs", (k,), np.int64),
         }
-        result = basis_dataset(columns, space, steps, tensors=_lazy_tensors(pieces, space, k, np.dtype(self.dtype)))
+        dtype = np.dtype(self.dtype)
+        if ctx.journal is not None:  # the pieces' vectors are in the journal, read back once the last is found
+            read = ctx.delayed(journal_tensors, ctx.journal, keys, pieces, space=space, dtype=self.dtype)
+            total = len(steps) * k
+            tensors = {
+                name: da.from_delayed(read[name], shape=(total, *shape), dtype=dtype)
+                for name, shape in zip(space.names, space.shapes, strict=True)
+            }
+        else:
+            tensors = _lazy_tensors(pieces, space, k, dtype)
+        result = basis_dataset(columns, space, steps, tensors=tensors)
         result.attrs["hessian_split"] = split
         return result
 
@@ -725,6 +914,7 @@ def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
 
 
 __all__ = [
+    "BASIS_BLOCK_BYTES",
     "FIXED_VECTORS",
     "GRAPH_PEAK",
     "PREFERRED_EXTRA_VECTORS",
@@ -736,6 +926,8 @@ __all__ = [
     "ckpt_register_analyzers",
     "eigenvectors_at",
     "graph_growth",
+    "journal_basis",
+    "journal_tensors",
     "plan_memory",
     "saved_eigenpairs",
 ]

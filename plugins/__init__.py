@@ -49,6 +49,7 @@ from ckpt.plugins._derivatives import (
 )
 from ckpt.plugins._importers import Importer
 from ckpt.plugins._lanczos import (
+    DOT_BLOCK_BYTES,
     MIN_VECTORS_BEYOND_K,
     Eigenpairs,
     SpilledRows,
@@ -71,6 +72,7 @@ from ckpt.plugins._runtime import (
 )
 from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
 from ckpt.plugins.hookspecs import hookimpl, hookspec
+from ckpt.store.chunks import DIGEST_READ_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -153,6 +155,8 @@ def stored_provenance(store: Any, name: str) -> dict[str, Any] | None:
 __all__ = [
     "CAUSAL_LM",
     "CROSS_ENTROPY",
+    "DIGEST_READ_BYTES",
+    "DOT_BLOCK_BYTES",
     "DTYPES",
     "ENGINE_SETTINGS",
     "MIN_VECTORS_BEYOND_K",

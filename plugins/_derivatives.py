@@ -615,10 +615,18 @@ class MeanLossHessian:
             loss = f(params).sum() * weight
         return torch.autograd.grad(loss, self._leaves, create_graph=True)
 
+    def release(self) -> None:
+        """Free the kept gradient graphs, for a caller done with its products; a later product raises."""
+        self._gradient, self._kept_fs, self._rebuilt_fs = [], [], []
+        self._released = True
+
     def __call__(self, vector: Mapping[str, Any]) -> dict[str, Any]:
         """H v, ``{name: tensor}`` like θ."""
         import torch
 
+        if getattr(self, "_released", False):
+            msg = "this Hessian's graphs were released (release()): it has no products any more"
+            raise RuntimeError(msg)
         direction = [vector[name] for name in self.names]
         with torch.enable_grad():
             if self._gradient:

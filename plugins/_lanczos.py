@@ -133,9 +133,9 @@ class MemoryRows:
         """Row ``index`` = ``vector``."""
         self.data[index] = vector
 
-    def write_block(self, count: int, columns: slice, values: Any) -> None:
-        """Rows ``[:count]`` of ``columns`` = ``values``."""
-        self.data[:count, columns] = values
+    def write_block(self, count: int, columns: slice, values: Any, first: int = 0) -> None:
+        """Rows ``[first:first + count]`` of ``columns`` = ``values``."""
+        self.data[first : first + count, columns] = values
 
     def wait(self) -> None:
         """Nothing to wait for: rows in memory are written at once."""
@@ -168,6 +168,7 @@ class SpilledRows:
 
         import torch
 
+        self.capacity = capacity
         self.dimension = dimension
         self.dtype = dtype
         self.itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -214,12 +215,12 @@ class SpilledRows:
         data = np.ascontiguousarray(vector.detach().cpu().numpy(), self.numpy_dtype)  # a view where it can be
         self.pending = self.writer.submit(self._write, index, 0, data)
 
-    def write_block(self, count: int, columns: slice, values: Any) -> None:
-        """Rows ``[:count]`` of ``columns`` = ``values``."""
+    def write_block(self, count: int, columns: slice, values: Any, first: int = 0) -> None:
+        """Rows ``[first:first + count]`` of ``columns`` = ``values``."""
         self.wait()
         data = values.detach().cpu().contiguous().numpy()
         for row in range(count):
-            self._write(row, columns.start, data[row])
+            self._write(first + row, columns.start, data[row])
 
     def _write(self, row: int, column: int, data: np.ndarray) -> None:
         import os
@@ -468,6 +469,7 @@ def top_eigenpairs(
     spill: bool = False,
     spill_dir: str | None = None,
     progress: Callable[[int, float], None] | None = None,
+    products_done: Callable[[], None] | None = None,
 ) -> Eigenpairs:
     """Top-``k`` eigenpairs of A = P H P, P = I - B Bᵀ, by Lanczos with partial reorthogonalization.
 
@@ -482,8 +484,9 @@ def top_eigenpairs(
         Eigenpairs wanted (largest algebraic eigenvalues).
     basis
         B: ``[m, D]`` orthonormal torch rows, or a sequence of such blocks (taken
-        as they are, never concatenated), in any precision; None: no restriction.
-        Projections against it are computed in float64.
+        as they are, never concatenated), in any precision; a block may also be
+        :class:`SpilledRows` (on the CPU), read back by blocks of columns at every
+        projection; None: no restriction. Projections against it are computed in float64.
     tol
         Relative accuracy, ARPACK's criterion: stop once every wanted Ritz pair
         has ||A x - θ x|| <= tol·|θ| (0: the dtype's machine epsilon).
@@ -508,6 +511,10 @@ def top_eigenpairs(
     progress
         Called after every product with its number and the worst relative
         residual of the wanted Ritz pairs so far (inf before k products).
+    products_done
+        Called once the search has converged, before the k eigenvectors (k·D more)
+        are formed from the Lanczos vectors: no product follows, so the caller may
+        free what its products held (hessian-basis: the kept Hessian graphs).
 
     Returns
     -------
@@ -550,8 +557,13 @@ def top_eigenpairs(
 
     dtype = dtype or torch.float32
     blocks = [] if basis is None else [basis] if hasattr(basis, "shape") else list(basis)
-    earlier = [MemoryRows.of(block.to(device=device)) for block in blocks if block.shape[0]]
-    projection = [(rows, rows.data.shape[0]) for rows in earlier]
+    projection = [
+        (block, block.capacity)
+        if isinstance(block, SpilledRows)
+        else (MemoryRows.of(block.to(device=device)), len(block))
+        for block in blocks
+    ]
+    projection = [(rows, count) for rows, count in projection if count]
     free = dimension - sum(count for _, count in projection)
     if k >= free:
         msg = f"cannot find {k} more eigenvectors in a {free}-dimensional complement (D={dimension})"
@@ -742,6 +754,8 @@ def top_eigenpairs(
                 )
                 raise AnalysisError(msg)
 
+        if products_done is not None:
+            products_done()
         values = theta[top]
         combination = torch.as_tensor(ritz[:, top].T.copy(), device=device)  # [k, used]
         found = torch.empty(k, dimension, dtype=dtype, device=device)

@@ -72,3 +72,31 @@ def test_new_data_or_force_compute_everything_again(store: Path) -> None:
     forced = run("hessian-basis", store, scheduler="sync", force=True, every=1, k=1, dtype="float64", tol=1e-10)
     assert forced.resumed == []
     assert JOURNAL not in ckptstore.open(store).analyses
+
+
+def test_the_basis_read_back_from_the_journal_is_the_basis_held_in_memory(store: Path) -> None:
+    """With a journal the later searches and the result read the earlier vectors from it, not from memory.
+
+    A name with no room for ``.partial`` (255 characters at most) has no journal: its pieces stay in
+    memory, as every run's did before. Both ways give the same numbers, to the bit.
+    """
+    from ckpt.store.format import PARTIAL_SUFFIX, check_name
+
+    options = {"every": 3, "k": 2, "dtype": "float64", "tol": 1e-10}
+    long_name = "b" * 250
+    assert check_name(long_name, "analysis") is None and check_name(long_name + PARTIAL_SUFFIX, "analysis")
+    journaled = run("hessian-basis", store, scheduler="threads", **options).dataset.load()
+    held = run("hessian-basis", store, scheduler="threads", save_as=long_name, **options).dataset.load()
+    assert journaled.sizes["basis"] == 2 * len(range(0, STEPS, 3)) and journaled["residual"].max() < 1e-6
+    for name in journaled.data_vars:
+        np.testing.assert_array_equal(journaled[name].values, held[name].values, err_msg=name)
+    # the vectors found later are orthogonal to those found before (read back from the journal)
+    flat = np.concatenate(
+        [
+            journaled[n].values.reshape(journaled.sizes["basis"], -1)
+            for n in journaled.data_vars
+            if n not in ("eigenvalue", "residual", "matvecs")
+        ],
+        axis=1,
+    )
+    np.testing.assert_allclose(flat @ flat.T, np.eye(len(flat)), atol=1e-8)

@@ -103,6 +103,31 @@ def test_earlier_pieces_are_views_on_the_cpu_and_one_tensor_where_copied() -> No
     np.testing.assert_allclose(np.abs(together.vectors), np.abs(apart.vectors), atol=1e-12)
 
 
+def test_an_earlier_basis_spilled_to_a_file_deflates_as_the_same_basis_in_memory() -> None:
+    """hessian-basis may read its earlier basis from a file at every projection: the same numbers, to the bit."""
+    from ckpt.plugins import SpilledRows
+
+    values = np.concatenate([[5.0, 4.0, 3.0, 2.5, 2.0], np.linspace(-1, 1, 55)])
+    matrix = symmetric(values, seed=2)
+    _, exact_vectors = torch.linalg.eigh(matrix)
+    top = exact_vectors.flip(1)[:, :3].T.contiguous().float()  # found at earlier checkpoints, in float32
+    spilled = SpilledRows(3, 60, torch.float32)
+    try:
+        spilled.write_block(2, slice(0, 60), top[:2])
+        spilled.write_block(1, slice(0, 25), top[2:, :25], first=2)  # written piece by piece, tensor by tensor
+        spilled.write_block(1, slice(25, 60), top[2:, 25:], first=2)
+        np.testing.assert_array_equal(spilled.block(3, slice(0, 60)).numpy(), top.numpy())
+        _, hvp = counted(matrix)
+        on_disk = top_eigenpairs(hvp, 60, 2, basis=[spilled], tol=1e-6, seed=3)
+        in_memory = top_eigenpairs(hvp, 60, 2, basis=[top], tol=1e-6, seed=3)
+    finally:
+        spilled.close()
+    np.testing.assert_allclose(in_memory.values, [2.5, 2.0], rtol=1e-5)
+    np.testing.assert_array_equal(on_disk.values, in_memory.values)
+    np.testing.assert_array_equal(on_disk.vectors, in_memory.vectors)
+    assert on_disk.matvecs == in_memory.matvecs
+
+
 def test_an_invariant_subspace_smaller_than_k_goes_on_from_a_new_direction() -> None:
     """Rank 2: a random start spans {a, b, 0} in 3 products; k = 4 needs a second null direction."""
     generator = torch.Generator().manual_seed(2)
@@ -421,3 +446,25 @@ def test_a_spilled_search_whose_products_need_a_second_pass_gives_the_in_memory_
     np.testing.assert_array_equal(spilled.values, in_memory.values)
     np.testing.assert_array_equal(spilled.vectors, in_memory.vectors)
     np.testing.assert_allclose(spilled.values, [52.0, 51.9], rtol=1e-6)
+
+
+def test_the_caller_hears_when_the_products_are_done_before_the_eigenvectors_are_formed() -> None:
+    """hessian-basis frees its kept graphs there: the k eigenvectors must not be formed beside them."""
+    from ckpt.plugins import MeanLossHessian
+
+    values = np.concatenate([[5.0, 4.0], np.linspace(-1, 1, 38)])
+    matrix = symmetric(values, seed=4)
+    calls, hvp = counted(matrix)
+    heard: list[int] = []
+    found = top_eigenpairs(hvp, 40, 2, tol=1e-8, dtype=torch.float64, products_done=lambda: heard.append(calls[0]))
+    assert heard == [found.matvecs], "once, after the last product"
+    np.testing.assert_allclose(found.values, [5.0, 4.0], rtol=1e-8)
+
+    # a released Hessian has no products any more: never zeros
+    primal = {"w": torch.randn(3, dtype=torch.float64)}
+    hessian = MeanLossHessian([(lambda p: (p["w"] ** 3).sum().reshape(1), 1.0)], primal)
+    vector = {"w": torch.ones(3, dtype=torch.float64)}
+    torch.testing.assert_close(hessian(vector)["w"], 6 * primal["w"])
+    hessian.release()
+    with pytest.raises(RuntimeError, match="released"):
+        hessian(vector)

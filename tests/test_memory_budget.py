@@ -17,6 +17,7 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.analyzers.hessian_basis import (
+    BASIS_BLOCK_BYTES,
     FIXED_VECTORS,
     GRAPH_AT_REST,
     GRAPH_PEAK,
@@ -25,7 +26,15 @@ from ckpt.analyzers.hessian_basis import (
     check_the_run_fits,
     plan_memory,
 )
-from ckpt.plugins import AnalysisContext, AnalysisError, TaskSpec, lanczos_bytes, load_registry, parse_size
+from ckpt.plugins import (
+    DIGEST_READ_BYTES,
+    AnalysisContext,
+    AnalysisError,
+    TaskSpec,
+    lanczos_bytes,
+    load_registry,
+    parse_size,
+)
 from ckpt.plugins._derivatives import parameter_space
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
@@ -162,6 +171,35 @@ def test_graphs_that_almost_fit_are_kept_in_part_and_the_rest_rebuilt() -> None:
     )
     # on a GPU nothing is spilled, and the graphs are all rebuilt as before
     assert plan_memory(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN).kept_examples == 0
+
+
+def test_a_later_basis_checkpoint_spills_its_earlier_basis_before_it_rebuilds_graphs() -> None:
+    """With a journal on the CPU, earlier vectors that would leave graphs to rebuild are read from a file instead."""
+    vector = 1_700_000 * 4
+    search = lanczos_bytes(1_700_000, 9, spilled=True)
+    constant, per_example = GRAPH
+    all_kept = int(GRAPH_PEAK * (constant + 32 * per_example)) * 2
+    many = {**PLAN, "earlier": 20}
+    budget = FIXED_VECTORS * vector + BASIS_BLOCK_BYTES + search + all_kept + MiB
+    held = plan_memory(budget, graph=GRAPH, limit=100, **many)  # 20 vectors (136 MB) in memory: graphs rebuilt
+    assert not held.keep_graphs and not held.spill_basis
+    plan = plan_memory(budget, graph=GRAPH, limit=100, can_spill_basis=True, **many)
+    assert plan.keep_graphs and plan.spill and plan.spill_basis and plan.estimate <= budget
+    # where the basis in memory leaves every graph kept, it stays there: no reads
+    roomy = budget + 20 * vector
+    assert not plan_memory(roomy, graph=GRAPH, limit=100, can_spill_basis=True, **many).spill_basis
+    # no earlier vectors, or a GPU (nothing spilled there): the plans as before
+    first = {**PLAN, "earlier": 0}
+    assert plan_memory(budget, graph=GRAPH, limit=100, can_spill_basis=True, **first) == plan_memory(
+        budget, graph=GRAPH, limit=100, **first
+    )
+    # the least a search needs no longer grows with the basis: 200 earlier vectors (1.4 GB) in 160 MiB
+    with pytest.raises(AnalysisError, match=r"the model and 200 earlier basis vectors\); the memory budget"):
+        plan_memory(160 * MiB, graph=GRAPH, limit=100, **{**PLAN, "earlier": 200})
+    far = plan_memory(160 * MiB, graph=GRAPH, limit=100, can_spill_basis=True, **{**PLAN, "earlier": 200})
+    assert far.spill_basis and far.estimate <= 160 * MiB
+    with pytest.raises(AnalysisError, match=r"200 earlier basis vectors spilled to disk\); the memory budget"):
+        plan_memory(16 * MiB, graph=GRAPH, limit=100, can_spill_basis=True, **{**PLAN, "earlier": 200})
 
 
 def test_a_partly_kept_plan_covers_every_example_once() -> None:
@@ -317,25 +355,66 @@ def test_a_run_whose_last_basis_checkpoint_cannot_fit_is_told_before_any_search(
     assert first.estimate <= 160 * MiB
     args = {key: PLAN[key] for key in ("dimension", "k", "examples", "batch_size", "itemsize")}
     check_the_run_fits(160 * MiB, total=4, largest_tensor=100_000, graph=GRAPH, **args)  # fits to its end
-    with pytest.raises(
-        AnalysisError, match=r"last basis checkpoint needs at least .* 29 earlier basis vectors"
-    ) as info:
+    # where the earlier basis is held in memory (a GPU, or no journal), the last search needs most
+    for where in ({"cpu": False}, {"journal": False}):
+        with pytest.raises(
+            AnalysisError, match=r"last basis checkpoint needs at least .* 29 earlier basis vectors"
+        ) as info:
+            check_the_run_fits(160 * MiB, total=30, largest_tensor=100_000, graph=GRAPH, **where, **args)
+        assert "raise --max-memory" in str(info.value) and "--every, --at-steps" in str(info.value)
+    # on the CPU with a journal the last search spills its 29 earlier vectors: the end, which reads all 30, needs most
+    with pytest.raises(AnalysisError, match=r"at the end of the run, to put its 30 basis vectors .* into the result;"):
         check_the_run_fits(160 * MiB, total=30, largest_tensor=100_000, graph=GRAPH, **args)
-    assert "raise --max-memory" in str(info.value) and "--every, --at-steps" in str(info.value)
 
 
 def test_a_run_whose_end_cannot_fit_is_told_before_any_search() -> None:
-    """The end of the run copies the basis into the result's tensors, beside the vectors (host memory)."""
+    """The end of the run reads the basis back into the result's tensors (host memory)."""
     args = {key: PLAN[key] for key in ("dimension", "k", "examples", "batch_size", "itemsize")}
     vector = PLAN["dimension"] * PLAN["itemsize"]
+    # without a journal the pieces are copied into the result's tensors beside themselves, each read back whole
     end = 2 * 16 * vector + 16 * 100_000 * PLAN["itemsize"] + vector
-    # the last search (15 earlier vectors) fits in less than the end needs
+    # the last search (15 earlier vectors) fits in less than that end needs
     plan_memory(end - 1, graph=GRAPH, limit=100, **{**PLAN, "earlier": 15})
     with pytest.raises(AnalysisError, match=r"at the end of the run, to put its 16 basis vectors .* --at-steps"):
-        check_the_run_fits(end - 1, total=16, largest_tensor=100_000, graph=GRAPH, **args)
-    check_the_run_fits(end, total=16, largest_tensor=100_000, graph=GRAPH, **args)
+        check_the_run_fits(end - 1, total=16, largest_tensor=100_000, graph=GRAPH, journal=False, **args)
+    check_the_run_fits(end, total=16, largest_tensor=100_000, graph=GRAPH, journal=False, **args)
     # on a GPU the budget is the device's; the vectors come back to the host
-    check_the_run_fits(end - 1, total=16, largest_tensor=100_000, graph=GRAPH, cpu=False, **args)
+    check_the_run_fits(end - 1, total=16, largest_tensor=100_000, graph=GRAPH, cpu=False, journal=False, **args)
+    # with a journal (every run whose name allows one) the same run fits: the basis is held once
+    check_the_run_fits(end - 1, total=16, largest_tensor=100_000, graph=GRAPH, **args)
+    # ... and its end is one basis, one piece of the largest tensor and one slab of digests: with a
+    # large tensor (a token embedding of 20M parameters) that end is larger than the last search
+    largest = 20_000_000
+    read_back = 16 * vector + largest * PLAN["itemsize"] + DIGEST_READ_BYTES
+    plan_memory(read_back - 1, graph=GRAPH, limit=100, **{**PLAN, "earlier": 15})
+    with pytest.raises(AnalysisError, match=r"at the end of the run, to put its 16 basis vectors"):
+        check_the_run_fits(read_back - 1, total=16, largest_tensor=largest, graph=GRAPH, **args)
+    check_the_run_fits(read_back, total=16, largest_tensor=largest, graph=GRAPH, **args)
+
+
+@pytest.mark.slow
+def test_a_basis_spilled_to_disk_gives_the_basis_held_in_memory_to_the_bit(tmp_path: Path) -> None:
+    """A real GPT-2 run whose third basis checkpoint reads its 8 earlier vectors from a file, not memory.
+
+    At 140 MiB the third checkpoint's search, with its earlier basis (54 MB) in memory, would no longer
+    keep its graphs; spilled, it keeps them all. At 170 MiB every basis stays in memory. Both searches
+    keep 12 Lanczos vectors (in memory at 170 MiB's first checkpoint, spilled otherwise), so the
+    numbers are the same whatever is read from a file.
+    """
+    store = write_gpt2_run(tmp_path, checkpoints=3)
+    base = ("analyze", "hessian-basis", str(store), "--samples", "4", "-k", "4", "--every", "1", "--tol", "1e-3")
+    plans = {}
+    for budget in ("140MiB", "170MiB"):
+        done = run_ckpt(*base, "--max-memory", budget, "--progress", "--scheduler", "sync", "--as", f"hb-{budget}")
+        assert done.returncode == 0, done.stderr
+        starts = [line for line in done.stderr.replace("\r", "\n").splitlines() if ": 0product" in line]
+        plans[budget] = ["the earlier basis spilled to disk" in line for line in starts]
+    assert plans == {"140MiB": [False, False, True], "170MiB": [False, False, False]}
+    opened = ckptstore.open(store)
+    spilled, held = (opened.analysis(f"hb-{budget}").load() for budget in ("140MiB", "170MiB"))
+    assert spilled.sizes["basis"] == 12 and float(spilled["residual"].max()) < 1e-2 * float(spilled["eigenvalue"].max())
+    for name in held.data_vars:
+        np.testing.assert_array_equal(spilled[name].values, held[name].values, err_msg=name)
 
 
 @pytest.mark.slow
@@ -347,10 +426,13 @@ def test_a_run_that_cannot_fit_stops_at_its_first_basis_checkpoint_with_nothing_
     space = parameter_space(ckptstore.open(store))
     vector, largest = 4 * space.size, 4 * max(space.sizes)
     end = 2 * 12 * vector + 12 * largest + vector  # k 1: 12 basis vectors of 6.8 MB, the last search 11 earlier
+    no_journal = "b" * 250  # a name with no room for ".partial": the pieces are held in memory to the end
     for extra, expected in (
-        # k 4: the last search holds 44 earlier vectors (0.3 GB); the first fits in 150 MiB
-        (("-k", "4", "--max-memory", "150MiB"), "last basis checkpoint needs at least"),
-        (("-k", "1", "--max-memory", str(end - MiB)), "at the end of the run"),
+        # k 4: the last search holds 44 earlier vectors (0.3 GB) where they stay in memory (no journal); the
+        # first fits in 150 MiB. With a journal it spills them, and the end, which reads all 48, needs most
+        (("-k", "4", "--max-memory", "150MiB", "--as", no_journal), "last basis checkpoint needs at least"),
+        (("-k", "4", "--max-memory", "150MiB"), "at the end of the run, to put its 48 basis vectors"),
+        (("-k", "1", "--max-memory", str(end - MiB), "--as", no_journal), "at the end of the run"),
     ):
         done = run_ckpt(*base, *extra)
         assert done.returncode != 0
