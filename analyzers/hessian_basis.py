@@ -296,13 +296,14 @@ def check_the_run_fits(
     """Raise now, not hours later, when a later basis checkpoint or the end of the run cannot fit ``budget``.
 
     Each basis checkpoint holds every vector found before it, so the run's last search
-    (``total - k`` earlier vectors) is the largest. When the last search ends, the result's
-    tensors are read back from the journal, one copy of the ``total`` vectors, and written
-    (host memory: checked on the CPU only, where the budget is the host's). Without a journal
-    the vectors the searches returned are copied into the result's tensors beside themselves:
-    at GPT-2 small (0.46 GiB a vector, ``--samples 8``) on a 10.7 GiB budget that end fitted 9
-    basis vectors where the searches fit 15. A run that would stop at a later basis checkpoint,
-    or go over its budget at the end, stops at its first, with the knobs named.
+    (``total - k`` earlier vectors) is the largest, unless it spills its earlier basis (on the CPU,
+    with a journal). When the last search ends, the result's tensors are read back from the
+    journal and handed to the engine, which Dask does by copying them: two copies of the ``total``
+    vectors (host memory: checked on the CPU only, where the budget is the host's). Without a
+    journal the vectors the searches returned are held too, and each tensor was read back whole
+    for its digests. At GPT-2 small (0.46 GiB a vector, ``--samples 8``) on a 10.7 GiB budget that
+    end fits 11 basis vectors with a journal, 9 without. A run that would stop at a later basis
+    checkpoint, or go over its budget at the end, stops at its first, with the knobs named.
 
     Parameters
     ----------
@@ -341,7 +342,11 @@ def check_the_run_fits(
     vector = dimension * itemsize
     if journal:  # the basis read back into the result's tensors, a piece at a time; digests in bounded slabs
         largest = total * largest_tensor * itemsize
-        end = total * vector + k * largest_tensor * itemsize + min(DIGEST_READ_BYTES, largest)
+        # twice the basis: Dask copies a single-chunk result as it hands it over (dask.array.core.finalize,
+        # "so that nothing can write back to it"); bench/scale.py's L run with -k 5 at two basis checkpoints
+        # peaked there, at 10.98 GiB RSS, reading 4.6 GiB of basis. A result written piece by piece from the
+        # journal would need neither copy (not done).
+        end = 2 * total * vector + k * largest_tensor * itemsize + min(DIGEST_READ_BYTES, largest)
     else:  # the pieces, their copy in the result's tensors, each tensor read back whole for its digests
         end = 2 * total * vector + total * largest_tensor * itemsize + vector
     if cpu and end > budget:

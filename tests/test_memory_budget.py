@@ -380,12 +380,12 @@ def test_a_run_whose_end_cannot_fit_is_told_before_any_search() -> None:
     check_the_run_fits(end, total=16, largest_tensor=100_000, graph=GRAPH, journal=False, **args)
     # on a GPU the budget is the device's; the vectors come back to the host
     check_the_run_fits(end - 1, total=16, largest_tensor=100_000, graph=GRAPH, cpu=False, journal=False, **args)
-    # with a journal (every run whose name allows one) the same run fits: the basis is held once
+    # with a journal (every run whose name allows one) the same run fits: the pieces are not held
     check_the_run_fits(end - 1, total=16, largest_tensor=100_000, graph=GRAPH, **args)
-    # ... and its end is one basis, one piece of the largest tensor and one slab of digests: with a
-    # large tensor (a token embedding of 20M parameters) that end is larger than the last search
+    # ... and its end is the basis read back and Dask's copy of it, one piece of the largest tensor and
+    # one slab of digests: with a large tensor (a token embedding of 20M parameters) the end needs most
     largest = 20_000_000
-    read_back = 16 * vector + largest * PLAN["itemsize"] + DIGEST_READ_BYTES
+    read_back = 2 * 16 * vector + largest * PLAN["itemsize"] + DIGEST_READ_BYTES
     plan_memory(read_back - 1, graph=GRAPH, limit=100, **{**PLAN, "earlier": 15})
     with pytest.raises(AnalysisError, match=r"at the end of the run, to put its 16 basis vectors"):
         check_the_run_fits(read_back - 1, total=16, largest_tensor=largest, graph=GRAPH, **args)

@@ -454,7 +454,9 @@ def test_chunk_digests_read_in_bounded_slabs_are_those_of_the_whole(mlp_store: P
     for name in ("whole", "slabs-1"):
         stored = ckptstore.open(mlp_store).analysis(name)
         np.testing.assert_array_equal(stored["tensor"].values, first["tensor"].values)
-        np.testing.assert_array_equal(stored["per_step"].values, np.concatenate([first["per_step"].values, more["per_step"].values], axis=1))
+        np.testing.assert_array_equal(
+            stored["per_step"].values, np.concatenate([first["per_step"].values, more["per_step"].values], axis=1)
+        )
     # the reads: whole rows of chunks up to the limit, every chunk once
     regions = list(chunks_module.chunk_regions((6, 40, 30), (2, 16, 16)))
     monkeypatch.setattr(chunks_module, "DIGEST_READ_BYTES", 5 * row_of_tensor)
