@@ -158,6 +158,7 @@ def top_curvature(
         device=worker.device,
         max_vectors=plan.vectors,
         spill=plan.spill,
+        products_done=hessian.release,  # the eigenvector is formed without the graphs, as the plan counts it
     )
     value = float(pairs.values[0])
     if not np.isfinite(value):

@@ -164,7 +164,7 @@ def plan_memory(
     kept, they are put in a temporary file instead and read back by blocks of columns at every
     projection (0.15 s per GB from the page cache), if that keeps more graphs. At GPT-2 small
     (``-k 5 --samples 8``) the basis checkpoint after the first, with 5 earlier vectors (2.3 GiB)
-    in memory, kept the graphs of 7 of 8 examples: a product alone took 11.2 s against 8.6 s at
+    in memory, kept the graphs of 7 of 8 examples: a product alone took 11.5 s against 8.6 s at
     the first.
 
     Parameters
