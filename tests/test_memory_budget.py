@@ -402,10 +402,11 @@ def test_a_basis_spilled_to_disk_gives_the_basis_held_in_memory_to_the_bit(tmp_p
     is read from a file. (The end of the run needs 203 MiB: the basis read back and Dask's copy.)
     """
     store = write_gpt2_run(tmp_path, checkpoints=3)
-    base = ("analyze", "hessian-basis", str(store), "--samples", "16", "-k", "4", "--every", "1", "--tol", "1e-3")
+    base = ("analyze", "hessian-basis", str(store), "--samples", "16", "-k", "4", "--every", "1", "--tol", "1e-2")
     plans = {}
     for budget in ("215MiB", "240MiB"):
-        done = run_ckpt(*base, "--max-memory", budget, "--progress", "--scheduler", "sync", "--as", f"hb-{budget}")
+        progress = ("--progress", "--scheduler", "sync", "--as", f"hb-{budget}")
+        done = run_ckpt(*base, "--max-memory", budget, *progress, timeout=600)  # ~40 s alone, more beside tests
         assert done.returncode == 0, done.stderr
         starts = [line for line in done.stderr.replace("\r", "\n").splitlines() if ": 0product" in line]
         plans[budget] = ["the earlier basis spilled to disk" in line for line in starts]
