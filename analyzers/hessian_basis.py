@@ -31,7 +31,6 @@ import numpy as np
 from ckpt.analyzers.basis import ComputeOptions, HessianOptions, basis_steps, sample_examples
 from ckpt.errors import AnalysisError
 from ckpt.plugins import (
-    DIGEST_READ_BYTES,
     DOT_BLOCK_BYTES,
     MIN_VECTORS_BEYOND_K,
     PER_RUN,
@@ -297,13 +296,14 @@ def check_the_run_fits(
 
     Each basis checkpoint holds every vector found before it, so the run's last search
     (``total - k`` earlier vectors) is the largest, unless it spills its earlier basis (on the CPU,
-    with a journal). When the last search ends, the result's tensors are read back from the
-    journal and handed to the engine, which Dask does by copying them: two copies of the ``total``
-    vectors (host memory: checked on the CPU only, where the budget is the host's). Without a
-    journal the vectors the searches returned are held too, and each tensor was read back whole
-    for its digests. At GPT-2 small (0.46 GiB a vector, ``--samples 8``) on a 10.7 GiB budget that
-    end fits 11 basis vectors with a journal, 9 without. A run that would stop at a later basis
-    checkpoint, or go over its budget at the end, stops at its first, with the knobs named.
+    with a journal). With a journal the end of the run holds no basis: the engine copies the
+    result's tensors from the journal into the result a stored chunk at a time
+    (:meth:`ckpt.plugins.AnalysisContext.write_from_journal`). Without one the vectors the searches
+    returned are held to the end and copied into the result's tensors: counted as 2·K·D·s +
+    K·(largest tensor)·s + D·s, the last two terms from when each tensor was read back whole for its
+    digests (an upper bound now; host memory: checked on the CPU only, where the budget is the
+    host's). A run that would stop at a later basis checkpoint, or go over its budget at the end,
+    stops at its first, with the knobs named.
 
     Parameters
     ----------
@@ -318,7 +318,7 @@ def check_the_run_fits(
         :func:`plan_memory`), and the budget is the host memory the end of the run takes.
     journal
         The pieces are committed to a journal as they are found (:func:`eigenvectors_at`), from
-        which the searches and the end of the run read the earlier vectors.
+        which the searches read the earlier vectors and the engine writes the result.
     """
     fewer = "or take fewer basis checkpoints (--every, --at-steps)"
     earlier = total - k
@@ -339,20 +339,14 @@ def check_the_run_fits(
     except AnalysisError as exc:
         msg = str(exc).replace("hessian-basis needs", "hessian-basis's last basis checkpoint needs", 1)
         raise AnalysisError(f"{msg}, {fewer}") from None
+    if journal:  # the end holds a few stored chunks of the copy from the journal and one slab of digests
+        return
     vector = dimension * itemsize
-    if journal:  # the basis read back into the result's tensors, a piece at a time; digests in bounded slabs
-        largest = total * largest_tensor * itemsize
-        # twice the basis: Dask copies a single-chunk result as it hands it over (dask.array.core.finalize,
-        # "so that nothing can write back to it"); bench/scale.py's L run with -k 5 at two basis checkpoints
-        # peaked there, at 10.98 GiB RSS, reading 4.6 GiB of basis. A result written piece by piece from the
-        # journal would need neither copy (not done).
-        end = 2 * total * vector + k * largest_tensor * itemsize + min(DIGEST_READ_BYTES, largest)
-    else:  # the pieces, their copy in the result's tensors, each tensor read back whole for its digests
-        end = 2 * total * vector + total * largest_tensor * itemsize + vector
+    end = 2 * total * vector + total * largest_tensor * itemsize + vector
     if cpu and end > budget:
         msg = (
             f"hessian-basis needs {format_size(end)} at the end of the run, to put its {total} basis vectors of "
-            f"{dimension:,} parameters into the result{'' if journal else ' beside them'}; the memory budget is "
+            f"{dimension:,} parameters into the result beside them; the memory budget is "
             f"{format_size(budget)}: "
             f"raise --max-memory, lower -k, {fewer}"
         )
@@ -545,9 +539,9 @@ def eigenvectors_at(
     }
     if journal is not None:
         journal.append(basis_dataset(piece, space, found_at[-1:], first=(len(found_at) - 1) * k), "basis", keys)
-        # The journal holds the vectors now: the later searches and the result read them from it. Held as
-        # Dask's result of this task instead, every piece stayed in memory to the end of the run, where the
-        # result's tensors copied them once more (check_the_run_fits).
+        # The journal holds the vectors now: the later searches read them from it, and the engine copies them
+        # into the result. Held as Dask's result of this task instead, every piece stayed in memory to the end
+        # of the run, where the result's tensors copied them once more (check_the_run_fits).
         del piece["vectors"]
     return piece
 
@@ -857,6 +851,10 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
         }
         dtype = np.dtype(self.dtype)
         if ctx.journal is not None:  # the pieces' vectors are in the journal, read back once the last is found
+            # by the engine, a stored chunk at a time: read back whole here, Dask copies the basis as it hands it
+            # over (dask.array.core.finalize copies a single-chunk result), two copies of it at the end of the
+            # run. bench/scale.py's L run with -k 5 at two basis checkpoints peaked there, at 10.98 GiB RSS.
+            ctx.write_from_journal(space.names, keys)
             read = ctx.delayed(journal_tensors, ctx.journal, keys, pieces, space=space, dtype=self.dtype)
             total = len(steps) * k
             tensors = {

@@ -102,6 +102,26 @@ class AnalysisContext:
         resumes (:class:`ckpt.plugins.Journal`); None for other analyzers."""
         self.resumed: list[int] = []
         """Steps whose pieces the analyzer took from the journal (the engine reports them)."""
+        self.from_journal: tuple[tuple[str, ...], list[Any]] | None = None
+        """Variables the engine writes from the journal, and the keys of the pieces holding them
+        (:meth:`write_from_journal`)."""
+
+    def write_from_journal(self, names: Sequence[str], keys: Sequence[Any]) -> None:
+        """Have the engine write variables ``names`` of the result from the journal, chunk by chunk.
+
+        For a ``per="run"`` analyzer whose pieces, committed with :meth:`Journal.append` or
+        :meth:`Journal.add` under ``keys``, hold those variables of the whole result (a basis: its
+        vectors, piece after piece along ``basis``). The engine computes the result's other
+        variables (which runs every piece), then copies these from the journal into the result
+        one stored chunk at a time, each checked against its digest, instead of computing them:
+        the result is never held in memory whole. The variables the analyzer returns for them
+        must still compute the same values (the journal read back), for any caller outside the
+        engine; the engine checks that the journal's have their dims, shape and dtype, and that
+        the coordinates both hold agree. Without a journal (``ctx.journal`` is None) this does
+        nothing.
+        """
+        if self.journal is not None:
+            self.from_journal = (tuple(names), list(keys))
 
     def result(self, name: str) -> xr.Dataset:
         """The stored result of a required analyzer (lazy)."""

@@ -511,11 +511,21 @@ def _compute(
         ),
     ):
         if not per_step:
+            streamed = context.from_journal if journal is not None else None
+            names = streamed[0] if streamed else ()
             with _out_of_memory(engine, analyzer.name, []), _cluster_lost(engine, analyzer.name, []):
-                computed = _add_running_sums(analyzer, dataset.compute(**settings), None)
+                computed = _add_running_sums(analyzer, dataset.drop_vars(names).compute(**settings), None)
+            if streamed:
+                assert journal is not None
+                like = {name: dataset[name].variable for name in names}
+                coords = {name: computed[name].values for name in computed.coords}
+                computed = computed.assign(journal.variables(streamed[1], like, coords))[list(dataset.variables)]
             attrs = {"ckpt": {**provenance, "steps": list(missing), "ckpt_version": ckptstore.__version__}}
             attrs["ckpt"]["created"] = utc_timestamp()
-            write_analysis(where, target, computed, attrs=attrs, storage_options=engine["storage_options"])
+            # a result streamed from the journal is copied by this process's threads, a few stored chunks
+            # at a time, whatever scheduler computed it: its chunks are read where the store is
+            with dask.config.set(scheduler=dask.threaded.get) if streamed else contextlib.nullcontext():
+                write_analysis(where, target, computed, attrs=attrs, storage_options=engine["storage_options"])
             if journal is not None:  # the whole result is committed: its pieces are not needed any more
                 journal.discard()
             return list(context.resumed)

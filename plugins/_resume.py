@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -143,6 +143,63 @@ class Journal:
         write_analysis(
             self.where, self.partial, piece, append_dim=append_dim, attrs=attrs, storage_options=self.storage_options
         )
+
+    def variables(
+        self, keys: Sequence[Any], like: Mapping[str, xr.Variable], coords: Mapping[str, Any]
+    ) -> dict[str, xr.Variable]:
+        """Variables of the whole result as the journal holds them once it holds every piece of ``keys``.
+
+        Lazy, one Dask chunk per stored chunk, each checked against its digest when read: the engine
+        writes them into the result chunk by chunk (:meth:`AnalysisContext.write_from_journal`).
+
+        Parameters
+        ----------
+        keys
+            The keys of every piece of the result, in the order they were committed.
+        like
+            ``{name: the variable the result would hold}``: the journal's must have its dims, shape
+            and dtype (its attributes are kept).
+        coords
+            The result's coordinates: those the journal holds too must hold the same values.
+
+        Raises
+        ------
+        CkptError
+            The journal does not hold exactly the pieces of ``keys`` (another run wrote it
+            meanwhile), lacks a variable, or holds one that differs from ``like`` or ``coords``.
+        """
+        import numpy as np
+        import xarray as xr
+
+        held = self._held(self._open())
+        if held is None or held[1] != _json(list(keys)):
+            have = "no pieces of this request" if held is None else f"the pieces {held[1]}"
+            msg = (
+                f"the journal {self.partial} holds {have}, not the {len(keys)} of this result: another run of "
+                f"{self.analyzer!r} wrote it meanwhile (or none of the result's other variables depends on every "
+                "piece, so not every piece ran); rerun the command"
+            )
+            raise CkptError(msg)
+        saved = held[0]
+        for name, values in coords.items():
+            if name in saved.coords and not np.array_equal(saved[name].values, np.asarray(values)):
+                msg = f"the journal {self.partial}'s coordinate {name!r} differs from its result's; rerun with --force"
+                raise CkptError(msg)
+        variables = {}
+        for name, expected in like.items():
+            found = saved.variables.get(name)
+            layout = (expected.dims, expected.shape, expected.dtype)
+            if found is None or (found.dims, found.shape, found.dtype) != layout:
+                what = "lacks it" if found is None else f"holds {found.dims} {found.shape} {found.dtype}"
+                msg = (
+                    f"the journal {self.partial} does not hold variable {name!r} as its result needs it "
+                    f"({expected.dims} {expected.shape} {expected.dtype}): it {what}; rerun with --force"
+                )
+                raise CkptError(msg)
+            # a bare Variable: no coordinates to align (a Dataset aligns DataArrays on their indexes), no
+            # encoding of the journal's (the result's chunks are the dask chunks, its codecs the writer's)
+            variables[name] = xr.Variable(found.dims, found.data, expected.attrs)
+        return variables
 
     def pieces(self, keys: Sequence[Any]) -> tuple[xr.Dataset, dict[int, int]] | None:
         """The committed independent pieces of an interrupted run of this request that are among ``keys``.
