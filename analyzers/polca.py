@@ -31,7 +31,7 @@ it; ⟨b, Δ⟩ comes from the two checkpoints' weights in float64.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,9 +52,11 @@ from ckpt.plugins import (
     format_size,
     hookimpl,
     load_basis,
+    load_basis_rows,
     loss_function,
     parameter_space,
     peak_bytes,
+    stored_basis,
     torch_dtype,
     trainable,
 )
@@ -129,6 +131,8 @@ class MemoryPlan:
     """Basis vectors per vectorized pass (at most ``--basis-batch``)."""
     estimate: int
     """Bytes the plan is expected to peak at."""
+    basis_held: bool = True
+    """The whole basis is held (read once per worker); else each pass's vectors are read for it (:func:`plan_basis`)."""
 
 
 PASS_PEAK = 1.25
@@ -221,6 +225,65 @@ def plan_memory(
     raise AnalysisError(msg)
 
 
+def plan_basis(
+    budget: int,
+    checkpoints: int,
+    cost: PassCost,
+    *,
+    direction_bytes: int,
+    examples: int,
+    vectors: int,
+    batch_size: int,
+    basis_batch: int,
+    tokens: int = 0,
+) -> MemoryPlan:
+    """Fit a checkpoint's passes with the whole basis held, or with each pass's vectors read when it needs them.
+
+    The whole basis (K·D·s, read once per worker and kept for every checkpoint) while holding it
+    leaves passes as large as reading would: a basis read a pass of vectors at a time costs a read
+    of K·D·s per checkpoint (0.15-0.18 GB/s on a 2-core machine, every chunk decompressed and
+    checked), where at GPT-2 small a checkpoint's passes along 4 vectors took about a minute. Read,
+    only one pass's vectors (v·D·s) are held beside it, so the basis no longer bounds the passes:
+    at GPT-2 small 20 vectors are 9.2 GiB, most of the default budget.
+
+    Parameters
+    ----------
+    budget, cost, examples, vectors, batch_size, basis_batch, tokens
+        As for :func:`plan_memory`.
+    checkpoints
+        Bytes held outside the passes and the basis: the checkpoint's tensors.
+    direction_bytes
+        Bytes of one basis vector in ``--dtype`` (D·s).
+
+    Raises
+    ------
+    AnalysisError
+        When even one example along one vector read for it does not fit.
+    """
+    sizes = {"examples": examples, "vectors": vectors, "batch_size": batch_size, "basis_batch": basis_batch}
+    # read for its pass, each vector of a pass is held with it: v·D·s more a pass (the cost is scaled by PASS_PEAK)
+    with_directions = PassCost(
+        cost.constant, cost.per_example, cost.per_vector + direction_bytes / PASS_PEAK, cost.per_example_vector
+    )
+    try:
+        read = plan_memory(budget, checkpoints, with_directions, **sizes, tokens=tokens)
+    except AnalysisError:
+        one = PASS_PEAK * with_directions(1, 1)
+        msg = (
+            f"polca needs at least {format_size(checkpoints + one)} per task ({format_size(checkpoints)} for the "
+            f"checkpoints; a forward-mode pass over one example along one basis vector, with that vector, "
+            f"{format_size(one)}); the memory budget is {format_size(budget)}: raise --max-memory"
+        )
+        raise AnalysisError(msg) from None
+    try:
+        held = plan_memory(budget, checkpoints + vectors * direction_bytes, cost, **sizes, tokens=tokens)
+    except AnalysisError:
+        return replace(read, basis_held=False)
+    if held.block_examples * held.vectors >= read.block_examples * read.vectors:
+        return held
+    return replace(read, basis_held=False)
+
+
 def measure_passes(
     f_of: Callable[[slice], Any], examples: int, primal: Mapping[str, Any], directions: Mapping[str, Any], order: int
 ) -> PassCost:
@@ -267,7 +330,8 @@ def checkpoint_terms(
     At the steps of ``first_order_at`` (checkpoints that only end a pair, whose
     curvature no term uses) order 2 is lowered to 1 and bᵀH(x)b is returned as 0.
     The passes take as many examples and vectors as the task's memory budget
-    allows (:func:`plan_memory`), ``batch_size`` and ``basis_batch`` at most.
+    allows (:func:`plan_basis`), ``batch_size`` and ``basis_batch`` at most, with
+    the whole basis held or each pass's vectors read for it.
     """
     import torch
 
@@ -275,8 +339,7 @@ def checkpoint_terms(
         order = 1
 
     space = worker_space(worker)
-    directions = load_basis(worker, basis, created, space, dtype)
-    count = next(iter(directions.values())).shape[0]
+    count = int(stored_basis(worker, basis, created).sizes["basis"])
     params = worker.params(step)
     primal = trainable(params, space, dtype)
     start, stop, _ = examples.indices(len(worker.data(split)["inputs"]))
@@ -287,19 +350,25 @@ def checkpoint_terms(
         return loss_function(worker, params, space, split=split, examples=block, objective=objective, dtype=dtype)
 
     itemsize = torch_dtype(dtype).itemsize
-    # the worker's two cached checkpoints (widened to float32), the basis, θ in --dtype where it is a copy
-    fixed = space.size * (2 * 4 + count * itemsize + (itemsize if itemsize != 4 else 0))
-    losses, firsts, seconds = [], [], []
+    # the worker's two cached checkpoints (widened to float32), θ in --dtype where it is a copy
+    checkpoints = space.size * (2 * 4 + (itemsize if itemsize != 4 else 0))
     with worker.computing():
         # the pass's bytes depend on the shapes only: measured once per worker, order and data
         cost = worker.cached(
             ("polca-pass-cost", split, objective, order, dtype, min(3, stop - start), min(2, count)),
-            lambda: measure_passes(f_of, stop - start, primal, directions, order),
+            lambda: measure_passes(
+                f_of,
+                stop - start,
+                primal,
+                basis_directions(worker, basis, created, space, dtype, slice(0, 2), held=False),
+                order,
+            ),
         )
-        plan = plan_memory(
+        plan = plan_basis(
             worker.memory_budget,
-            fixed,
+            checkpoints,
             cost,
+            direction_bytes=space.size * itemsize,
             examples=stop - start,
             vectors=count,
             batch_size=batch_size,
@@ -308,27 +377,46 @@ def checkpoint_terms(
         )
         blocks = list(chunks(stop - start, plan.block_examples))
         batches = list(chunks(count, plan.vectors))
-        postfix = f"{plan.block_examples} examples x {plan.vectors} vectors a pass, ~{format_size(plan.estimate)}"
+        held = "basis held" if plan.basis_held else "basis read per pass"
+        postfix = f"{plan.block_examples} examples x {plan.vectors} vectors a pass, {held}"
+        postfix += f", ~{format_size(plan.estimate)}"
         total = len(blocks) * len(batches)
+        losses: list[Any] = []
+        first_rows, second_rows = [], []
         with worker.progress_bar(f"polca step {step}", unit="pass", total=total, postfix=postfix) as bar:
-            for rows in blocks:
-                f = f_of(rows)
-                first_parts, second_parts = [], []
-                loss = None
-                for vectors in batches:
-                    part = {name: tensor[vectors] for name, tensor in directions.items()}
-                    loss, first, second = directional_derivatives(f, primal, part, order=order, compiled=compiled)
+            # vectors outer, examples inner: a basis read a batch at a time is read once per checkpoint
+            for vectors in batches:
+                part = basis_directions(worker, basis, created, space, dtype, vectors, held=plan.basis_held)
+                first_parts, second_parts, losses = [], [], []  # every pass gives the loss: the last one's kept
+                for rows in blocks:
+                    loss, first, second = directional_derivatives(
+                        f_of(rows), primal, part, order=order, compiled=compiled
+                    )
+                    losses.append(loss)
                     first_parts.append(first)
                     if second is not None:
                         second_parts.append(second)
                     bar.update(1)
-                losses.append(loss)
-                firsts.append(torch.cat(first_parts))
+                del part
+                first_rows.append(torch.cat(first_parts, dim=1))
                 if second_parts:
-                    seconds.append(torch.cat(second_parts))
-    first_all = torch.cat(firsts, dim=1).double().cpu().numpy()
-    second_all = torch.cat(seconds, dim=1).double().cpu().numpy() if seconds else np.zeros_like(first_all)
+                    second_rows.append(torch.cat(second_parts, dim=1))
+    first_all = torch.cat(first_rows).double().cpu().numpy()
+    second_all = torch.cat(second_rows).double().cpu().numpy() if second_rows else np.zeros_like(first_all)
     return {"loss": torch.cat(losses).double().cpu().numpy(), "first": first_all, "second": second_all}
+
+
+def basis_directions(
+    worker: Worker, basis: str, created: str, space: ParamSpace, dtype: str, vectors: slice, *, held: bool = True
+) -> dict[str, Any]:
+    """Basis vectors ``vectors`` as ``{tensor: [vectors, *shape]}``: views of the basis the worker holds, or read now.
+
+    ``held``: from the whole basis, read once and held for the worker's life (:func:`load_basis`);
+    else only these vectors, read from the store (:func:`load_basis_rows`) and dropped after their passes.
+    """
+    if held:
+        return {name: tensor[vectors] for name, tensor in load_basis(worker, basis, created, space, dtype).items()}
+    return load_basis_rows(worker, basis, created, space, vectors, dtype)
 
 
 def recent_checkpoint_terms(worker: Worker, step: int, **options: object) -> dict[str, np.ndarray]:
@@ -352,28 +440,42 @@ def recent_checkpoint_terms(worker: Worker, step: int, **options: object) -> dic
 PROJECTION_BLOCK = 1 << 22
 """Parameters per block of ⟨Δ, b⟩: the float64 copies are K·32 MiB at most, not K·8·D bytes (at GPT-2
 small, 4 vectors of the 38.6M-entry embedding were 1.2 GB of float64 copies beside a running pass)."""
+PROJECTION_ROWS_BYTES = 64 * 2**20
+"""Bytes of one tensor's basis rows a projection takes at a time (at least one row): read from the store
+where the worker does not hold the whole basis (a basis larger than memory), sliced from it where it does,
+with the same arithmetic both ways."""
 
 
 def step_projections(
     worker: Worker, step: int, next_step: int, *, basis: str, created: str, dtype: str
 ) -> dict[str, np.ndarray]:
-    """⟨θ_next - θ_step, b⟩ for every basis vector, accumulated in float64 (on a worker)."""
+    """⟨θ_next - θ_step, b⟩ for every basis vector, accumulated in float64 (on a worker).
+
+    The basis is taken from the worker where a checkpoint's passes hold it whole
+    (:func:`plan_basis`), else read a few rows of one tensor at a time: it is never loaded whole here.
+    """
     import torch
 
     space = worker_space(worker)
-    directions = load_basis(worker, basis, created, space, dtype)
+    whole = worker.held(("basis", basis, created, dtype))
+    count = int(stored_basis(worker, basis, created).sizes["basis"])
     before, after = worker.params(step), worker.params(next_step)
-    count = next(iter(directions.values())).shape[0]
     total = torch.zeros(count, dtype=torch.float64, device=worker.device)
+    itemsize = torch_dtype(dtype).itemsize
     with worker.computing():  # its copies are not made while another thread's pass holds its peak
-        for name in space.names:
-            vectors = directions[name].reshape(count, -1)
+        for name, size in zip(space.names, space.sizes, strict=True):
             start_flat, end_flat = before[name].reshape(-1), after[name].reshape(-1)
-            for block in chunks(len(start_flat), PROJECTION_BLOCK):
-                # in float64, where the difference of two float32 weights is exact (a float32
-                # difference was off by up to 6e-8 relative on the tiny MLP of the tests)
-                delta = end_flat[block].double() - start_flat[block].double()
-                total += vectors[:, block].double() @ delta.to(total.device)
+            for rows in chunks(count, max(1, PROJECTION_ROWS_BYTES // max(1, size * itemsize))):
+                if whole is not None:
+                    vectors = whole[name][rows].reshape(rows.stop - rows.start, -1)
+                else:
+                    read = load_basis_rows(worker, basis, created, space, rows, dtype, tensors=[name])[name]
+                    vectors = read.reshape(rows.stop - rows.start, -1)
+                for block in chunks(len(start_flat), PROJECTION_BLOCK):
+                    # in float64, where the difference of two float32 weights is exact (a float32
+                    # difference was off by up to 6e-8 relative on the tiny MLP of the tests)
+                    delta = end_flat[block].double() - start_flat[block].double()
+                    total[rows] += vectors[:, block].double() @ delta.to(total.device)
     return {"delta": total.cpu().numpy()}
 
 

@@ -17,7 +17,8 @@ analyzer plugin that works in parameter space:
   many at one point through kept gradient graphs, and (``_lanczos``) the top
   eigenpairs of the Hessian restricted to the orthogonal complement of a basis.
 - :func:`load_basis`: a stored basis result (``hessian-basis``, ``random-basis``
-  or a plugin's) as torch tensors on a worker, cached per worker.
+  or a plugin's) as torch tensors on a worker, cached per worker;
+  :func:`load_basis_rows` some of its vectors, read when needed.
 
 Why forward mode for per-datapoint projections: the number of directions K
 (tens) is far below the number of datapoints (thousands), so K JVPs of the
@@ -693,6 +694,23 @@ def graph_bytes(f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any]
     return held_bytes(build)
 
 
+def stored_basis(worker: Any, name: str, created: str) -> Any:
+    """The stored basis result ``name`` (lazy), the one created at ``created`` (re-read when it was recomputed).
+
+    Opened once per worker: opening a result reads its commit record and index coordinates, which
+    per call made POLCA on a 1.7M-parameter GPT-2 (12 checkpoints, 8 vectors) 30% slower.
+    """
+
+    def opened() -> Any:
+        result = worker.analysis(name)
+        if result.ckpt.created != created:
+            worker.store.refresh()
+            result = worker.store.analysis(name)
+        return result
+
+    return worker.cached(("stored-basis", name, created), opened)
+
+
 def load_basis(worker: Any, name: str, created: str, space: ParamSpace, dtype: str = "float32") -> dict[str, Any]:
     """A stored basis result as ``{tensor: [K, *shape]}`` torch tensors on the worker's device.
 
@@ -703,16 +721,32 @@ def load_basis(worker: Any, name: str, created: str, space: ParamSpace, dtype: s
     precision = torch_dtype(dtype)
 
     def read() -> dict[str, Any]:
-        result = worker.analysis(name)
-        if result.ckpt.created != created:
-            worker.store.refresh()
-            result = worker.store.analysis(name)
+        result = stored_basis(worker, name, created)
         return {
             tensor: torch.from_numpy(read_here(result[tensor])).to(device=worker.device, dtype=precision)
             for tensor in space.names
         }
 
     return worker.cached(("basis", name, created, dtype), read)
+
+
+def load_basis_rows(
+    worker: Any, name: str, created: str, space: ParamSpace, rows: slice, dtype: str = "float32", tensors: Any = None
+) -> dict[str, Any]:
+    """Rows ``rows`` of a stored basis result as ``{tensor: [rows, *shape]}`` torch tensors, read now (not cached).
+
+    For a basis too large to hold whole beside the passes that use it (:func:`load_basis` holds it
+    for the worker's life): only the stored chunks holding these rows are read, each checked
+    against its digest. ``tensors``: read only these tensors (default: every tensor of ``space``).
+    """
+    import torch
+
+    precision = torch_dtype(dtype)
+    result = stored_basis(worker, name, created)
+    return {
+        tensor: torch.from_numpy(read_here(result[tensor].isel(basis=rows))).to(device=worker.device, dtype=precision)
+        for tensor in (space.names if tensors is None else tensors)
+    }
 
 
 def basis_dims(name: str, ndim: int) -> tuple[str, ...]:

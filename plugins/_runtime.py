@@ -401,6 +401,11 @@ class Worker:
         """
         return self._made_once(self._cache, key, factory)
 
+    def held(self, key: Any) -> Any:
+        """The value :meth:`cached` holds for ``key``, or None; nothing is made."""
+        with self._lock:
+            return self._cache.get(key)
+
     def recent(self, key: Any, factory: Any, keep: int = 4) -> Any:
         """``factory()``, reused while ``key`` is among the ``keep`` most recently used keys of this worker.
 

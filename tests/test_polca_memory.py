@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.analyzers.polca import CPU_TOKEN_VECTORS, PASS_PEAK, PassCost, plan_memory
+from ckpt.analyzers.polca import CPU_TOKEN_VECTORS, PASS_PEAK, PassCost, plan_basis, plan_memory
 from ckpt.plugins import AnalysisError, peak_bytes
 from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
 from tests.test_memory_budget import error_lines, limited
@@ -59,16 +59,41 @@ def test_a_small_budget_gives_the_same_numbers_in_smaller_passes(gpt2_store: Pat
     # on the CPU a language model's pass holds at most CPU_TOKEN_VECTORS tokens x vectors (48 a sequence)
     assert planned_passes(roomy.stderr) == {(CPU_TOKEN_VECTORS // (48 * VECTORS), VECTORS)}
     # 100 MiB: the split head (ckpt.plugins._head) makes no logits' tangents, and 150 MiB fits a pass of
-    # 8 examples x 6 vectors, more than the roomy plan's 5 x 8 once the token bound caps that
+    # 8 examples x 6 vectors, more than the roomy plan's 5 x 8 once the token bound caps that. At 100 MiB
+    # the 8 vectors (54 MB) held would leave small passes: each pass reads its own (plan_basis)
     tight = run_ckpt("analyze", "polca", str(other), *first, "--max-memory", "100MiB", timeout=300)
     assert tight.returncode == 0, tight.stderr
+    assert "basis read per pass" in tight.stderr
     plans = planned_passes(tight.stderr)
-    assert plans and all(b * k <= 5 * VECTORS / 2 for b, k in plans), plans
+    assert plans and all(b * k < 5 * VECTORS for b, k in plans), plans
     unbounded = ckptstore.open(gpt2_store).analysis("polca").load()
     bounded = ckptstore.open(other).analysis("polca").load()
     for name in ("polca", "first_order", "loss_change", "step_projection"):
         scale = float(np.abs(unbounded[name].values).max())
         np.testing.assert_allclose(bounded[name].values, unbounded[name].values, rtol=1e-4, atol=1e-6 * scale)
+
+
+def test_a_basis_larger_than_the_budget_is_read_a_pass_of_vectors_at_a_time(gpt2_store: Path, tmp_path: Path) -> None:
+    """24 random vectors (163 MB) cannot be held in 150 MiB: each pass reads its own, with the same numbers."""
+    other = tmp_path / "other.zarr"
+    done = run_ckpt("analyze", "random-basis", str(gpt2_store), "--vectors", "24", "--force", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    shutil.copytree(gpt2_store, other)
+    first = (*POLCA, "--second-order", "none", "--progress")
+    held = run_ckpt("analyze", "polca", str(gpt2_store), *first, "--max-memory", "16GiB", timeout=300)
+    assert held.returncode == 0, held.stderr
+    assert "basis held" in held.stderr and "basis read per pass" not in held.stderr
+    read = run_ckpt("analyze", "polca", str(other), *first, "--max-memory", "150MiB", timeout=300)
+    assert read.returncode == 0, read.stderr
+    assert "basis read per pass" in read.stderr and "basis held" not in read.stderr
+    roomy = ckptstore.open(gpt2_store).analysis("polca").load()
+    bounded = ckptstore.open(other).analysis("polca").load()
+    assert bounded.sizes["basis"] == 24
+    # ⟨Δ, b⟩ is the same arithmetic whether the basis is held or read (PROJECTION_ROWS_BYTES)
+    np.testing.assert_array_equal(bounded["step_projection"].values, roomy["step_projection"].values)
+    for name in ("polca", "first_order", "loss_change"):
+        scale = float(np.abs(roomy[name].values).max())
+        np.testing.assert_allclose(bounded[name].values, roomy[name].values, rtol=1e-4, atol=1e-6 * scale)
 
 
 def test_the_planned_passes_fit_where_one_pass_does_not(gpt2_store: Path) -> None:
@@ -181,3 +206,24 @@ def test_a_language_models_cpu_passes_hold_at_most_the_token_vectors_that_run_fa
 def test_a_plan_that_cannot_fit_names_the_knobs() -> None:
     with pytest.raises(AnalysisError, match=r"polca needs at least .* the memory budget is 40 MiB: raise --max-memory"):
         plan_memory(40 * MiB, 20 * MiB, COST, examples=48, vectors=8, batch_size=256, basis_batch=8)
+
+
+def test_the_basis_is_held_unless_reading_it_per_pass_allows_larger_passes() -> None:
+    """Held (read once per worker) while that costs the passes nothing; else each pass reads its vectors."""
+    direction = 16 * MiB
+    sizes = {"examples": 48, "batch_size": 256, "basis_batch": 8}
+    roomy = plan_basis(10_000 * MiB, 20 * MiB, COST, direction_bytes=direction, vectors=8, **sizes)
+    assert roomy.basis_held and (roomy.block_examples, roomy.vectors) == (48, 8)
+    # 400 MiB: the 8 vectors held (128 MiB) leave passes of 10 examples x 2 vectors; read, 8 x 4
+    tight = plan_basis(400 * MiB, 20 * MiB, COST, direction_bytes=direction, vectors=8, **sizes)
+    held = plan_memory(400 * MiB, 20 * MiB + 8 * direction, COST, vectors=8, **sizes)
+    assert (held.block_examples, held.vectors) == (10, 2)
+    assert not tight.basis_held and (tight.block_examples, tight.vectors) == (8, 4)
+    # a read plan counts the vectors of its pass beside it
+    expected = 20 * MiB + PASS_PEAK * COST(8, 4) + 4 * direction
+    assert abs(tight.estimate - expected) <= 1 and tight.estimate <= 400 * MiB
+    # 20 vectors (320 MiB) cannot be held in 300 MiB at all; read, passes of 10 examples x 2 vectors fit
+    wide = plan_basis(300 * MiB, 20 * MiB, COST, direction_bytes=direction, vectors=20, **sizes)
+    assert not wide.basis_held and (wide.block_examples, wide.vectors) == (10, 2)
+    with pytest.raises(AnalysisError, match=r"polca needs at least .* the memory budget is 40 MiB: raise --max-memory"):
+        plan_basis(40 * MiB, 20 * MiB, COST, direction_bytes=direction, vectors=8, **sizes)
