@@ -851,9 +851,10 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
         }
         dtype = np.dtype(self.dtype)
         if ctx.journal is not None:  # the pieces' vectors are in the journal, read back once the last is found
-            # by the engine, a stored chunk at a time: read back whole here, Dask copies the basis as it hands it
-            # over (dask.array.core.finalize copies a single-chunk result), two copies of it at the end of the
-            # run. bench/scale.py's L run with -k 5 at two basis checkpoints peaked there, at 10.98 GiB RSS.
+            # and copied into the result by the engine, a stored chunk at a time. The `read` below is only what
+            # a caller outside the engine computes: read back whole, then copied once more by Dask as it hands it
+            # over (dask.array.core.finalize copies a single-chunk result). The engine used it until 2026-11-28:
+            # bench/scale.py's L run with -k 5 at two basis checkpoints peaked there, at 10.98 GiB RSS.
             ctx.write_from_journal(space.names, keys)
             read = ctx.delayed(journal_tensors, ctx.journal, keys, pieces, space=space, dtype=self.dtype)
             total = len(steps) * k
