@@ -50,6 +50,7 @@ from ckpt.plugins import (
     datapoint_index,
     directional_derivatives,
     format_size,
+    held_basis,
     hookimpl,
     load_basis,
     load_basis_rows,
@@ -457,7 +458,7 @@ def step_projections(
     import torch
 
     space = worker_space(worker)
-    whole = worker.held(("basis", basis, created, dtype))
+    whole = held_basis(worker, basis, created, dtype)
     count = int(stored_basis(worker, basis, created).sizes["basis"])
     before, after = worker.params(step), worker.params(next_step)
     total = torch.zeros(count, dtype=torch.float64, device=worker.device)

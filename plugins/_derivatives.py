@@ -727,7 +727,17 @@ def load_basis(worker: Any, name: str, created: str, space: ParamSpace, dtype: s
             for tensor in space.names
         }
 
-    return worker.cached(("basis", name, created, dtype), read)
+    return worker.cached(_basis_key(name, created, dtype), read)
+
+
+def held_basis(worker: Any, name: str, created: str, dtype: str = "float32") -> dict[str, Any] | None:
+    """The basis :func:`load_basis` holds on this worker, or None where it holds none (nothing is read)."""
+    return worker.held(_basis_key(name, created, dtype))
+
+
+def _basis_key(name: str, created: str, dtype: str) -> tuple[str, ...]:
+    """The worker cache's key of a whole basis (:func:`load_basis`, :func:`held_basis`)."""
+    return ("basis", name, created, dtype)
 
 
 def load_basis_rows(
