@@ -26,15 +26,40 @@ CKPT = Path(sys.executable).with_name("ckpt")
 def run_ckpt(
     *args: str, cwd: Path | None = None, timeout: float = 120, extra_env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run the installed ``ckpt`` console script, as a user would."""
+    """Run the installed ``ckpt`` console script, as a user would: its own process, its own exit status.
+
+    The process is forked from a server that has imported torch and the other heavy libraries once
+    (tests/cli_forkserver.py says when it is not, and why); ``CKPT_TEST_EXEC=1`` runs every command
+    from the console script instead.
+    """
     command = [str(CKPT)] if CKPT.exists() else [sys.executable, "-m", "ckpt.cli"]
     # the repository root on the path: stores in tests name model factories like tests.models:mlp
     root = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path, **(extra_env or {})}
+    if CKPT.exists() and os.environ.get("CKPT_TEST_EXEC") != "1":
+        done = _fork_server(env).run(list(args), cwd, timeout, env)
+        if done is not None:
+            return done
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env, check=False
     )
+
+
+_FORK_SERVER: Any = None
+
+
+def _fork_server(env: dict[str, str]) -> Any:
+    """This process's fork server (tests/cli_forkserver.py), started with the first command's environment."""
+    global _FORK_SERVER
+    if _FORK_SERVER is None:
+        import atexit
+
+        from tests.cli_forkserver import ForkServer
+
+        _FORK_SERVER = ForkServer(CKPT, env)
+        atexit.register(_FORK_SERVER.close)
+    return _FORK_SERVER
 
 
 def assert_refused(path: Path, analyzer: str, args: list[str], expected: str) -> None:
