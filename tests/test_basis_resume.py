@@ -20,7 +20,7 @@ from tests.helpers import run_ckpt
 
 pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
 
-STEPS = 30
+STEPS = 12  # 12 basis checkpoints: a kill after 3 lands mid-run (a search takes ~1 s); each is a full search
 OPTIONS = ("--every", "1", "-k", "1", "--dtype", "float64", "--tol", "1e-10")
 JOURNAL = "hessian-basis.partial"
 
