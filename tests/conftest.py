@@ -20,6 +20,58 @@ from tests.helpers import make_tensors
 os.environ[TRUST_ENV] = "tests"
 
 
+def _share_the_cores() -> None:
+    """Each pytest-xdist worker, and every process it starts, gets its share of the cores' threads.
+
+    Two workers on 2 cores each running torch's default 2 threads (OpenMP, OpenBLAS) oversubscribe
+    the cores, and OpenMP's threads then wait on each other: two ``ckpt analyze hessian-basis`` runs
+    of the GPT-2 test model side by side took 196 s with 2 threads each and 58 s with 1 (2026-11-28).
+    Tests of thread counts set them themselves; ``pytest -n 0`` runs with torch's defaults.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 1:
+        return
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, threads)  # read by the libraries as they load: in started processes
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # this process loaded torch already
+
+
+_share_the_cores()
+
+LONGEST_FIRST = (
+    "tests/test_memory_budget.py",
+    "tests/test_polca_memory.py",
+    "tests/test_demo.py",
+    "tests/test_fuzz_store.py",
+    "tests/test_figures.py",
+    "tests/test_crash_points.py",
+    "tests/test_polca.py",
+    "tests/test_basis_resume.py",
+    "tests/test_engine.py",
+    "tests/test_attach.py",
+    "tests/test_frameworks.py",
+    "tests/test_bad_input.py",
+    "tests/test_results.py",
+    "tests/test_lca_resume.py",
+    "tests/test_remote.py",
+)
+"""The test files that take longest (``--durations=0``, summed a file), longest first.
+
+pytest-xdist hands out whole files (``--dist loadfile``) in collection order
+(``--no-loadscope-reorder``): the longest first, then the rest, so that no long file starts last
+while the other worker has nothing left to do.
+"""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first; every file's tests keep their order (the sort is stable)."""
+    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 @pytest.fixture
 def one_thread() -> Iterator[None]:
     """One torch thread for tests of tiny models (extra threads only add contention on a small, busy CPU).
