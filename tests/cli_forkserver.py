@@ -1,22 +1,22 @@
 """A fork server for the ``ckpt`` commands the tests run: each command is its own process, minus the imports.
 
-Most of a test's ``ckpt`` command is Python importing torch, transformers, xarray, zarr and dask
-before ckpt reads a byte: 2.5-8 s a command on a 2-core CI machine, against well under a second of
-work for the tiny stores of the tests. ``tests/helpers.py:run_ckpt`` runs its ~600 commands a
-suite through this server instead. The server imports those third-party libraries once, then forks
-one child per command. The child is a separate process, like the console script's: it takes the
-command's working directory, environment and ``sys.argv``. It then imports ckpt itself (ckpt's own
-modules are never preloaded, so every command imports them afresh) and runs ``ckpt.cli.main:main``.
-Its exit status, stdout and stderr are the command's, tracebacks included. Python's own shutdown
-runs atexit handlers and flushes the streams.
+Most of a test's ``ckpt`` command was Python importing torch, transformers, xarray, zarr and dask
+before ckpt read a byte: 2.5-8 s a command on a 2-core CI machine, against well under a second of
+work on the tiny stores of the tests. ``tests/helpers.py:run_ckpt`` runs its commands through this
+server instead. The server imports those third-party libraries once, then forks one child per
+command. The child is a separate process, like the console script's: it takes the command's
+working directory, environment and ``sys.argv``, imports ckpt itself (ckpt's own modules are never
+preloaded, so every command imports them afresh) and runs ``ckpt.cli.main:main``. Its exit status,
+stdout and stderr are the command's, tracebacks included; it leaves as the interpreter does
+(threads joined, atexit handlers run, streams flushed), less the module teardown.
 
-What a child does not get afresh is the third-party imports, so a command whose environment
-differs from the server's in anything but ``CKPT_*`` settings (``PYTHONPATH``, thread counts,
-credentials: read when a library is imported) runs as a plain subprocess instead, as does
-``ckpt demo``, which pins torch's CPU kernels before it imports torch. So does a command
-started while another is running in the same test process, and every command when
-``CKPT_TEST_EXEC=1``. A run of the suite with ``CKPT_TEST_EXEC=1`` exercises the console script
-itself; ``tests/test_packaging.py`` installs and runs it in a clean environment on every run.
+What a child does not get afresh is the third-party imports. So the server runs in the test
+process's environment, and a new server is started when that changes; a command with settings of
+its own that a library may read on import (``PYTHONPATH``, thread counts, credentials: anything but
+``CKPT_*``) runs as a plain subprocess, as does ``ckpt demo``, which pins torch's CPU kernels before
+it imports torch, and a command started while another runs in the same test process.
+``CKPT_TEST_EXEC=1`` runs every command from the console script; ``tests/test_demo.py`` and
+``tests/test_figures_at_scale.py`` run it on every run.
 """
 
 from __future__ import annotations
@@ -145,42 +145,54 @@ def _exit(code: int) -> None:
 class ForkServer:
     """The client: starts the server on first use and runs one command at a time through it."""
 
-    def __init__(self, script: Path, env: dict[str, str]) -> None:
-        self.script, self.env = script, env
+    def __init__(self, script: Path) -> None:
+        self.script = script
+        self.env: dict[str, str] = {}
         self.process: subprocess.Popen[bytes] | None = None
         self.pending = b""
         self.broken = False
         self.lock = threading.Lock()
 
     def run(
-        self, args: list[str], cwd: Path | None, timeout: float, env: dict[str, str]
+        self, args: list[str], cwd: Path | None, timeout: float, base: dict[str, str], env: dict[str, str]
     ) -> subprocess.CompletedProcess[str] | None:
-        """``ckpt ARGS`` in a forked child, or None where it must run as a plain subprocess."""
-        changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
+        """``ckpt ARGS`` in a forked child, or None where it must run as a plain subprocess.
+
+        ``base`` is the test process's environment as every command gets it, ``env`` this
+        command's (``base`` with its own settings). The server runs in ``base``: when that changes
+        (dask writes ``PYTHONHASHSEED`` and two more into ``os.environ`` when a test starts worker
+        processes) the next command starts a new server. A command's own settings that could
+        matter on import make it a plain subprocess.
+        """
         fresh = bool(args) and args[0] in FRESH_PROCESS_COMMANDS
-        unsafe = sorted(k for k in changed if not k.startswith(SAFE_TO_CHANGE))
+        unsafe = _changed(env, base)
         if fresh or self.broken or unsafe:
             return _plain(args, f"{fresh=} {self.broken=} changed: {unsafe}")
         if not self.lock.acquire(blocking=False):  # another thread's command is running: no queue
             return _plain(args, "another command is running")
         try:
-            process = self._server()
+            moved = _changed(base, self.env)
+            if self.process is not None and moved:
+                _plain(args, f"a new server: the test process's environment changed: {moved}")
+                self.close()
+            process = self._server(base)
             if process is None:
                 return None
             return self._run(process, args, cwd, timeout, env)
         finally:
             self.lock.release()
 
-    def _server(self) -> subprocess.Popen[bytes] | None:
+    def _server(self, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         if self.process is None:
             here = Path(__file__).resolve()
+            self.env = dict(env)
             self.process = subprocess.Popen(
                 [sys.executable, str(here), str(self.script)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 bufsize=0,
-                env=self.env,
+                env=env,
                 cwd=here.parents[1],
             )
             self.pending = b""
@@ -232,6 +244,12 @@ class ForkServer:
             self.process.kill()
             self.process.wait()
             self.process = None
+
+
+def _changed(env: dict[str, str], other: dict[str, str]) -> list[str]:
+    """The variables whose values differ between two environments, less those safe to change."""
+    keys = env.keys() | other.keys()
+    return sorted(k for k in keys if env.get(k) != other.get(k) and not k.startswith(SAFE_TO_CHANGE))
 
 
 def _plain(args: list[str], why: str) -> None:

@@ -36,9 +36,10 @@ def run_ckpt(
     # the repository root on the path: stores in tests name model factories like tests.models:mlp
     root = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path, **(extra_env or {})}
+    base = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path}
+    env = {**base, **(extra_env or {})}
     if CKPT.exists() and os.environ.get("CKPT_TEST_EXEC") != "1":
-        done = _fork_server(env).run(list(args), cwd, timeout, env)
+        done = _fork_server().run(list(args), cwd, timeout, base, env)
         if done is not None:
             return done
     return subprocess.run(
@@ -49,15 +50,15 @@ def run_ckpt(
 _FORK_SERVER: Any = None
 
 
-def _fork_server(env: dict[str, str]) -> Any:
-    """This process's fork server (tests/cli_forkserver.py), started with the first command's environment."""
+def _fork_server() -> Any:
+    """This process's fork server (tests/cli_forkserver.py)."""
     global _FORK_SERVER
     if _FORK_SERVER is None:
         import atexit
 
         from tests.cli_forkserver import ForkServer
 
-        _FORK_SERVER = ForkServer(CKPT, env)
+        _FORK_SERVER = ForkServer(CKPT)
         atexit.register(_FORK_SERVER.close)
     return _FORK_SERVER
 
