@@ -62,7 +62,7 @@ SAFE_TO_CHANGE = (
 """Environment variables a command may set differently from the server: read when they are used, not on import."""
 
 LOG = "CKPT_TEST_FORKSERVER_LOG"
-"""Set to a file name: each command run as a plain subprocess appends why (to check the server is used)."""
+"""Set to a file name: each command run as a plain subprocess, and each new server, appends why."""
 
 
 def serve(script: str) -> None:
@@ -167,13 +167,15 @@ class ForkServer:
         fresh = bool(args) and args[0] in FRESH_PROCESS_COMMANDS
         unsafe = _changed(env, base)
         if fresh or self.broken or unsafe:
-            return _plain(args, f"{fresh=} {self.broken=} changed: {unsafe}")
+            _log(args, f"run plain: {fresh=} {self.broken=} changed: {unsafe}")
+            return None
         if not self.lock.acquire(blocking=False):  # another thread's command is running: no queue
-            return _plain(args, "another command is running")
+            _log(args, "run plain: another command is running")
+            return None
         try:
             moved = _changed(base, self.env)
             if self.process is not None and moved:
-                _plain(args, f"a new server: the test process's environment changed: {moved}")
+                _log(args, f"a new server: the test process's environment changed: {moved}")
                 self.close()
             process = self._server(base)
             if process is None:
@@ -252,11 +254,11 @@ def _changed(env: dict[str, str], other: dict[str, str]) -> list[str]:
     return sorted(k for k in keys if env.get(k) != other.get(k) and not k.startswith(SAFE_TO_CHANGE))
 
 
-def _plain(args: list[str], why: str) -> None:
-    """None (run ``ckpt ARGS`` as a plain subprocess), and why in the log if there is one."""
+def _log(args: list[str], what: str) -> None:
+    """What the client did with ``ckpt ARGS`` other than fork it, in the log if there is one."""
     if os.environ.get(LOG):
         with open(os.environ[LOG], "a") as log:
-            log.write(f"{os.environ.get('PYTEST_CURRENT_TEST')}: ckpt {' '.join(args[:2])}: {why}\n")
+            log.write(f"{os.environ.get('PYTEST_CURRENT_TEST')}: ckpt {' '.join(args[:2])}: {what}\n")
 
 
 def _as_text(data: bytes) -> str:

@@ -7,6 +7,7 @@ writer and crash processes the tests start import it too.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -47,20 +48,16 @@ def run_ckpt(
     )
 
 
-_FORK_SERVER: Any = None
-
-
+@functools.cache
 def _fork_server() -> Any:
-    """This process's fork server (tests/cli_forkserver.py)."""
-    global _FORK_SERVER
-    if _FORK_SERVER is None:
-        import atexit
+    """This process's fork server (tests/cli_forkserver.py), stopped when the process exits."""
+    import atexit
 
-        from tests.cli_forkserver import ForkServer
+    from tests.cli_forkserver import ForkServer
 
-        _FORK_SERVER = ForkServer(CKPT)
-        atexit.register(_FORK_SERVER.close)
-    return _FORK_SERVER
+    server = ForkServer(CKPT)
+    atexit.register(server.close)
+    return server
 
 
 def assert_refused(path: Path, analyzer: str, args: list[str], expected: str) -> None:
