@@ -338,7 +338,7 @@ def test_a_failed_background_write_is_an_error_not_a_wrong_vector(tmp_path, monk
 
 
 def test_reorthogonalization_keeps_the_vectors_orthonormal_over_a_long_search() -> None:
-    """One Gram-Schmidt pass when it suffices (DGKS), two when the first removed most of the residual."""
+    """One Gram-Schmidt pass when it suffices, two when the first left overlaps above the rounding."""
     values = np.concatenate([[10.0, 9.0, 8.0, 7.0], np.linspace(-9, 6.5, 496)])
     matrix = symmetric(values, seed=9)
     _, hvp = counted(matrix)
@@ -377,7 +377,7 @@ def test_a_spilled_search_reads_all_its_kept_vectors_only_when_orthogonality_is_
     assert found.restarts == 0 and found.matvecs > 10
     assert 0 < found.full_passes <= found.matvecs // 3
     row = 400 * 4
-    # per product p: the previous and current vectors (2 rows, up to three times with DGKS); all p kept
+    # per product p: the previous and current vectors (2 rows, up to three times with a second pass); all p kept
     # ones, up to three times, for a full pass; one read of all of them at the end to form the eigenvector
     bound = sum(3 * min(p, 2) for p in range(1, found.matvecs + 1))
     bound += found.full_passes * 3 * found.matvecs + found.matvecs
@@ -417,27 +417,70 @@ def test_partial_reorthogonalization_keeps_the_lanczos_vectors_semi_orthogonal(d
     np.testing.assert_allclose(found.values, exact, rtol=0, atol=100 * torch.finfo(dtype).eps * np.abs(values).max())
 
 
+def counting_second_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``[n]``: the second Gram-Schmidt passes made from now on (each ``_subtract`` that ends with the norm alone)."""
+    import ckpt.plugins._lanczos as lanczos
+
+    second_passes = [0]
+    subtract = lanczos._subtract
+
+    def counting_subtract(x, sources, coefficients, *, then_dots=False, then_norm=False, source=None):
+        second_passes[0] += then_norm
+        return subtract(x, sources, coefficients, then_dots=then_dots, then_norm=then_norm, source=source)
+
+    monkeypatch.setattr(lanczos, "_subtract", counting_subtract)
+    return second_passes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_second_gram_schmidt_pass_is_made_exactly_where_the_first_left_overlaps_above_the_rounding(
+    dtype, monkeypatch
+) -> None:
+    """The overlaps the first pass leaves are measured (float64, of x as stored), not guessed from its norm.
+
+    A residual that is mostly along the rows (a Lanczos product near an eigenvector: 1e4 times the part
+    orthogonal to them) loses most of its norm in the first pass, and with it the digits that made it
+    orthogonal: a second pass follows and leaves it orthogonal to its dtype's rounding. A residual that
+    is mostly orthogonal already gets one pass, as Daniel-Gragg-Kaufman-Stewart's test on the norm
+    would give. Between them, 10 times along the rows, the first pass removes 97% of the norm, and
+    that test would ask for a second pass; float32 vectors get none, the first pass being computed in
+    float64, and are orthogonal to their rounding after it; float64 vectors, computed in their own
+    precision, get one.
+    """
+    import ckpt.plugins._lanczos as lanczos
+
+    generator = torch.Generator().manual_seed(3)
+    dimension = 200_000
+    rows = torch.linalg.qr(torch.randn(dimension, 3, generator=generator, dtype=torch.float64))[0].T
+    orthogonal = torch.randn(dimension, generator=generator, dtype=torch.float64)
+    orthogonal -= rows.T @ (rows @ orthogonal)
+    orthogonal /= orthogonal.norm()
+    second_passes = counting_second_passes(monkeypatch)
+    eps = torch.finfo(dtype).eps
+    stored = rows.to(dtype)
+    for along, passes in [(1e4, 1), (1e-2, 0), (10.0, int(dtype == torch.float64))]:
+        x = (along * (rows.T @ torch.tensor([3.0, -2.0, 1.0], dtype=torch.float64)) + orthogonal).to(dtype)
+        second_passes[0] = 0
+        _, norm = lanczos._orthogonalize(x, [(lanczos.MemoryRows.of(stored), 3)])
+        assert second_passes[0] == passes, f"{along}: {second_passes[0]} second passes"
+        overlaps = stored.double() @ x.double()
+        assert float(overlaps.abs().max()) <= eps * float(x.double().norm()), f"{along}: {overlaps}"
+        assert norm == pytest.approx(float(x.double().norm()), rel=1e-12)
+
+
 def test_a_spilled_search_whose_products_need_a_second_pass_gives_the_in_memory_numbers(tmp_path, monkeypatch) -> None:
     """Spilled, the previous Lanczos vector is read from the buffer the new residual is written into.
 
     A large shift (A = 50 I + a spread of ±1) makes each product almost all along the current vector,
-    so the first Gram-Schmidt pass removes most of it and a second pass follows (DGKS) on most
-    products: that pass must read the previous vector from the file, its buffer being the residual by
-    then. Bit-equal to the same search in memory, with the second pass taken.
+    so that the first Gram-Schmidt pass leaves overlaps above the residual's rounding and a second pass
+    follows on most products: that pass must read the previous vector from the file, its buffer being
+    the residual by then. Bit-equal to the same search in memory, with the second pass taken.
     """
-    import ckpt.plugins._lanczos as lanczos
 
     matrix = symmetric(np.concatenate([[52.0, 51.9, 51.7], 50.0 + np.linspace(-1, 1, 297)]), seed=9)
     _, hvp = counted(matrix)
     options = {"tol": 1e-9, "dtype": torch.float32, "max_vectors": 8}
-    second_passes = [0]
-    subtract = lanczos._subtract
-
-    def counting_subtract(x, sources, coefficients, *, then_dots=False, source=None):
-        second_passes[0] += not then_dots and source is None
-        return subtract(x, sources, coefficients, then_dots=then_dots, source=source)
-
-    monkeypatch.setattr(lanczos, "_subtract", counting_subtract)
+    second_passes = counting_second_passes(monkeypatch)
     in_memory = top_eigenpairs(hvp, 300, 2, **options)
     in_memory_passes, second_passes[0] = second_passes[0], 0
     spilled = top_eigenpairs(hvp, 300, 2, spill=True, spill_dir=str(tmp_path), **options)
