@@ -272,9 +272,18 @@ def test_too_little_room_is_an_error_naming_the_budget() -> None:
         top_eigenpairs(hvp, 50, 2, dtype=torch.float64, max_vectors=4)
 
 
+@pytest.mark.parametrize("small_blocks", [False, True], ids=["blocks", "small-blocks"])
 @pytest.mark.parametrize("restrict", [False, True])
-def test_spilled_vectors_give_the_same_numbers_and_leave_no_file(tmp_path, restrict) -> None:
-    """Issue 29: vectors kept in a temporary file (GPT-2 small's budget) are bit-equal to vectors kept in memory."""
+def test_spilled_vectors_give_the_same_numbers_and_leave_no_file(tmp_path, monkeypatch, restrict, small_blocks) -> None:
+    """Issue 29: vectors kept in a temporary file (GPT-2 small's budget) are bit-equal to vectors kept in memory.
+
+    With ``small_blocks`` the passes work on blocks of 25 to 50 columns, as GPT-2 small's 124M columns
+    are by 1 MiB: every pass, restart and spilled read then spans many blocks.
+    """
+    import ckpt.plugins._lanczos as lanczos
+
+    if small_blocks:
+        monkeypatch.setattr(lanczos, "CPU_DOT_BLOCK_BYTES", 2048)
     values = np.concatenate([[9.0, 8.8, 8.5, 6.0, -12.0], np.linspace(-3, 3, 395)])
     matrix = symmetric(values, seed=8)
     _, exact_vectors = torch.linalg.eigh(matrix)
@@ -295,6 +304,48 @@ def test_spilled_vectors_give_the_same_numbers_and_leave_no_file(tmp_path, restr
     np.testing.assert_allclose(spilled.values, [8.5, 6.0] if restrict else [9.0, 8.8], rtol=1e-6)
     assert all(names == [] for names in listed)  # unlinked as soon as made: a killed run leaves nothing
     assert list(tmp_path.iterdir()) == []
+
+
+def test_spilled_rows_read_and_write_like_rows_in_memory(tmp_path) -> None:
+    """Rows in a file give what the same calls give in memory, whatever the order of reads and writes.
+
+    Random calls of every kind a search makes: blocks of some rows in order, as a pass reads them;
+    block writes of the first rows, as a thick restart makes them; whole rows written in the
+    background; reads of rows just written.
+    """
+    import ckpt.plugins._lanczos as lanczos
+
+    rng = np.random.default_rng(0)
+    capacity, dimension = 7, 1_003
+    spilled = lanczos.SpilledRows(capacity, dimension, torch.float32, str(tmp_path))
+    memory = lanczos.MemoryRows(capacity, dimension, torch.float32, "cpu")
+    for index in range(capacity):
+        row = torch.from_numpy(rng.standard_normal(dimension).astype(np.float32))
+        spilled.write(index, row.clone())
+        memory.write(index, row)
+    try:
+        for _ in range(60):
+            width = int(rng.integers(1, 300))
+            first = int(rng.integers(0, capacity))
+            count = int(rng.integers(1, capacity - first + 1))
+            kind = rng.integers(0, 3)
+            for start in range(0, dimension, width):
+                columns = slice(start, min(start + width, dimension))
+                torch.testing.assert_close(
+                    spilled.block(count, columns, first), memory.block(count, columns, first), rtol=0, atol=0
+                )
+                if kind == 1:  # a restart: the block's first rows rewritten as it goes
+                    values = torch.from_numpy(rng.standard_normal((count, columns.stop - start)).astype(np.float32))
+                    spilled.write_block(count, columns, values, first)
+                    memory.write_block(count, columns, values, first)
+            if kind == 2:
+                row = torch.from_numpy(rng.standard_normal(dimension).astype(np.float32))
+                index = int(rng.integers(0, capacity))
+                spilled.write(index, row.clone())
+                memory.write(index, row)
+        torch.testing.assert_close(spilled.block(capacity, slice(0, dimension)), memory.data, rtol=0, atol=0)
+    finally:
+        spilled.close()
 
 
 def test_rows_written_in_the_background_are_never_overwritten_before_they_are_in_the_file(
