@@ -52,8 +52,8 @@ Vector work of a search at D = 124M (a free diagonal operator, k 1, 13 vectors i
 this 2-core machine): 3.62 s a product with 4 MiB blocks of the float64 rows alone, 2.88 s with 1 MiB
 of rows and the two vectors. One pass, best of 3: two rows' dot products 0.44 s against 0.36 s,
 an update with the next pass's dot products 0.88 against 0.66 s (32,768 columns; 8,192 with 8 rows).
-Before, with the second pass DGKS asked for: 4 MiB 1.14-1.19 s, 2 MiB 1.23-1.26, 1 MiB 1.45-1.48
-(12 vectors, 13 products; the Python loop's overhead per block weighed more than the cache then)."""
+An earlier measurement, sizing blocks by the float64 rows alone (12 vectors kept, 13 products, a second
+pass on most products): 4 MiB 1.14-1.19 s, 2 MiB 1.23-1.26, 1 MiB 1.45-1.48."""
 MIN_VECTORS_BEYOND_K = 4
 """A thick restart keeps k Ritz vectors and needs room to grow past them. With k + 2 vectors the top
 eigenpair of a 1.7M-parameter GPT-2 (tol 1e-6) had not converged after 100 products; k + 4 took 56,
@@ -550,7 +550,8 @@ def top_eigenpairs(
     does. Each product's residual is orthogonalized against B and the vectors T
     couples the current one to (the three-term recurrence) by classical
     Gram-Schmidt, a second pass only where the first left overlaps above the
-    residual's rounding (measured: :func:`_orthogonalize`). Against all kept vectors only where Simon's ω recurrence
+    residual's rounding (measured: :func:`_orthogonalize`). Against all kept
+    vectors only where Simon's ω recurrence
     (generalized to the arrow T of a thick restart) estimates that an overlap
     has passed √ε, and on the product after: partial reorthogonalization, which
     keeps the Lanczos vectors semi-orthogonal, enough for Ritz values accurate
