@@ -322,11 +322,12 @@ def _subtract(
     stacked = _Stacked(sources, x.shape[0], x.device)
     dots = torch.zeros(stacked.count, dtype=torch.float64, device=x.device)
     square = torch.zeros((), dtype=torch.float64, device=x.device)
-    if stacked.count == 0:
+    if stacked.count == 0:  # nothing to subtract
         if source is not x:
             x.copy_(source)
-        return (dots, _norm(x) ** 2) if then_dots else _norm(x) ** 2 if then_norm else None
-    for columns in stacked.columns():
+        if then_dots or then_norm:
+            square += _norm(x) ** 2
+    for columns in stacked.columns() if stacked.count else ():
         rows = stacked.block(columns)
         updated = stacked.of(source, columns).addmv_(rows.T, coefficients, alpha=-1)
         x[columns] = updated
@@ -335,7 +336,9 @@ def _subtract(
             if then_dots:
                 dots.addmv_(rows, updated)
             square += updated @ updated
-    return (dots, float(square)) if then_dots else float(square) if then_norm else None
+    if then_dots:
+        return dots, float(square)
+    return float(square) if then_norm else None
 
 
 def _orthogonalize(
