@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ckpt.plugins import AnalysisError, top_eigenpairs
+from ckpt.plugins._lanczos import RITZ_VECTORS_BEYOND_K
 
 
 def symmetric(values: np.ndarray, seed: int = 0) -> torch.Tensor:
@@ -237,6 +238,28 @@ def test_a_bounded_search_restarts_and_finds_what_the_unbounded_one_finds() -> N
     np.testing.assert_allclose((vectors @ vectors.T).numpy(), np.eye(3), atol=1e-12)
     fresh = torch.linalg.vector_norm(vectors @ matrix - torch.from_numpy(bounded.values)[:, None] * vectors, dim=1)
     np.testing.assert_allclose(bounded.residuals, fresh.numpy(), atol=1e-11)  # the Lanczos relation holds
+
+
+def test_a_thick_restart_keeps_k_plus_two_ritz_vectors_and_converges_as_keeping_half_the_room() -> None:
+    """A restart keeps k + 2 Ritz vectors, not half the room: restarts every room - k - 2 products, fewer and smaller.
+
+    Counted from the calls: with ``room`` vectors the first restart follows product ``room``, each later
+    one ``room - keep`` products after it, and the product that converges makes none.
+    """
+    values = np.concatenate([[10.0, 9.7], np.linspace(-9, 9.5, 1998)])  # a slow top pair: many restarts
+    matrix = symmetric(values, seed=3)
+    calls, hvp = counted(matrix)
+    room, k = 12, 1
+    found = top_eigenpairs(hvp, 2000, k, tol=1e-10, dtype=torch.float64, max_vectors=room)
+    keep = k + RITZ_VECTORS_BEYOND_K
+    assert keep < (room + k) // 2  # this room would have kept half of it before
+    assert found.matvecs == calls[0] > room + 2 * (room - keep)
+    assert found.restarts == (found.matvecs - 1 - room) // (room - keep) + 1
+    np.testing.assert_allclose(found.values, [10.0], rtol=1e-10)
+    vector = torch.from_numpy(found.vectors[0])
+    np.testing.assert_allclose(float(torch.linalg.vector_norm(matrix @ vector - 10.0 * vector)), 0.0, atol=1e-8)
+    unbounded = top_eigenpairs(hvp, 2000, k, tol=1e-10, dtype=torch.float64)
+    assert unbounded.restarts == 0 and found.matvecs <= 1.3 * unbounded.matvecs  # issue 29's bound
 
 
 def test_a_bounded_float32_search_at_model_size_keeps_float64_accuracy() -> None:
