@@ -65,7 +65,7 @@ and the product after it is orthogonalized against all of them, so keeping fewer
 rarer and cheaper, at almost no cost in products. Products at tol 1e-6 on the Hessians of a 1.3M-parameter
 GPT-2 at init, after 5 and after 20 AdamW steps, half the room against k + 2: k 1 with 9 vectors 35, 16,
 24 against 35, 16, 25; k 1 with 7 37, 16, 26 against 37, 16, 27; k 2 with 10 57, 28, 32 against 57, 31,
-32; k 4 with 12 71, 30, 36 against 71, 30, 37 (k + 1: up to 5 more; k + 3 no better than k + 2). Vector
+32; k 4 with 12 71, 30, 36 against 71, 30, 37 (k + 1: up to 9 more; k + 3 no better than k + 2). Vector
 work of a search at D = 124M with 9 vectors spilled (k 1, a free diagonal operator, this 2-core machine):
 3.54 s a product (44 products, 9 restarts) against 2.57 s (46, 7). GPT-2 small's first basis checkpoint
 (``--samples 8``, 9 vectors spilled): 30 products either way, the same eigenvalue to 9 digits, 3.6 s of
