@@ -240,11 +240,12 @@ def test_a_bounded_search_restarts_and_finds_what_the_unbounded_one_finds() -> N
     np.testing.assert_allclose(bounded.residuals, fresh.numpy(), atol=1e-11)  # the Lanczos relation holds
 
 
-def test_a_thick_restart_keeps_k_plus_two_ritz_vectors_and_converges_as_keeping_half_the_room() -> None:
+def test_a_thick_restart_keeps_k_plus_two_ritz_vectors_within_the_products_bound() -> None:
     """A restart keeps k + 2 Ritz vectors, not half the room: restarts every room - k - 2 products, fewer and smaller.
 
     Counted from the calls: with ``room`` vectors the first restart follows product ``room``, each later
-    one ``room - keep`` products after it, and the product that converges makes none.
+    one ``room - keep`` products after it, and the product that converges makes none. Here 90 products
+    and 9 restarts; keeping half the room took 89 and 13; unbounded, 80.
     """
     values = np.concatenate([[10.0, 9.7], np.linspace(-9, 9.5, 1998)])  # a slow top pair: many restarts
     matrix = symmetric(values, seed=3)
