@@ -759,7 +759,8 @@ def top_eigenpairs(
                     continue
                 # thick restart: A (V S) = (V S) Θ + r (e_lastᵀ S) keeps the best Ritz pairs exactly; the
                 # rest of the room lets the recurrence grow again from the residual
-                # at least one slot free to grow into
+                # k + 2, with at least one slot free to grow into; half the room only where that is less
+                # (a complement too small for k + 4 vectors)
                 keep = max(k, min(room - 1, (room + k) // 2, k + RITZ_VECTORS_BEYOND_K))
                 order = np.argsort(theta)[::-1][:keep]
                 _combine_in_place(vectors, used, torch.as_tensor(ritz[:, order].copy(), device=device), dimension)
