@@ -5,6 +5,7 @@ Run by hand (not a test), from the repository root::
     python bench/scale.py --sizes S,M --memory-limit 6 --timeout 300   # this 2-core, 24 GiB machine
     python bench/scale.py --sizes L --device cuda                      # a GPU machine
     python bench/scale.py --sizes S --only loss,grad-norms --keep      # reuse the runs built before
+    python bench/scale.py --sizes S,M --only loss,grad-norms --rounds 3 --keep   # medians of alternated pairs
     python bench/scale.py --print bench/out/scale/scale-S-M-cpu.json   # the tables of an earlier run
 
 What it builds (issue 29): for each size a Hugging Face Trainer-style output folder
@@ -45,6 +46,15 @@ the same Trainer folders through ``transformers``:
   and the median product alone, which the bars show beside their rate);
 - ``floor``: K forward passes over the eval data at every checkpoint, K the
   random basis's vector count: POLCA's floor.
+
+Each baseline runs right after its ckpt step, so that both see the machine in the
+same state: on this 2-core machine the same command's wall time moves by 10-30%
+within minutes (grad-norms at M against its plain backward loop, alternated
+three times: 1.14-1.26x; one pair a few minutes apart: 1.36x). ``--rounds N``
+measures loss, grad-norms and polca N times each, alternated with their baselines
+(ckpt, baseline, baseline, ckpt, ...; a re-run with ``--force``), and prints the
+median of the pairs' ratios with their range. hessian-basis runs once, its
+forward + backward measured right before and right after it.
 
 Ratios are ckpt / baseline, wall time and peak memory (RSS; GPU with ``--device
 cuda``). A step that passes ``--timeout`` is killed and reported "not done after
@@ -429,32 +439,91 @@ def bench_size(size: str, args: argparse.Namespace, figures: dict[str, Any], sav
         if not done.ok:
             print(f"{size}: building the run failed: {done.detail}", flush=True)
             return
+    vectors = None  # the random basis's, for the floor of polca
     for name, command in ckpt_steps(store, folder, args):
-        print(f"{size}: ckpt {name} ...", end=" ", flush=True)
-        done = measure(command, folder / "logs" / name.replace(" ", "-"), args.timeout, limit)
-        if done.ok and name in ("loss", "grad-norms", "hessian-basis", "random-basis"):
-            done.result = stored_figures(store, name)
-        if done.ok and name == "hessian-basis":
-            done.result |= search_time(folder / "logs" / "hessian-basis.err")
-        print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
-        figures["steps"][name] = asdict(done)
-        save()
+        baseline_name = BASELINE_OF.get(name)
+        if name == "hessian-basis":
+            # its baseline is one forward + backward, timed inside the baseline's process; taken right before
+            # and right after the search (tens of minutes at L), it shows how far the machine's speed moved
+            measure_baseline(size, baseline_name, args, figures, vectors, limit, save)
+        done = measure_step(size, name, command, args, figures, limit, save)
         if name in ("import", "data add") and not done.ok:
             break  # nothing after can run
-    vectors = figures["steps"].get("random-basis", {}).get("result", {}).get("vectors")
-    for analyzer, name in BASELINE_OF.items():
-        if analyzer not in figures["steps"] or (name == "floor" and not vectors):
+        if name == "random-basis" and done.ok:
+            vectors = done.result.get("vectors")
+        if baseline_name is None or not done.ok or (baseline_name == "floor" and not vectors):
             continue
-        print(f"{size}: baseline {name} ...", end=" ", flush=True)
-        command = [sys.executable, __file__, "--baseline", name, "--run", str(folder), "--device", args.device]
-        command += ["--k", str(vectors or 0)]
-        done = measure(command, folder / "logs" / f"baseline-{name}", args.timeout, limit)
-        if done.ok:
-            done.result = json.loads(Path(folder / "logs" / f"baseline-{name}.out").read_text().splitlines()[-1])
-            done.gpu_peak = done.result.get("gpu_peak")
-        print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
-        figures["baselines"][name] = asdict(done)
-        save()
+        measure_baseline(size, baseline_name, args, figures, vectors, limit, save)
+        for again in range(1, 1 if name == "hessian-basis" else args.rounds):
+            # alternated (ckpt, baseline, baseline, ckpt, ...): a drift of the machine's speed weighs on both
+            again_command = [*command, "--force"]
+            if again % 2:
+                measure_baseline(size, baseline_name, args, figures, vectors, limit, save)
+                measure_step(size, name, again_command, args, figures, limit, save)
+            else:
+                measure_step(size, name, again_command, args, figures, limit, save)
+                measure_baseline(size, baseline_name, args, figures, vectors, limit, save)
+
+
+def _record(entry: dict[str, Any] | None, done: Outcome) -> dict[str, Any]:
+    """``entry`` (the first measurement, as before ``--rounds``) with ``done`` added to its ``repeats``."""
+    repeat = {key: value for key, value in asdict(done).items() if key != "command"}
+    if entry is None:
+        return {**asdict(done), "repeats": [repeat]}
+    entry["repeats"].append(repeat)
+    return entry
+
+
+def measure_step(
+    size: str,
+    name: str,
+    command: list[str],
+    args: argparse.Namespace,
+    figures: dict[str, Any],
+    limit: float | None,
+    save: Callable[[], None],
+) -> Outcome:
+    """One run of ckpt step ``name`` of size ``size``, recorded in ``figures["steps"]`` (a repeat after the first)."""
+    folder = args.out / size
+    store = folder / "run.zarr"
+    count = len(figures["steps"].get(name, {}).get("repeats", []))
+    print(f"{size}: ckpt {name}{f' (round {count + 1})' if count else ''} ...", end=" ", flush=True)
+    logs = folder / "logs" / (name.replace(" ", "-") + (f"-{count + 1}" if count else ""))
+    done = measure(command, logs, args.timeout, limit)
+    if done.ok and name in ("loss", "grad-norms", "hessian-basis", "random-basis"):
+        done.result = stored_figures(store, name)
+    if done.ok and name == "hessian-basis":
+        done.result |= search_time(logs.with_suffix(".err"))
+    print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
+    figures["steps"][name] = _record(figures["steps"].get(name), done)
+    save()
+    return done
+
+
+def measure_baseline(
+    size: str,
+    name: str,
+    args: argparse.Namespace,
+    figures: dict[str, Any],
+    vectors: int | None,
+    limit: float | None,
+    save: Callable[[], None],
+) -> Outcome:
+    """One run of plain-PyTorch baseline ``name``, recorded in ``figures["baselines"]`` (a repeat after the first)."""
+    folder = args.out / size
+    count = len(figures["baselines"].get(name, {}).get("repeats", []))
+    print(f"{size}: baseline {name}{f' (round {count + 1})' if count else ''} ...", end=" ", flush=True)
+    command = [sys.executable, __file__, "--baseline", name, "--run", str(folder), "--device", args.device]
+    command += ["--k", str(vectors or 0)]
+    logs = folder / "logs" / (f"baseline-{name}" + (f"-{count + 1}" if count else ""))
+    done = measure(command, logs, args.timeout, limit)
+    if done.ok:
+        done.result = json.loads(logs.with_suffix(".out").read_text().splitlines()[-1])
+        done.gpu_peak = done.result.get("gpu_peak")
+    print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
+    figures["baselines"][name] = _record(figures["baselines"].get(name), done)
+    save()
+    return done
 
 
 # -- printing -------------------------------------------------------------------------------------------------
@@ -475,6 +544,29 @@ def agreement(step: dict[str, Any], base: dict[str, Any]) -> str:
     return ""
 
 
+def repeats(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every measurement of a step or baseline, in order (a figures file from before ``--rounds`` holds one)."""
+    return entry.get("repeats") or [entry]
+
+
+def typical(entry: dict[str, Any], key: str) -> float:
+    """The median of ``key`` over the measurements that ran to their end (the first one's where none did)."""
+    done = [r[key] for r in repeats(entry) if r["status"] == "ok" and r.get(key) is not None]
+    return statistics.median(done) if done else entry.get(key) or 0
+
+
+def spread(values: list[float]) -> str:
+    """``low-high`` of ratios, for the notes."""
+    return f"{min(values):.2f}-{max(values):.2f}x"
+
+
+def against_each(seconds: float, passes: list[float]) -> str:
+    """The ratio of ``seconds`` to each of several forward + backward times, for the notes (none for one)."""
+    if len(passes) < 2:
+        return ""
+    return f" (against the fwd+bwd before and after: {spread([seconds / p for p in passes])})"
+
+
 def table(size: str, figures: dict[str, Any], device: str) -> str:
     run = figures.get("run", {})
     lines = [
@@ -486,51 +578,77 @@ def table(size: str, figures: dict[str, Any], device: str) -> str:
     header += f" {'GPU peak':>9}" if gpu else ""
     header += f"  {'baseline':<9} {'wall s':>7} {'peak RSS':>9}  {'time':>7} {'memory':>7}  notes"
     lines.append(header)
+
+    def memory(measured: dict[str, Any]) -> float | None:
+        # on CUDA the GPU memory is the one that runs out; on a CPU (or without a GPU figure) the RSS
+        return (measured.get("gpu_peak") if gpu else None) or measured.get("peak_rss")
+
     for name, step in figures["steps"].items():
         base = figures["baselines"].get(BASELINE_OF.get(name, ""), {})
         killed = step["status"] in ("timeout", "memory")
-        row = f"  {name:<14} {step['seconds']:8.1f} {step['peak_rss'] / 2**30:8.2f}G"
+        # with --rounds, the columns are medians over the runs that ended well, the ratios medians of pairs
+        row = f"  {name:<14} {typical(step, 'seconds'):8.1f} {typical(step, 'peak_rss') / 2**30:8.2f}G"
         if gpu:
             row += f" {step['gpu_peak'] / 2**30:8.2f}G" if step.get("gpu_peak") else f" {'-':>9}"
         notes = [step["detail"]] if step["detail"] else []
+        notes += [f"round {i + 1}: {r['detail']}" for i, r in enumerate(repeats(step)[1:], 1) if r["detail"]]
         if base:
-            # on CUDA the GPU memory is the one that runs out; on a CPU (or without a GPU figure) the RSS
-            memory = ratio(step.get("gpu_peak"), base.get("gpu_peak"), killed) if gpu else "-"
-            memory = memory if memory != "-" else ratio(step["peak_rss"], base["peak_rss"], killed)
-            row += f"  {BASELINE_OF[name]:<9} {base['seconds']:7.1f} {base['peak_rss'] / 2**30:8.2f}G"
+            row += f"  {BASELINE_OF[name]:<9} {typical(base, 'seconds'):7.1f} {typical(base, 'peak_rss') / 2**30:8.2f}G"
         if base and name == "hessian-basis":
-            # per Hessian-vector product (its share of the wall time) against one forward + backward
+            # per Hessian-vector product (its share of the wall time) against one forward + backward, measured
+            # right before and right after the search: their median, and the ratio against each
+            passes = [r["result"]["fwd_bwd_s"] for r in repeats(base) if r.get("result", {}).get("fwd_bwd_s")]
+            per_pass = statistics.median(passes) if passes else None
             matvecs = step.get("result", {}).get("matvecs")
-            per_pass = base.get("result", {}).get("fwd_bwd_s")
             per_product = step["seconds"] / matvecs if matvecs else None
-            row += f"  {ratio(per_product, per_pass):>7} {memory:>7}"
+            memory_ratio = ratio(memory(step), memory(base), killed)
+            row += f"  {ratio(per_product, per_pass):>7} {memory_ratio:>7}"
             if per_product:
                 notes.append(f"{matvecs} products, <= {per_product:.3f} s each (wall / products)")
+
             searched, products = step.get("result", {}).get("search_s"), step.get("result", {}).get("search_products")
             if searched and products and per_pass:
                 in_search = searched / products
-                notes.append(f"in the searches {in_search:.3f} s a product, {ratio(in_search, per_pass)} a fwd+bwd")
+                each = against_each(in_search, passes)
+                notes.append(
+                    f"in the searches {in_search:.3f} s a product, {ratio(in_search, per_pass)} a fwd+bwd{each}"
+                )
             steady_s, steady_products = (step.get("result", {}).get(k) for k in ("steady_s", "steady_products"))
             if steady_s and steady_products and per_pass:
                 after = steady_s / steady_products
                 notes.append(f"after each search's first product {after:.3f} s a product, {ratio(after, per_pass)}")
             alone = step.get("result", {}).get("product_alone_s") or {}
             if alone and per_pass:
-                typical = statistics.median(alone.values())
+                middle = statistics.median(alone.values())
+                each = against_each(middle, passes)
                 notes.append(
-                    f"a product alone (no vector work) {typical:.3f} s, {ratio(typical, per_pass)} a fwd+bwd "
+                    f"a product alone (no vector work) {middle:.3f} s, {ratio(middle, per_pass)} a fwd+bwd{each} "
                     f"(median of the checkpoints' medians, {', '.join(f'{v:.2f}' for v in alone.values())})"
                 )
             if per_pass:
-                notes.append(f"one fwd+bwd on the {HESSIAN_SAMPLES} samples {per_pass:.3f} s")
+                timed = ", ".join(f"{p:.3f}" for p in passes)
+                when = " (before, after)" if len(passes) == 2 else ""
+                notes.append(f"one fwd+bwd on the {HESSIAN_SAMPLES} samples {timed} s{when}")
         elif base:
-            row += f"  {ratio(step['seconds'], base['seconds'], killed):>7} {memory:>7}"
+            pairs = [
+                (ours, theirs)
+                for ours, theirs in zip(repeats(step), repeats(base), strict=True)
+                if ours["status"] == "ok" and theirs["status"] == "ok"
+            ]
+            if len(pairs) > 1:
+                times = [ours["seconds"] / theirs["seconds"] for ours, theirs in pairs]
+                memories = [memory(ours) / memory(theirs) for ours, theirs in pairs]
+                row += f"  {statistics.median(times):6.2f}x {statistics.median(memories):6.2f}x"
+                notes.append(f"{len(pairs)} rounds, alternated: time {spread(times)}, memory {spread(memories)}")
+            else:
+                memory_ratio = ratio(memory(step), memory(base), killed)
+                row += f"  {ratio(step['seconds'], base['seconds'], killed):>7} {memory_ratio:>7}"
             notes += [agreement(step, base)] if step["status"] == "ok" else []
             if name == "polca":
                 k = figures["steps"].get("random-basis", {}).get("result", {}).get("vectors")
                 notes.append(f"floor: {k} forward passes x {CHECKPOINTS} checkpoints")
-        if base and base.get("status") != "ok":
-            notes.append(f"baseline {base['status']}: {base['detail']}")
+        failed = [r for r in repeats(base) if r["status"] != "ok"] if base else []
+        notes += [f"baseline {r['status']}: {r['detail']}" for r in failed]
         lines.append(row + ("  " + "; ".join(n for n in notes if n) if notes else ""))
     return "\n".join(lines)
 
@@ -552,6 +670,13 @@ def parse_args() -> argparse.Namespace:
         default="none",
         help="comma-separated polca --second-order values to measure, of none, paper, exact (default: none)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs of each analyzer and of its baseline, alternated; ratios are the medians of the pairs "
+        "(default 1; hessian-basis runs once, its baseline before and after it)",
+    )
     parser.add_argument("--keep", action="store_true", help="reuse the runs a previous invocation built")
     parser.add_argument("--print", type=Path, metavar="JSON", help="print the tables of a figures file, run nothing")
     # the children's modes
@@ -563,6 +688,8 @@ def parse_args() -> argparse.Namespace:
     args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     args.only = [a.strip() for a in args.only.split(",") if a.strip()]
     args.second_order = [o.strip() for o in args.second_order.split(",") if o.strip()]
+    if args.rounds < 1:
+        parser.error(f"--rounds: {args.rounds} is not a number of runs; give 1 or more")
     orders = ("none", "paper", "exact")
     for value, allowed, option in (
         (args.sizes, SIZES, "--sizes"),

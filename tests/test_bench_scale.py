@@ -120,23 +120,58 @@ def test_an_interrupt_while_a_step_runs_kills_the_step_and_reaches_the_caller(sc
         pytest.fail(f"the step's process {pid} still runs after the interrupt")
 
 
-def test_the_in_search_time_of_hessian_basis_is_read_from_its_progress_bars(scale, tmp_path: Path) -> None:
-    scale.build_run(tmp_path, {"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 64})
-    options = argparse.Namespace(device="cpu", only=["hessian-basis"], second_order=["none"])
-    store = tmp_path / "run.zarr"
-    for name, command in scale.ckpt_steps(store, tmp_path, options):
-        done = scale.measure(command, tmp_path / "logs" / name.replace(" ", "-"), timeout=600, memory_limit=None)
-        assert done.ok, (name, done.detail)
-    figures = scale.search_time(tmp_path / "logs" / "hessian-basis.err")
-    stored = scale.stored_figures(store, "hessian-basis")
+def bench_options(tmp_path: Path, only: list[str], rounds: int = 1) -> argparse.Namespace:
+    """bench/scale.py's options for a tiny run built in ``tmp_path / "S"`` (``--keep``: it is reused)."""
+    return argparse.Namespace(
+        out=tmp_path,
+        device="cpu",
+        only=only,
+        second_order=["none"],
+        rounds=rounds,
+        keep=True,
+        timeout=600.0,
+        build_timeout=600.0,
+        memory_limit=None,
+    )
+
+
+def measured_order(out: str) -> list[str]:
+    """The steps and baselines bench/scale.py measured, in order, from what it printed."""
+    return [name + again for name, again in re.findall(r"S: (ckpt \S+|baseline \S+)( \(round \d\))?", out)]
+
+
+def test_the_in_search_time_of_hessian_basis_is_read_from_its_progress_bars_between_two_baselines(
+    scale, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One run of hessian-basis, its forward + backward baseline right before and right after it."""
+    run = tmp_path / "S"
+    scale.build_run(run, {"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 64})
+    measured: dict = {}
+    scale.bench_size("S", bench_options(tmp_path, ["hessian-basis"], rounds=3), measured, save=lambda: None)
+    before_and_after = ["baseline fwd+bwd", "ckpt hessian-basis", "baseline fwd+bwd (round 2)"]
+    assert measured_order(capsys.readouterr().out) == ["ckpt import", "ckpt data", "ckpt verify", *before_and_after]
+    basis = measured["steps"]["hessian-basis"]
+    assert basis["status"] == "ok" and len(basis["repeats"]) == 1, basis["detail"]  # once, whatever --rounds
+    wall = basis["seconds"]
+    passes = [r["result"]["fwd_bwd_s"] for r in measured["baselines"]["fwd+bwd"]["repeats"]]
+    assert len(passes) == 2 and all(p > 0 for p in passes)
+    row = scale.table("S", measured, "cpu").splitlines()[-1]
+    assert row.split()[0] == "hessian-basis"
+    assert (
+        f"one fwd+bwd on the {scale.HESSIAN_SAMPLES} samples {passes[0]:.3f}, {passes[1]:.3f} s (before, after)" in row
+    )
+
+    log = run / "logs" / "hessian-basis.err"
+    figures = scale.search_time(log)
+    assert basis["result"]["search_products"] == figures["search_products"]  # what the table is made from
+    stored = scale.stored_figures(run / "run.zarr", "hessian-basis")
     # every product of every basis checkpoint is counted, from tqdm's own lines
     assert figures["search_products"] == stored["matvecs"] > 0
-    assert 0 <= figures["search_s"] <= done.seconds  # tqdm shows whole seconds: a tiny search may read 00:00
+    assert 0 <= figures["search_s"] <= wall  # tqdm shows whole seconds: a tiny search may read 00:00
     # after each search's first product: fewer products (the first of each is left out), no more time.
     # A span needs two states of a bar with products done; tqdm skips states of fast products.
-    log = (tmp_path / "logs" / "hessian-basis.err").read_text()
     counts: dict[str, set[int]] = {}
-    for step, products in re.findall(r"hessian-basis step (\d+): (\d+)product", log):
+    for step, products in re.findall(r"hessian-basis step (\d+): (\d+)product", log.read_text()):
         counts.setdefault(step, set()).add(int(products))
     spans = [step for step, seen in counts.items() if len(seen - {0}) >= 2]
     if spans:
@@ -146,8 +181,31 @@ def test_the_in_search_time_of_hessian_basis_is_read_from_its_progress_bars(scal
         assert "steady_products" not in figures
     # and each basis checkpoint's median product alone, from the bar's last postfix
     alone = figures["product_alone_s"]
-    assert {int(step) for step in alone} <= {int(step) for step in ckptstore.open(store).steps}
-    assert len(alone) == len(
-        set(re.findall(r"hessian-basis step (\d+):", (tmp_path / "logs" / "hessian-basis.err").read_text()))
-    )
-    assert all(0 < seconds < done.seconds for seconds in alone.values())
+    assert {int(step) for step in alone} <= {int(step) for step in ckptstore.open(run / "run.zarr").steps}
+    assert len(alone) == len(set(re.findall(r"hessian-basis step (\d+):", log.read_text())))
+    assert all(0 < seconds < wall for seconds in alone.values())
+
+
+def test_rounds_alternate_each_analyzer_with_its_baseline_and_print_the_pairs_ratios(
+    scale, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--rounds 2``: loss, its baseline, the baseline again, loss again (forced). The table's ratios are the
+    medians of the pairs, with their range; its wall time the median run."""
+    scale.build_run(tmp_path / "S", {"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 64})
+    figures: dict = {}
+    scale.bench_size("S", bench_options(tmp_path, ["loss"], rounds=2), figures, save=lambda: None)
+    alternated = ["ckpt loss", "baseline loss", "baseline loss (round 2)", "ckpt loss (round 2)"]
+    assert measured_order(capsys.readouterr().out) == ["ckpt import", "ckpt data", "ckpt verify", *alternated]
+    loss, base = figures["steps"]["loss"], figures["baselines"]["loss"]
+    assert [r["status"] for r in loss["repeats"]] == ["ok", "ok"] and len(base["repeats"]) == 2
+    assert "command" not in loss["repeats"][1]  # the entry's own command is the first run's
+    assert "--force" not in loss["command"]  # the first run is the plain command; re-runs recompute
+    logs = tmp_path / "S" / "logs"
+    assert (logs / "loss.out").exists() and (logs / "baseline-loss.out").exists()  # each run's logs kept
+    assert "computed 4 step(s), reused 0 stored" in (logs / "loss-2.out").read_text()  # --force: computed again
+
+    rows = {line.split()[0]: line for line in scale.table("S", figures, "cpu").splitlines()[2:]}
+    times = [ours["seconds"] / theirs["seconds"] for ours, theirs in zip(loss["repeats"], base["repeats"], strict=True)]
+    assert f"{sum(times) / 2:6.2f}x" in rows["loss"]  # the median of two pairs is their mean
+    assert f"2 rounds, alternated: time {min(times):.2f}-{max(times):.2f}x" in rows["loss"]
+    assert f"{sum(r['seconds'] for r in loss['repeats']) / 2:8.1f}" in rows["loss"]  # wall s: the median run
