@@ -484,20 +484,16 @@ def measure_step(
     save: Callable[[], None],
 ) -> Outcome:
     """One run of ckpt step ``name`` of size ``size``, recorded in ``figures["steps"]`` (a repeat after the first)."""
-    folder = args.out / size
-    store = folder / "run.zarr"
-    count = len(figures["steps"].get(name, {}).get("repeats", []))
-    print(f"{size}: ckpt {name}{f' (round {count + 1})' if count else ''} ...", end=" ", flush=True)
-    logs = folder / "logs" / (name.replace(" ", "-") + (f"-{count + 1}" if count else ""))
-    done = measure(command, logs, args.timeout, limit)
-    if done.ok and name in ("loss", "grad-norms", "hessian-basis", "random-basis"):
-        done.result = stored_figures(store, name)
-    if done.ok and name == "hessian-basis":
-        done.result |= search_time(logs.with_suffix(".err"))
-    print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
-    figures["steps"][name] = _record(figures["steps"].get(name), done)
-    save()
-    return done
+    store = args.out / size / "run.zarr"
+
+    def read_result(done: Outcome, logs: Path) -> None:
+        if name in ("loss", "grad-norms", "hessian-basis", "random-basis"):
+            done.result = stored_figures(store, name)
+        if name == "hessian-basis":
+            done.result |= search_time(logs.with_suffix(".err"))
+
+    logs = name.replace(" ", "-")
+    return measure_round(size, "steps", name, f"ckpt {name}", logs, command, args, figures, limit, save, read_result)
 
 
 def measure_baseline(
@@ -510,18 +506,43 @@ def measure_baseline(
     save: Callable[[], None],
 ) -> Outcome:
     """One run of plain-PyTorch baseline ``name``, recorded in ``figures["baselines"]`` (a repeat after the first)."""
-    folder = args.out / size
-    count = len(figures["baselines"].get(name, {}).get("repeats", []))
-    print(f"{size}: baseline {name}{f' (round {count + 1})' if count else ''} ...", end=" ", flush=True)
-    command = [sys.executable, __file__, "--baseline", name, "--run", str(folder), "--device", args.device]
+    command = [sys.executable, __file__, "--baseline", name, "--run", str(args.out / size), "--device", args.device]
     command += ["--k", str(vectors or 0)]
-    logs = folder / "logs" / (f"baseline-{name}" + (f"-{count + 1}" if count else ""))
-    done = measure(command, logs, args.timeout, limit)
-    if done.ok:
+
+    def read_result(done: Outcome, logs: Path) -> None:
         done.result = json.loads(logs.with_suffix(".out").read_text().splitlines()[-1])
         done.gpu_peak = done.result.get("gpu_peak")
+
+    label, logs = f"baseline {name}", f"baseline-{name}"
+    return measure_round(size, "baselines", name, label, logs, command, args, figures, limit, save, read_result)
+
+
+def measure_round(
+    size: str,
+    kind: str,
+    name: str,
+    label: str,
+    logs: str,
+    command: list[str],
+    args: argparse.Namespace,
+    figures: dict[str, Any],
+    limit: float | None,
+    save: Callable[[], None],
+    read_result: Callable[[Outcome, Path], None],
+) -> Outcome:
+    """Run ``command`` once, as ``figures[kind][name]`` or (after the first) a repeat of it, and save the figures.
+
+    ``logs``: the stem of its log files (``-2``, ``-3``, ... for the repeats); ``read_result`` fills in a run
+    that ended well (``done.result``) from them or from the store.
+    """
+    count = len(figures[kind].get(name, {}).get("repeats", []))
+    print(f"{size}: {label}{f' (round {count + 1})' if count else ''} ...", end=" ", flush=True)
+    path = args.out / size / "logs" / (logs + (f"-{count + 1}" if count else ""))
+    done = measure(command, path, args.timeout, limit)
+    if done.ok:
+        read_result(done, path)
     print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
-    figures["baselines"][name] = _record(figures["baselines"].get(name), done)
+    figures[kind][name] = _record(figures[kind].get(name), done)
     save()
     return done
 
@@ -579,9 +600,11 @@ def table(size: str, figures: dict[str, Any], device: str) -> str:
     header += f"  {'baseline':<9} {'wall s':>7} {'peak RSS':>9}  {'time':>7} {'memory':>7}  notes"
     lines.append(header)
 
-    def memory(measured: dict[str, Any]) -> float | None:
-        # on CUDA the GPU memory is the one that runs out; on a CPU (or without a GPU figure) the RSS
-        return (measured.get("gpu_peak") if gpu else None) or measured.get("peak_rss")
+    def memories(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[int, int]:
+        # on CUDA the GPU memory is the one that runs out; on a CPU (or without both GPU figures) the RSS
+        if gpu and ours.get("gpu_peak") and theirs.get("gpu_peak"):
+            return ours["gpu_peak"], theirs["gpu_peak"]
+        return ours["peak_rss"], theirs["peak_rss"]
 
     for name, step in figures["steps"].items():
         base = figures["baselines"].get(BASELINE_OF.get(name, ""), {})
@@ -601,11 +624,10 @@ def table(size: str, figures: dict[str, Any], device: str) -> str:
             per_pass = statistics.median(passes) if passes else None
             matvecs = step.get("result", {}).get("matvecs")
             per_product = step["seconds"] / matvecs if matvecs else None
-            memory_ratio = ratio(memory(step), memory(base), killed)
+            memory_ratio = ratio(*memories(step, base), killed)
             row += f"  {ratio(per_product, per_pass):>7} {memory_ratio:>7}"
             if per_product:
                 notes.append(f"{matvecs} products, <= {per_product:.3f} s each (wall / products)")
-
             searched, products = step.get("result", {}).get("search_s"), step.get("result", {}).get("search_products")
             if searched and products and per_pass:
                 in_search = searched / products
@@ -637,11 +659,11 @@ def table(size: str, figures: dict[str, Any], device: str) -> str:
             ]
             if len(pairs) > 1:
                 times = [ours["seconds"] / theirs["seconds"] for ours, theirs in pairs]
-                memories = [memory(ours) / memory(theirs) for ours, theirs in pairs]
-                row += f"  {statistics.median(times):6.2f}x {statistics.median(memories):6.2f}x"
-                notes.append(f"{len(pairs)} rounds, alternated: time {spread(times)}, memory {spread(memories)}")
+                sizes = [a / b for a, b in (memories(ours, theirs) for ours, theirs in pairs)]
+                row += f"  {statistics.median(times):6.2f}x {statistics.median(sizes):6.2f}x"
+                notes.append(f"{len(pairs)} rounds, alternated: time {spread(times)}, memory {spread(sizes)}")
             else:
-                memory_ratio = ratio(memory(step), memory(base), killed)
+                memory_ratio = ratio(*memories(step, base), killed)
                 row += f"  {ratio(step['seconds'], base['seconds'], killed):>7} {memory_ratio:>7}"
             notes += [agreement(step, base)] if step["status"] == "ok" else []
             if name == "polca":
