@@ -22,6 +22,7 @@ import xarray as xr
 import zarr
 from zarr.core.sync import sync
 
+from ckpt._collector import collection_paused
 from ckpt.errors import (
     CorruptChunkError,
     InvalidArgumentError,
@@ -81,6 +82,10 @@ class ModelSpec:
             The factory cannot be imported.
         """
         check_trusted(self.factory, self.source or "the model spec")
+        with collection_paused():  # imports its library (transformers: seconds); see ckpt._collector
+            return self._build()
+
+    def _build(self) -> Any:
         module_name, _, attr = current_factory(self.factory).partition(":")
         try:
             factory: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)

@@ -98,7 +98,11 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'ckpt.plugins' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)  # imported once; Python caches modules
+    from ckpt._collector import collection_paused
+
+    with collection_paused():  # dask, xarray, zarr: see ckpt._collector
+        module = importlib.import_module(_LAZY[name])  # imported once; Python caches modules
+    return getattr(module, name)
 
 
 def analyze(name: str, store: Any, **kwargs: Any) -> xr.Dataset:

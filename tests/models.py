@@ -77,3 +77,15 @@ class TiedLM(nn.Module):
 def tied_lm(vocab: int = 7, d: int = 4) -> nn.Module:
     """Factory of :class:`TiedLM`."""
     return TiedLM(vocab, d)
+
+
+COLLECTOR_ENABLED_AT_BUILD: list[bool] = []
+"""Whether the garbage collector was on at each call of :func:`mlp_recording_the_collector` (test_collector.py)."""
+
+
+def mlp_recording_the_collector(d_in: int = 3, hidden: int = 8, classes: int = 4) -> nn.Module:
+    """:func:`mlp`, noting in :data:`COLLECTOR_ENABLED_AT_BUILD` whether the collector was on when it was built."""
+    import gc
+
+    COLLECTOR_ENABLED_AT_BUILD.append(gc.isenabled())
+    return mlp(d_in, hidden, classes)
