@@ -22,7 +22,7 @@ import xarray as xr
 import zarr
 from zarr.core.sync import sync
 
-from ckpt._collector import collection_paused
+from ckpt.collector import collection_paused
 from ckpt.errors import (
     CorruptChunkError,
     InvalidArgumentError,
@@ -82,7 +82,7 @@ class ModelSpec:
             The factory cannot be imported.
         """
         check_trusted(self.factory, self.source or "the model spec")
-        with collection_paused():  # imports its library (transformers: seconds); see ckpt._collector
+        with collection_paused():  # imports its library (transformers: seconds); see ckpt.collector
             return self._build()
 
     def _build(self) -> Any:

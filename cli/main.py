@@ -118,7 +118,7 @@ _register_commands()
 def main() -> None:
     """Entry point of the ``ckpt`` console script."""
     # This process ends when the command does: at exit its objects are frozen, not collected once
-    # more by the interpreter (1.3 s once torch and transformers are imported; ckpt._collector).
+    # more by the interpreter (1.3 s once torch and transformers are imported; ckpt.collector).
     # Registered first, so it runs after the handlers registered during the command (LIFO).
     atexit.register(gc.freeze)
     cli.main(prog_name="ckpt")

@@ -98,9 +98,9 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'ckpt.plugins' has no attribute {name!r}")
-    from ckpt._collector import collection_paused
+    from ckpt.collector import collection_paused
 
-    with collection_paused():  # dask, xarray, zarr: see ckpt._collector
+    with collection_paused():  # dask, xarray, zarr: see ckpt.collector
         module = importlib.import_module(_LAZY[name])  # imported once; Python caches modules
     return getattr(module, name)
 

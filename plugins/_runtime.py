@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
-from ckpt._collector import collection_paused
+from ckpt.collector import collection_paused
 from ckpt.errors import AnalysisError, StepNotFoundError
 from ckpt.plugins._manager import registry
 from ckpt.plugins._memory import release_freed_memory
@@ -118,7 +118,7 @@ def concurrent_computations(device: str) -> int:
     """
     if device != "cpu":
         return 1
-    with collection_paused():  # torch's first import, often: see ckpt._collector
+    with collection_paused():  # torch's first import, often: see ckpt.collector
         import torch
 
     return max(1, (os.cpu_count() or 1) // max(1, torch.get_num_threads()))
