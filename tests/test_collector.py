@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import ckpt
 import ckpt.store as ckptstore
@@ -61,11 +62,8 @@ def test_a_collector_the_user_turned_off_stays_off() -> None:
 
 
 def test_a_pause_ended_by_an_exception_turns_the_collector_back_on() -> None:
-    try:
-        with collection_paused():
-            raise ValueError("boom")
-    except ValueError:
-        pass
+    with pytest.raises(ValueError, match="boom"), collection_paused():
+        raise ValueError("boom")
     assert gc.isenabled()
 
 
