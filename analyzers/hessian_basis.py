@@ -46,6 +46,7 @@ from ckpt.plugins import (
     chunks,
     datapoint_index,
     format_size,
+    freed_memory_kept_for_reuse,
     graph_bytes,
     hookimpl,
     lanczos_bytes,
@@ -504,7 +505,10 @@ def eigenvectors_at(
         seconds.append(time.perf_counter() - start)
         return product
 
-    with _product_progress(worker, step, tol, plan, seconds) as progress, _closed(basis):
+    # On the CPU, the ~2 GB that each product allocates and frees is kept in the heap for the next product
+    # instead of being unmapped and mapped afresh (zeroed by the kernel): 7-19% a product at GPT-2 small.
+    reuse = freed_memory_kept_for_reuse() if not str(worker.device).startswith("cuda") else contextlib.nullcontext()
+    with _product_progress(worker, step, tol, plan, seconds) as progress, _closed(basis), reuse:
         try:
             pairs = top_eigenpairs(
                 timed_hvp,

@@ -117,6 +117,9 @@ _register_commands()
 
 def main() -> None:
     """Entry point of the ``ckpt`` console script."""
+    from ckpt.plugins import use_one_heap
+
+    use_one_heap()  # first, before any thread exists: glibc's setting holds for threads started after it
     # This process ends when the command does: at exit its objects are frozen, not collected once
     # more by the interpreter (1.3 s once torch and transformers are imported; ckpt.collector).
     # Registered first, so it runs after the handlers registered during the command (LIFO).

@@ -61,7 +61,15 @@ from ckpt.plugins._lanczos import (
     top_eigenpairs,
 )
 from ckpt.plugins._manager import Provider, Registry, load_registry, registry, reset_registry
-from ckpt.plugins._memory import format_size, held_bytes, parse_size, peak_bytes, release_freed_memory
+from ckpt.plugins._memory import (
+    format_size,
+    freed_memory_kept_for_reuse,
+    held_bytes,
+    parse_size,
+    peak_bytes,
+    release_freed_memory,
+    use_one_heap,
+)
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
 from ckpt.plugins._resume import Journal
 from ckpt.plugins._runtime import (
@@ -206,6 +214,7 @@ __all__ = [
     "directional_derivatives",
     "format_size",
     "forward_mode",
+    "freed_memory_kept_for_reuse",
     "graph_bytes",
     "held_basis",
     "held_bytes",
@@ -241,4 +250,5 @@ __all__ = [
     "top_eigenpairs",
     "torch_dtype",
     "trainable",
+    "use_one_heap",
 ]
