@@ -165,6 +165,12 @@ class Analyzer:
     per: ClassVar[str] = PER_CHECKPOINT
     """How results grow with the run: ``"checkpoint"`` (one row per step), ``"pair"``
     (one row per consecutive pair, at its first step) or ``"run"`` (recomputed whole)."""
+    keeps_freed_memory: ClassVar[bool] = False
+    """On the CPU, whether the memory this run's tasks free stays in the process's heap for their
+    next allocations until the run ends (:func:`ckpt.plugins.freed_memory_kept_for_reuse`), instead
+    of going back to the system after each task. For runs whose tasks allocate the same large blocks
+    again and again (hessian-basis: each basis checkpoint's graphs and Lanczos vectors), where fresh
+    pages cost a page fault each; it raises the peak of runs whose blocks vary in size."""
 
     def __init__(self, **options: Any) -> None:
         spec = self.option_spec()

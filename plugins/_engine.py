@@ -39,7 +39,13 @@ from ckpt.errors import AnalysisError, MissingDataError, NonFiniteWarning, Unver
 from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
-from ckpt.plugins._memory import default_budget, format_size, parse_size, release_freed_memory
+from ckpt.plugins._memory import (
+    default_budget,
+    format_size,
+    freed_memory_kept_for_reuse,
+    parse_size,
+    release_freed_memory,
+)
 from ckpt.plugins._resume import Journal
 from ckpt.plugins._runtime import (
     TaskSpec,
@@ -502,8 +508,11 @@ def _compute(
     _check_lazy(analyzer.name, dataset)
     _check_contract(analyzer, dataset, missing)
     per_step = analyzer.per in (PER_CHECKPOINT, PER_PAIR)
-    # the worker the tasks make goes with the run, however it ends
+    # the worker the tasks make goes with the run, however it ends; on the CPU, what its tasks free is
+    # kept for their reuse until then where the analyzer asks for it
+    keep = analyzer.keeps_freed_memory and str(engine["device"]) == "cpu"
     with (
+        freed_memory_kept_for_reuse() if keep else contextlib.nullcontext(),
         _run_worker_released(spec),
         compute_settings(engine["scheduler"], engine["address"], engine["workers"], engine["device"]) as (
             settings,
