@@ -787,7 +787,8 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
     description = "Basis of top Hessian eigenvectors grown over the run (POLCA's Algorithm 1)."
     per = PER_RUN
     # each basis checkpoint's graphs and Lanczos vectors are built in the pages the one before freed, not in
-    # fresh ones faulted in page by page (ckpt.plugins.freed_memory_kept_for_reuse: 2.3 against 2.8 s a product)
+    # fresh ones faulted in page by page (ckpt.plugins.freed_memory_kept_for_reuse): at M the searches after
+    # the first took 2.3-2.5 s a product against 2.7-2.9 s
     keeps_freed_memory = True
 
     split = Option(str, "eval", "Split for the Hessian when --hessian-split is not given and no train split exists.")

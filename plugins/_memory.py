@@ -275,8 +275,8 @@ def freed_memory_kept_for_reuse() -> Iterator[None]:
     checkpoint builds its graphs and fills its Lanczos vectors in memory the last one freed, and
     trimmed between them every page of it was faulted in afresh. At 27.4M parameters (4 basis
     checkpoints, 109 products, this 2-core VM) that was 6.0M page faults and 58 s of system time
-    in a 335 s run; kept for the run, 1.9M, 26 s and 295 s, at the same peak (7.60 against 7.69 GB).
-    The searches after the first took 2.28-2.36 s a product against 2.72-2.91 s.
+    in a 335 s run; kept for the run, 1.9M, 25 s and 304 s, at about the same peak (7.66 against
+    7.60 GB). The searches after the first took 2.42-2.51 s a product against 2.72-2.91 s.
 
     Nested and concurrent uses hold the setting until the last one leaves, and the heap is not
     trimmed while one holds it (:func:`release_freed_memory`). When the last leaves, glibc's
