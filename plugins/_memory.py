@@ -204,9 +204,7 @@ def release_freed_memory() -> None:
     the next allocations are to reuse. It is trimmed when the last use leaves.
     """
     trim = _glibc_function("malloc_trim")
-    with _kept_lock:
-        kept = _kept_depth > 0
-    if trim is not None and not kept:
+    if trim is not None and _kept_depth == 0:  # a lock would not help: a use may begin right after either way
         trim(0)
     torch = sys.modules.get("torch")  # never imported here: a process that has not used torch has no cache
     if torch is not None and torch.cuda.is_initialized():
