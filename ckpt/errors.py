@@ -92,6 +92,15 @@ class UntrustedFactoryError(StoreError, PermissionError):
     """A store names a model factory that ckpt will not run unless the user trusts it (``ckpt.store.trust``)."""
 
 
+class ModelConfigError(StoreError, ValueError):
+    """A store's model spec cannot be built as it stands (``ckpt.store.factory_config``).
+
+    Its config breaks the factory's declared schema (a key it does not take, a wrong type, a value out
+    of bounds) or names code or files (the Hugging Face factory), the model it describes differs from
+    the stored tensors or holds more buffers than their bytes justify, or the factory itself failed.
+    """
+
+
 class CorruptRecordError(StoreError, ValueError):
     """The store's metadata (its commit record, a node's ``zarr.json``) breaks the format's rules.
 
