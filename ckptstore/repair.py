@@ -6,13 +6,17 @@ committed steps). What cannot be trusted is dropped, never kept as fill values:
 a checkpoint with a missing or damaged tensor, a data split that fails its
 sha256, a metrics column that fails its digest (all metrics when their ``step``
 column does), an analysis result that is unreadable, incomplete, disagrees with
-its provenance or holds a dropped checkpoint. Leftovers of a crashed writer are
-removed as on every open for append (docs/store-format.md §4.3).
+its provenance, holds a dropped checkpoint or covers a step that is not a committed
+checkpoint. Leftovers of a crashed writer are removed as on every open for append
+(docs/store-format.md §4.3).
 
-Dropping a checkpoint in the middle of a run moves the rows after it, so on a
-local store it is done on a copy that replaces the store in one atomic swap
-(§4.3.1): a repair killed at any point leaves the damaged store or the repaired
-one. Object stores cannot swap; for them it refuses and says so.
+Everything is decided first, from the store as it is, and then done in one step: one
+commit of the record (with the ``repair`` history event), after which the files of what
+was dropped are deleted (no reader can reach them any more). Dropping a checkpoint in the
+middle of a run moves the rows after it, so on a local store it is done, with everything
+else, on a copy that replaces the store in one atomic swap (§4.3.1). Either way a repair
+killed at any point leaves the damaged store or the repaired one. Object stores cannot
+swap; for them it refuses and says so.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,11 +37,20 @@ from zarr.core.sync import sync
 from ckpt.errors import CkptError, CorruptChunkError, StoreError
 from ckpt.store import _zarr
 from ckpt.store.arrays import column_digest
-from ckpt.store.format import CHECKPOINTS, DATA, DIGESTS, METRIC_DIGESTS, METRICS, ROOT_ATTR, STEP, history_entry
+from ckpt.store.format import (
+    ANALYSES,
+    CHECKPOINTS,
+    DATA,
+    DIGESTS,
+    METRIC_DIGESTS,
+    METRICS,
+    ROOT_ATTR,
+    STEP,
+    history_entry,
+)
 from ckpt.store.publish import lock_replaceable, publish, staging_path
 from ckpt.store.reader import Store, check_format
-from ckpt.store.results import delete_analysis, load_result
-from ckpt.store.writer import Writer
+from ckpt.store.results import load_result
 
 
 @dataclass
@@ -79,11 +93,16 @@ def analysis_problems(store: Store, name: str) -> list[str]:
     except (ValueError, OSError, RuntimeError) as exc:  # zarr could not decode a chunk of a pre-0.2 result
         return [f"analysis {name!r}: unreadable ({type(exc).__name__}: {exc})"]
     claimed = result.ckpt.steps
-    if STEP in result.dims and claimed and result[STEP].values.tolist() != claimed:
-        held = result[STEP].values.tolist()
+    held = [int(s) for s in result[STEP].values] if STEP in result.coords else []
+    if STEP in result.dims and claimed and held != claimed:
         return [
             f"analysis {name!r}: holds steps {held[:3]}... ({len(held)}) where its provenance claims {len(claimed)}"
         ]
+    committed = {int(s) for s in store.steps}
+    uncommitted = sorted(set(claimed or held) - committed)
+    if uncommitted:  # computed from checkpoints the store no longer holds: it describes another run
+        shown = ", ".join(map(str, uncommitted[:5])) + (" ..." if len(uncommitted) > 5 else "")
+        return [f"analysis {name!r}: covers step(s) {shown}, which are not committed checkpoints"]
     return []
 
 
@@ -148,41 +167,34 @@ def _repair(where: str, storage_options: dict[str, Any] | None) -> RepairReport:
         zstore = _zarr.open_zarr_store(where, read_only=False, storage_options=storage_options)
         report.restored_steps = _restore_step_array(zstore, where)
         store = Store(where, storage_options=storage_options)
-        _drop_damaged_data(zstore, where, store, report)
-        bad_steps = _damaged_checkpoints(store)
-        if bad_steps:
-            if local is None:
-                msg = (
-                    f"checkpoints {bad_steps} of {where} are damaged; dropping them needs an atomic swap that "
-                    "object stores lack: copy the store to a local folder, repair it there, and copy it back"
-                )
-                raise StoreError(msg)
-            _drop_checkpoints(local, bad_steps)
-            report.dropped_steps = bad_steps
+        _find_damaged_data(store, report)
+        report.dropped_steps = _damaged_checkpoints(store)
+        if report.dropped_steps and local is None:
+            msg = (
+                f"checkpoints {report.dropped_steps} of {where} are damaged; dropping them needs an atomic swap "
+                "that object stores lack: copy the store to a local folder, repair it there, and copy it back"
+            )
+            raise StoreError(msg)
+        report.dropped_analyses = _damaged_analyses(store, report.dropped_steps)
+        attrs, nodes = _zarr.read_root(zstore, where)
+        report.removed = _uncommitted(zstore, nodes)
+        entry = history_entry("repair", **{k: v for k, v in _details(report).items() if v})
+        if report.removed:
+            entry["repaired"] = {"removed": report.removed}
+        attrs[ROOT_ATTR].setdefault("history", []).append(entry)
+        gone = _drop_from_record(attrs, nodes, report)
+        if report.dropped_steps:
+            assert local is not None
+            _drop_on_a_copy(local, attrs, nodes, report.dropped_steps, [*gone, *report.removed])
+        else:
+            # one commit drops every piece, then their files go: readers no longer reach them
+            _zarr.commit(zstore, where, attributes=attrs, nodes=nodes, owns=lambda path: True)
+            _delete(zstore, [*gone, *report.removed])
+            _tidy_arrays(zstore, nodes)
+        report.checkpoints = len(store.steps) - len(report.dropped_steps)
     finally:
         lock.release()
-    store = Store(where, storage_options=storage_options)
-    for name in store.analyses:
-        problems = analysis_problems(store, name)
-        held = _held_steps(store, name) if not problems else []
-        if problems:
-            report.dropped_analyses[name] = problems[0].split(": ", 1)[1]
-        elif set(held) & set(report.dropped_steps):
-            report.dropped_analyses[name] = "holds a dropped checkpoint"
-    for name in report.dropped_analyses:
-        delete_analysis(where, name, storage_options=storage_options)
-    details = {k: v for k, v in _details(report).items() if v}
-    writer = Writer(where, storage_options=storage_options, _history=history_entry("repair", **details))
-    writer.close()
-    report.removed = _history_removed(where, storage_options)
-    report.checkpoints = len(writer.steps)
     return report
-
-
-def _history_removed(where: str, storage_options: dict[str, Any] | None) -> list[str]:
-    """The uncommitted nodes the last open for append removed (its history event)."""
-    entry = Store(where, storage_options=storage_options).history[-1]
-    return list(entry.get("repaired", {}).get("removed", []))
 
 
 def _details(report: RepairReport) -> dict[str, Any]:
@@ -195,9 +207,81 @@ def _details(report: RepairReport) -> dict[str, Any]:
     }
 
 
+def _damaged_analyses(store: Store, dropped_steps: list[int]) -> dict[str, str]:
+    """Results to drop, each with why: damaged, or holding a checkpoint that is dropped."""
+    dropped = {}
+    for name in store.analyses:
+        problems = analysis_problems(store, name)
+        if problems:
+            dropped[name] = problems[0].split(": ", 1)[1]
+        elif set(_held_steps(store, name)) & set(dropped_steps):
+            dropped[name] = "holds a dropped checkpoint"
+    return dropped
+
+
 def _held_steps(store: Store, name: str) -> list[int]:
     result = store.analysis(name)
     return [int(s) for s in result[STEP].values] if STEP in result.coords else []
+
+
+def _uncommitted(zstore: Any, nodes: dict[str, dict[str, Any]]) -> list[str]:
+    """Nodes under ``checkpoints/``, ``metrics/`` and ``data/`` that a crashed writer left beyond the record.
+
+    As a writer opening the store for append finds them (§4.3); ``analyses/`` belongs to the engine.
+    """
+    root = zarr.open_group(zstore, mode="r", use_consolidated=False)
+    stray = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # foreign files are not ours to judge
+        for name in (CHECKPOINTS, METRICS, DATA):
+            if name in root:
+                stray += [f"{name}/{path}" for path, _ in root[name].members(max_depth=None)]
+    stray = sorted(p for p in stray if p not in nodes)
+    return [p for p in stray if not any(p.startswith(q + "/") for q in stray)]
+
+
+def _drop_from_record(attrs: dict[str, Any], nodes: dict[str, dict[str, Any]], report: RepairReport) -> list[str]:
+    """Take the dropped splits, metrics and results out of ``attrs`` and ``nodes``; the paths whose files go."""
+    damaged = report.dropped_metrics
+    gone = [f"{DATA}/{split}" for split in report.dropped_splits]
+    gone += [f"{METRICS}/{name}" for name in damaged if name != STEP]
+    gone += [f"{ANALYSES}/{name}" for name in report.dropped_analyses]
+    for key in [k for k in nodes if any(k == g or k.startswith(g + "/") for g in gone)]:
+        del nodes[key]
+    if STEP in damaged:  # an empty metrics table, as in a new store
+        nodes[f"{METRICS}/{STEP}"]["shape"] = [0]
+    digests = attrs[ROOT_ATTR].get(METRIC_DIGESTS)
+    if digests is not None and damaged:
+        kept_digests = {name: d for name, d in digests.items() if name not in damaged}
+        attrs[ROOT_ATTR][METRIC_DIGESTS] = {STEP: column_digest(STEP, [])} if STEP in damaged else kept_digests
+    return gone
+
+
+def _delete(zstore: Any, paths: list[str]) -> None:
+    for path in paths:
+        sync(zstore.delete_dir(path))
+
+
+def _tidy_arrays(zstore: Any, nodes: dict[str, dict[str, Any]]) -> None:
+    """Give every checkpoint and metrics array its committed shape on disk, as a writer's close does.
+
+    A crashed writer may have grown an array and written the row after the last committed one: that
+    row's chunks are deleted (rows beyond it were never written), and the array's own ``zarr.json``
+    rewritten, so that plain zarr readers agree with the record.
+    """
+    for key, node in nodes.items():
+        group, _, name = key.partition("/")
+        if group not in (CHECKPOINTS, METRICS) or not name or "/" in name or node.get("node_type") != "array":
+            continue
+        on_disk = _zarr.read_json(zstore, f"{key}/{_zarr.ROOT_KEY}", key)
+        if on_disk == node:
+            continue
+        count = int(node["shape"][0])
+        if group == CHECKPOINTS and on_disk is not None and int(on_disk["shape"][0]) > count:
+            array = zarr.open_array(zstore, path=key, mode="r", zarr_format=3)
+            chunk = array.metadata.encode_chunk_key((count,) + (0,) * (array.ndim - 1))
+            sync(zstore.delete(f"{key}/{chunk}"))
+        _zarr.write_json(zstore, f"{key}/{_zarr.ROOT_KEY}", node)
 
 
 def _restore_step_array(zstore: Any, where: str) -> bool:
@@ -220,8 +304,8 @@ def _restore_step_array(zstore: Any, where: str) -> bool:
     return True
 
 
-def _drop_damaged_data(zstore: Any, where: str, store: Store, report: RepairReport) -> None:
-    """Drop data splits and metrics columns that fail their hashes, in one commit, then delete their files."""
+def _find_damaged_data(store: Store, report: RepairReport) -> None:
+    """Note the data splits and metrics columns that fail their hashes (every column when ``step`` does)."""
     for split in store.splits:
         try:
             store.data(split)
@@ -235,21 +319,6 @@ def _drop_damaged_data(zstore: Any, where: str, store: Store, report: RepairRepo
     if STEP in damaged:  # the rows' steps are unknown: no metric can be trusted
         damaged = metric_names
     report.dropped_metrics = sorted(damaged)
-    if not report.dropped_splits and not damaged:
-        return
-    attrs, nodes = _zarr.read_root(zstore, where)
-    gone = [f"{DATA}/{split}" for split in report.dropped_splits]
-    gone += [f"{METRICS}/{name}" for name in damaged if name != STEP]
-    kept = {k: v for k, v in nodes.items() if not any(k == g or k.startswith(g + "/") for g in gone)}
-    digests = attrs[ROOT_ATTR].get(METRIC_DIGESTS)
-    if STEP in damaged:  # an empty metrics table, as in a new store
-        kept[f"{METRICS}/{STEP}"]["shape"] = [0]
-    if digests is not None:
-        kept_digests = {name: d for name, d in digests.items() if name not in damaged}
-        attrs[ROOT_ATTR][METRIC_DIGESTS] = {STEP: column_digest(STEP, [])} if STEP in damaged else kept_digests
-    _zarr.commit(zstore, where, attributes=attrs, nodes=kept, owns=lambda p: not _zarr.is_analysis_node(p))
-    for path in gone:
-        sync(zstore.delete_dir(path))
 
 
 def _damaged_checkpoints(store: Store) -> list[int]:
@@ -263,13 +332,20 @@ def _damaged_checkpoints(store: Store) -> list[int]:
     return bad
 
 
-def _drop_checkpoints(local: Path, bad_steps: list[int]) -> None:
-    """Drop checkpoints ``bad_steps`` on a copy of the store, then swap it in (the old store stays whole until then)."""
+def _drop_on_a_copy(
+    local: Path, attrs: dict[str, Any], nodes: dict[str, dict[str, Any]], bad_steps: list[int], gone: list[str]
+) -> None:
+    """Drop checkpoints ``bad_steps`` and the paths ``gone`` on a copy of the store, then swap it in.
+
+    ``attrs`` and ``nodes`` are the repaired record but for the checkpoints: the old store stays
+    whole until the swap, and the copy becomes the store with all of the repair done at once.
+    """
     staged = staging_path(local)
     try:
         shutil.copytree(local, staged, symlinks=True)
         zstore = _zarr.open_zarr_store(staged, read_only=False)
-        attrs, nodes = _zarr.read_root(zstore, str(staged))
+        _delete(zstore, gone)
+        _tidy_arrays(zstore, nodes)
         count = int(nodes[f"{CHECKPOINTS}/{STEP}"]["shape"][0])
         steps = np.asarray(zarr.open_array(zstore, path=f"{CHECKPOINTS}/{STEP}", mode="r")[:count]).tolist()
         keep = [i for i, step in enumerate(steps) if step not in bad_steps]

@@ -30,6 +30,15 @@ Operations, each on ``run.zarr`` in its folder (TEMPLATE holds the sources and o
 - ``add_data``: on an existing store, add split ``train`` and replace split ``eval``.
 - ``analysis``: commit a result in two blocks (steps 0-1, then step 2 appended), as the engine does.
 - ``reanalysis``: replace a stored result with another (``ckpt analyze --force``).
+- ``repair``: ``ckpt repair`` of a store whose checkpoint 2 is damaged and whose result covers it
+  (the copy swapped in, the result dropped with the checkpoint).
+- ``repair_in_place``: ``ckpt repair`` of a store with a damaged split, a damaged result and an
+  uncommitted leftover, and sound checkpoints (one commit, no copy).
+- ``rm``: ``ckpt rm`` of a stored result.
+- ``set_model``: ``ckpt set-model`` of a model and an objective.
+- ``upgrade``: ``ckpt upgrade`` of a store whose record lacks its digests (format v1).
+- ``import_append``: ``ckpt import`` into an earlier import of the same folder (``WORKROOT/src``), one
+  checkpoint newer.
 """
 
 from __future__ import annotations
@@ -123,6 +132,10 @@ def provenance(steps: list[int], run: int) -> dict[str, object]:
     return {"ckpt": {"analyzer": "toy", "version": "1", "run": run, "steps": steps}}
 
 
+MODEL = "tests.crash_process:model"
+"""The factory ``set_model`` records (never called: a factory is data to the store)."""
+
+
 def run_operation(operation: str, work: Path) -> None:
     """Run ``operation`` on ``work/run.zarr`` (sources, if any, in ``work/src``)."""
     import ckpt.store as ckptstore
@@ -156,6 +169,21 @@ def run_operation(operation: str, work: Path) -> None:
             write_analysis(path, "toy", result([2], 1), append_dim="step", attrs=provenance([0, 1, 2], 1))
         else:
             write_analysis(path, "toy", result([0, 1, 2], 1), attrs=provenance([0, 1, 2], 1))
+    elif operation in ("repair", "repair_in_place"):
+        from ckpt.store.repair import repair
+
+        repair(path)
+    elif operation == "rm":
+        from ckpt.store.results import delete_analysis
+
+        delete_analysis(path, "toy")
+    elif operation == "set_model":
+        with ckptstore.open(path, mode="a") as writer:
+            writer.set_model(model=MODEL, config={"width": 3}, objective="cross-entropy")
+    elif operation == "upgrade":
+        ckptstore.upgrade(path)
+    elif operation == "import_append":
+        import_checkpoints(work.parent / "src", path, format="safetensors")  # the folder the store was imported from
     else:
         raise SystemExit(f"unknown operation {operation}")
 
@@ -208,11 +236,12 @@ def main() -> None:
         import torch  # noqa: F401
     import xarray  # noqa: F401
 
-    if "analysis" in operation:  # xarray imports dask & co. at its first Dataset: here once, not per child (5x)
-        result([0], 0)
+    if operation not in ("create", "append", "add_data", "set_model") and "import" not in operation:
+        result([0], 0)  # xarray imports dask & co. at its first Dataset: here once, not per child (5x)
 
     import ckpt.store
     import ckpt.store.importers
+    import ckpt.store.repair
     import ckpt.store.results  # noqa: F401
 
     if mode == "count":

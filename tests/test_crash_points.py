@@ -1,7 +1,9 @@
 """A process killed at ANY file event of a store operation leaves its old or new committed state.
 
 Operations: create, import, overwrite, the append loop, adding and replacing data
-splits, and committing or replacing an analysis result.
+splits, and committing or replacing an analysis result; and every other command that
+changes a store: repair (with and without dropping checkpoints), rm, set-model, upgrade
+and an import into an earlier import.
 
 ``tests/crash_process.py`` runs one operation in child processes that count their file
 events (opens for writing, renames, mkdirs, unlinks ...) through an interposed
@@ -21,7 +23,7 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.errors import StoreError, StoreExistsError, StoreLockedError
-from tests.crash_process import provenance, result, split, tensors, write_sources
+from tests.crash_process import MODEL, provenance, result, split, tensors, write_sources
 from tests.helpers import run_ckpt
 
 pytestmark = pytest.mark.slow  # crash trials: every file write of a store killed
@@ -89,6 +91,65 @@ def _old_result_store(work: Path) -> None:
 
     _old_split_store(work)
     write_analysis(work / "run.zarr", "toy", result([0, 1, 2], 2), attrs=provenance([0, 1, 2], 2))
+
+
+def _damaged_checkpoint_store(work: Path) -> None:
+    """Four checkpoints, a split, a result over all four, and checkpoint 2's tensor ``w`` lost."""
+    from ckpt.store.results import write_analysis
+
+    path = work / "run.zarr"
+    with ckptstore.create(path) as writer:
+        writer.add_data("eval", **split(2))
+        for step in range(4):
+            writer.write(step, tensors(step, run=2), metrics={"loss": float(step)})
+    write_analysis(path, "toy", result([0, 1, 2, 3], 2), attrs=provenance([0, 1, 2, 3], 2))
+    (chunk,) = (path / "checkpoints" / "w").glob("c.2.*")
+    chunk.unlink()
+
+
+def _damaged_pieces_store(work: Path) -> None:
+    """Sound checkpoints; a damaged split, a damaged result, and a crashed writer's leftover."""
+    import zarr
+
+    _old_result_store(work)
+    path = work / "run.zarr"
+    for array in (path / "data" / "eval" / "text", path / "analyses" / "toy" / "v"):
+        next(p for p in (array / "c").rglob("*") if p.is_file()).unlink()
+    zarr.open_group(path / "data", mode="r+").create_group("half-written")
+
+
+def _unverified_store(work: Path) -> None:
+    """A store whose record lacks its digests, as format v1 wrote it."""
+    import json
+
+    _old_result_store(work)
+    record = work / "run.zarr" / "zarr.json"
+    document = json.loads(record.read_text())
+    meta = document["attributes"]["ckpt"]
+    meta["format_version"] = 1
+    del meta["digests"], meta["metric_digests"]
+    record.write_text(json.dumps(document))
+
+
+def _earlier_import(work: Path) -> None:
+    """The import of the first two of the three sources (the run went on training since)."""
+    from ckpt.store.importers import import_checkpoints
+
+    src = work.parent / "src"  # beside the template: every copy of the store is an import of this folder
+    write_sources(src)
+    later = src / "step-2.safetensors"
+    later.rename(work.parent / "later")
+    import_checkpoints(src, work / "run.zarr", format="safetensors")
+    (work.parent / "later").rename(later)
+
+
+def _verified(path: Path) -> int:
+    """``ckpt verify``'s exit status, run in this process."""
+    from click.testing import CliRunner
+
+    from ckpt.cli.main import cli
+
+    return CliRunner().invoke(cli, ["verify", str(path), "--no-finite-check"]).exit_code
 
 
 def _split_is(store: ckptstore.Store, name: str, run: int) -> bool:
@@ -169,6 +230,49 @@ def _outcome(operation: str, work: Path) -> str:
         state = _result_state(path)
         assert state in ((2, [0, 1, 2]), None, (1, [0, 1, 2])), state
         return {None: "being replaced", 2: "old"}.get(state and state[0], "new")
+    if operation == "repair":
+        store = ckptstore.open(path)
+        if store.steps.tolist() == [0, 1, 2, 3]:
+            assert _result_state(path) == (2, [0, 1, 2, 3]) and _verified(path) == 1
+            return "old"
+        # the checkpoint and the result that covers it are dropped in one step
+        assert _holds(path, [0, 1, 3], run=2) and store.analyses == [] and _split_is(store, "eval", 2)
+        assert [e.get("dropped_steps") for e in store.history if e["event"] == "repair"][:1] == [[2]]
+        assert _verified(path) == 0
+        return "new"
+    if operation == "repair_in_place":
+        store = ckptstore.open(path)
+        assert _holds(path, [0, 1, 2], run=2)
+        if store.splits == ["eval"]:
+            assert store.analyses == ["toy"] and _verified(path) == 1
+            return "old"
+        assert store.splits == [] and store.analyses == [], (store.splits, store.analyses)
+        assert store.history[-1]["event"] == "repair" and _verified(path) == 0
+        return "new"
+    if operation == "rm":
+        assert _holds(path, [0, 1, 2], run=2) and _verified(path) == 0
+        return "old" if _result_state(path) == (2, [0, 1, 2]) else "new"
+    if operation == "set_model":
+        store = ckptstore.open(path)
+        assert _verified(path) == 0
+        if store.model is None:
+            assert store.objective is None
+            return "old"
+        assert (store.model.factory, store.model.config, store.objective) == (MODEL, {"width": 3}, "cross-entropy")
+        return "new"
+    if operation == "upgrade":
+        store = ckptstore.open(path)
+        assert _holds(path, [0, 1, 2], run=2) and _result_state(path) == (2, [0, 1, 2])
+        if store.format_version == 1:
+            assert _verified(path) == 3  # nothing corrupt, not verifiable
+            return "old"
+        assert _verified(path) == 0
+        return "new"
+    if operation == "import_append":
+        if _holds(path, [0, 1], run=1):
+            return "old"
+        assert _holds(path, [0, 1, 2], run=1) and _verified(path) == 0
+        return "new"
     # append: whatever was committed is a prefix of the run (rerunning the loop finishes it, below)
     if path.exists():
         committed = ckptstore.open(path).steps.tolist()
@@ -226,6 +330,50 @@ def test_killed_at_every_file_event(tmp_path: Path, operation: str) -> None:
         assert set(outcomes) == {"old", "being replaced"}
     if operation == "import":  # its last event is the rename that publishes it: killed before it, nothing shows
         assert set(outcomes) == {"old"}
+
+
+MUTATIONS = {
+    "repair": _damaged_checkpoint_store,
+    "repair_in_place": _damaged_pieces_store,
+    "rm": _old_result_store,
+    "set_model": _old_split_store,
+    "upgrade": _unverified_store,
+    "import_append": _earlier_import,
+}
+"""The commands that change an existing store, and the store each starts from."""
+
+MAX_KILLS = 40
+"""Kill points tried per command: every one up to this many, else this many spread evenly (the first and
+the last always among them); a store copy swapped in has an event per file copied, alike."""
+
+
+def kill_points(events: int, most: int = MAX_KILLS) -> list[int]:
+    """Every event ``1..events``, or ``most`` of them spread evenly, the first and the last included."""
+    if events <= most:
+        return list(range(1, events + 1))
+    return sorted({round(1 + i * (events - 1) / (most - 1)) for i in range(most)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("operation", list(MUTATIONS))
+def test_a_mutating_command_killed_at_any_file_event_leaves_the_old_store_or_the_new(
+    tmp_path: Path, operation: str
+) -> None:
+    template = tmp_path / "template"
+    template.mkdir()
+    MUTATIONS[operation](template)
+    events = _count(operation, template, tmp_path)
+    points = kill_points(events)
+    statuses = _batch(operation, template, tmp_path, "kill", points)
+    assert statuses == dict.fromkeys(points, 137), "every child died at its kill point"
+    outcomes = {n: _outcome(operation, tmp_path / f"kill-{n}") for n in points}
+    # the command run again on what the kill left gives its answer (rm: on the old state only: the new has none)
+    rerun = [n for n, o in outcomes.items() if operation != "rm" or o == "old"]
+    assert _batch(operation, template, tmp_path, "finish", rerun) == dict.fromkeys(rerun, 0)
+    assert {_outcome(operation, tmp_path / f"kill-{n}") for n in rerun} == {"new"}
+    print(f"{operation}: killed at {len(points)} of its {events} file events: {sorted(set(outcomes.values()))}")
+    assert set(outcomes.values()) <= {"old", "new"}
+    assert "old" in outcomes.values(), "the first kill point comes before anything is changed"
 
 
 def test_overwrite_refuses_a_folder_that_is_not_a_store(tmp_path: Path) -> None:

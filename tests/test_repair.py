@@ -128,3 +128,25 @@ def test_a_sound_store_is_left_as_it_was_but_for_the_history_event(mlp_store: Pa
     assert result.stdout == f"{mlp_store}: 6 committed checkpoints; nothing damaged or uncommitted found\n"
     assert {k: v for k, v in tree_digest(mlp_store).items() if k != "zarr.json"} == before
     assert ckptstore.open(mlp_store).history[-1]["event"] == "repair"
+
+
+def test_a_result_covering_a_step_that_is_not_a_committed_checkpoint_fails_verify_and_is_dropped(
+    logged_store: Path,
+) -> None:
+    # what a repair killed between dropping checkpoint 60 and dropping its result used to leave
+    import xarray as xr
+
+    from ckpt.store.results import write_analysis
+
+    steps = [0, 10, 60]
+    dataset = xr.Dataset({"v": (("step",), np.ones(3))}, coords={"step": steps})
+    write_analysis(logged_store, "toy", dataset, attrs={"ckpt": {"analyzer": "toy", "version": "1", "steps": steps}})
+    verified = run_ckpt("verify", str(logged_store))
+    assert verified.returncode == 1
+    assert "  analysis 'toy': covers step(s) 60, which are not committed checkpoints" in verified.stdout.splitlines()
+    assert verified.stderr.startswith("Error: 1 problem(s) in ") and verified.stderr.count("\n") == 1
+    lines = _repair(logged_store)
+    assert "  dropped analysis 'toy' (covers step(s) 60, which are not committed checkpoints)" in lines
+    assert ckptstore.open(logged_store).analyses == []
+    again = run_ckpt("repair", str(logged_store))
+    assert again.stdout.endswith("6 committed checkpoints; nothing damaged or uncommitted found\n")
