@@ -62,6 +62,27 @@ def basis_steps(store: Any, every: int | None, at_steps: str | None) -> list[int
     return steps
 
 
+def check_basis_size(analyzer: str, steps: list[int], k: int, parameters: int) -> None:
+    """Raise unless ``k`` vectors at each of ``steps`` fit the model: at most one per parameter.
+
+    Checked before anything is sized by ``k``: a basis of more vectors than the model has
+    parameters cannot be orthonormal, and asking for one would only allocate its layout.
+
+    Raises
+    ------
+    AnalysisError
+        When ``len(steps) * k`` exceeds ``parameters``.
+    """
+    total = len(steps) * k
+    if total > parameters:
+        msg = (
+            f"{analyzer}: -k {k} at {len(steps)} basis checkpoint(s) asks for {total:,} vectors, more than the "
+            f"{parameters:,} parameters of the model (a basis has at most one vector per parameter): lower -k, or "
+            "take fewer basis checkpoints (--every, --at-steps)"
+        )
+        raise AnalysisError(msg)
+
+
 def _steps_text(steps: list[int]) -> str:
     if len(steps) <= 8:
         return ", ".join(map(str, steps))
@@ -174,5 +195,6 @@ __all__ = [
     "HessianOptions",
     "ScheduleOptions",
     "basis_steps",
+    "check_basis_size",
     "sample_examples",
 ]

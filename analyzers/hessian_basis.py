@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ckpt.analyzers.basis import ComputeOptions, HessianOptions, basis_steps, sample_examples
+from ckpt.analyzers.basis import ComputeOptions, HessianOptions, basis_steps, check_basis_size, sample_examples
 from ckpt.errors import AnalysisError
 from ckpt.plugins import (
     DOT_BLOCK_BYTES,
@@ -811,6 +811,7 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
         store = ctx.store
         space = parameter_space(store)
         steps = basis_steps(store, self.every, self.at_steps)
+        check_basis_size(self.name, steps, self.k, space.size)
         if self.order == "shuffled":  # the same checkpoints, each deflated against those visited before it
             steps = [int(s) for s in np.random.default_rng(self.seed).permutation(steps)]
         split = self.hessian_split(store)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ckpt.analyzers.basis import ScheduleOptions, basis_steps
+from ckpt.analyzers.basis import ScheduleOptions, basis_steps, check_basis_size
 from ckpt.plugins import (
     PER_RUN,
     AnalysisContext,
@@ -98,6 +98,8 @@ class RandomBasis(ScheduleOptions, Analyzer):
 
         space = parameter_space(ctx.store)
         steps = basis_steps(ctx.store, self.every, self.at_steps)
+        if not self.vectors:
+            check_basis_size(self.name, steps, self.k, space.size)
         found_at = np.repeat(np.asarray(steps, np.int64), self.k)
         count = self.vectors or len(found_at)
         if count < 1 or count > space.size:

@@ -34,6 +34,7 @@ A complete analyzer::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -90,7 +91,8 @@ class Option:
         Allowed values, if restricted.
     minimum, maximum
         Bounds (inclusive) of an ``int`` or ``float`` option; checked for every value
-        given, on the command line and in Python.
+        given, on the command line and in Python. A ``float`` option's value is also
+        finite: NaN passes every comparison, and infinity sizes nothing.
     """
 
     type: type
@@ -121,9 +123,12 @@ class Option:
                 converted = self.type(value)
                 if self.type is int and isinstance(value, float) and value != int(value):
                     raise ValueError
-        except (TypeError, ValueError, KeyError):
+        except (TypeError, ValueError, KeyError, OverflowError):
             msg = f"option {self.name!r} of {owner} must be {self.type.__name__}, got {value!r}"
             raise AnalysisError(msg) from None
+        if self.type is float and not math.isfinite(converted):
+            msg = f"option {self.name!r} of {owner} must be a finite number, got {value!r}"
+            raise AnalysisError(msg)
         if self.choices is not None and converted not in self.choices:
             msg = f"option {self.name!r} of {owner} must be one of {list(self.choices)}, got {value!r}"
             raise AnalysisError(msg)

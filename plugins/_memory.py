@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import re
 import sys
 import threading
@@ -66,18 +67,21 @@ def parse_size(text: str | int | float) -> int:
     Raises
     ------
     AnalysisError
-        When ``text`` is not a positive size.
+        When ``text`` is not a positive, finite size.
     """
     if isinstance(text, bool):
         text = str(text)
     if isinstance(text, int | float):
-        number, unit = float(text), ""
+        number, unit = (float(text) if abs(text) < 2**1000 else math.inf), ""
     else:
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
         if match is None or match.group(2).lower() not in _UNITS:
             msg = f"--max-memory must be a size such as 8GiB, 12GB or 500MiB, got {text!r}"
             raise AnalysisError(msg)
         number, unit = float(match.group(1)), match.group(2).lower()
+    if not math.isfinite(number * _UNITS[unit]):  # 1e400 reads as infinity: no budget at all
+        msg = f"--max-memory must be a finite size such as 8GiB, 12GB or 500MiB, got {text!r}"
+        raise AnalysisError(msg)
     size = int(number * _UNITS[unit])
     if size <= 0:
         msg = f"--max-memory must be positive, got {text!r}"

@@ -41,6 +41,17 @@ def _below_minimum_rows() -> list[tuple[list[str], str, int]]:
     return rows
 
 
+def _non_finite_rows() -> list[tuple[list[str], str, int]]:
+    """One row per float option of every built-in analyzer: NaN passes every bound, so each is refused as such."""
+    registry = load_registry(entry_points=False)
+    rows = []
+    for name, cls in sorted(registry.analyzers.items()):
+        for key, option in cls.option_spec().items():
+            if option.type is float and not option.choices:
+                rows.append((["analyze", name, "{store}", f"--{key.replace('_', '-')}=nan"], "finite", ERROR))
+    return rows
+
+
 ROWS: list[tuple[list[str], str, int]] = [
     # the command line itself
     (["frobnicate"], "No such command 'frobnicate'", USAGE),
@@ -64,6 +75,11 @@ ROWS: list[tuple[list[str], str, int]] = [
     (["analyze", "loss", "{store}", "--device", "cuda:x"], "--device must be auto, cpu, cuda, cuda:N or mps", ERROR),
     (["analyze", "loss", "{store}", "--address", "notaurl"], "--address must be a dask scheduler address", ERROR),
     (["analyze", "loss", "{store}", "--trust-factory", "rm -rf /"], "is not a module, a module:function or '*'", ERROR),
+    (["analyze", "loss", "{store}", "--max-memory", "1e400"], "--max-memory must be a finite size", ERROR),
+    (["analyze", "loss", "{store}", "--max-memory", "1e400GiB"], "--max-memory must be a finite size", ERROR),
+    # options that size an allocation: bounded by what they size, before anything is allocated
+    (["analyze", "hessian-basis", "{store}", "-k", "100000000000"], "more than the 68 parameters", ERROR),
+    (["analyze", "random-basis", "{store}", "-k", "100000000000"], "more than the 68 parameters", ERROR),
     # stores that are not there, or not stores
     (["info", "{tmp}/nope.zarr"], "the path does not exist", ERROR),
     (["verify", "{tmp}/nope.zarr"], "the path does not exist", ERROR),
@@ -101,6 +117,7 @@ ROWS: list[tuple[list[str], str, int]] = [
     (["import", "{tmp}/folder", "{tmp}/new.zarr"], "no checkpoints found in", ERROR),
     (["verify", "foo://bucket/run.zarr"], "Protocol not known: foo", ERROR),
     *_below_minimum_rows(),
+    *_non_finite_rows(),
 ]
 
 
