@@ -52,8 +52,19 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else array.copy(order="C")
 
 
+def native(array: np.ndarray) -> np.ndarray:
+    """``array`` in native byte order and C order: the values as every writer hashes and stores them.
+
+    A big-endian ``.npy`` (``>i8``) was hashed as given and written little-endian by zarr: the
+    committed split then failed its own hash. One copy at most (none when already native and C order).
+    """
+    if array.dtype.byteorder not in "=|":
+        return array.astype(array.dtype.newbyteorder("="), order="C")
+    return _contiguous(array)
+
+
 def to_numpy(value: Any) -> tuple[np.ndarray, str]:
-    """Convert an array-like to a C-contiguous numpy array and its logical dtype.
+    """Convert an array-like to a C-contiguous numpy array in native byte order, and its logical dtype.
 
     Parameters
     ----------
@@ -77,7 +88,7 @@ def to_numpy(value: Any) -> tuple[np.ndarray, str]:
         array = value
     elif _is_torch_tensor(value):
         array, logical = _torch_to_numpy(value)
-        return _contiguous(array), logical
+        return native(array), logical
     elif hasattr(value, "__array__"):
         array = np.asarray(value)
     elif hasattr(value, "__dlpack__"):
@@ -95,7 +106,7 @@ def to_numpy(value: Any) -> tuple[np.ndarray, str]:
     elif logical not in NATIVE_DTYPES:
         msg = f"dtype {array.dtype} of a {type(value).__name__} cannot be stored (numeric and bool dtypes only)"
         raise UnsupportedTensorError(msg)
-    return _contiguous(array), logical
+    return native(array), logical
 
 
 def decode_numpy(array: np.ndarray, logical: str) -> np.ndarray:
@@ -153,4 +164,12 @@ def column_digest(name: str, values: list[Any]) -> str:
     return tensor_digest(np.asarray(values, dtype=np.int64 if name == STEP else np.float64))
 
 
-__all__ = ["column_digest", "count_nonfinite", "decode_numpy", "decode_torch", "tensor_digest", "to_numpy"]
+__all__ = [
+    "column_digest",
+    "count_nonfinite",
+    "decode_numpy",
+    "decode_torch",
+    "native",
+    "tensor_digest",
+    "to_numpy",
+]

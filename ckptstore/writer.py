@@ -678,6 +678,14 @@ class Writer:
                 )
                 created[...] = array
                 nodes[f"{base}/{name}"] = _zarr.node_json(created)
+            # never commit what verify would refuse: the split is read back and hashed as readers will
+            if _read_back_digest(group, variables) != group_attrs[ROOT_ATTR]["sha256"]:
+                sync(self._zstore.delete_dir(base))  # not in the record yet: nothing else saw it
+                msg = (
+                    f"data split {split!r} did not read back as it was given (its content hash differs), so it "
+                    f"was not added to {self._where}: this is a bug of ckpt, please report it with the arrays' dtypes"
+                )
+                raise DataError(msg)
         self._nodes.update(nodes)
         self._commit()
 
@@ -878,6 +886,15 @@ def create(
         _history=history_entry("create") | ({} if parent is None else {"init_from": str(parent)}),
         _building=bool(_incomplete),
     )
+
+
+def _read_back_digest(group: zarr.Group, variables: Mapping[str, tuple[np.ndarray, tuple[str, ...]]]) -> str:
+    """The content hash of a split's arrays as written to ``group``, read as the reader reads them."""
+    stored = {}
+    for name, (_, dims) in variables.items():
+        values = np.asarray(group[name][...])
+        stored[name] = (values.astype(object) if values.dtype.kind in "OTU" else values, dims)
+    return data_digest(stored)
 
 
 def _write_skeleton(zstore: Any, meta: dict[str, Any]) -> None:
