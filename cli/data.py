@@ -14,6 +14,40 @@ from typing import Any
 import click
 
 
+def _check_npy_header(file: Path, what: str) -> None:
+    """Refuse a ``.npy`` whose header numpy would act on badly, from the header alone (nothing is loaded).
+
+    A header is data: more than :data:`~ckpt.store.record.MAX_DIMS` dimensions ended in a traceback
+    deep in zarr, and a shape whose bytes exceed the file's made numpy try to allocate them (10^11
+    rows: 1.5 TiB) before finding the file short.
+    """
+    import math
+
+    import numpy as np
+    from numpy.lib import format as npy
+
+    from ckpt.store.record import MAX_DIMS
+
+    with file.open("rb") as stream:
+        version = npy.read_magic(stream)
+        if version not in ((1, 0), (2, 0)):  # 3.0 is for non-latin-1 field names: structured, refused anyway
+            msg = f"{file} is a .npy file of format version {version[0]}.{version[1]}; save it with numpy.save"
+            raise ValueError(msg)
+        read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+        shape, _, dtype = read_header(stream)
+        data_bytes = file.stat().st_size - stream.tell()
+    if len(shape) > MAX_DIMS:
+        msg = f"{file} has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
+        raise click.BadParameter(msg, param_hint=what)
+    claimed = math.prod(shape) * np.dtype(dtype).itemsize
+    if not dtype.hasobject and claimed > data_bytes:
+        msg = (
+            f"{file}: its header claims shape {shape} ({claimed:,} bytes) but the file holds {data_bytes:,} bytes "
+            "of data: it is truncated or was not written by numpy.save"
+        )
+        raise click.BadParameter(msg, param_hint=what)
+
+
 def _load_array(path: str, what: str) -> Any:
     import numpy as np
 
@@ -21,6 +55,7 @@ def _load_array(path: str, what: str) -> Any:
     if not file.is_file():
         raise click.BadParameter(f"{path} does not exist", param_hint=what)
     try:
+        _check_npy_header(file, what)  # before numpy allocates what the header claims
         return np.load(file, allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise click.BadParameter(f"{path} is not a .npy array ({exc})", param_hint=what) from None
