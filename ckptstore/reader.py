@@ -51,7 +51,7 @@ from ckpt.store.format import (
     current_factory,
 )
 from ckpt.store.lineage import Parent, read_parent
-from ckpt.store.record import check_claimed_bytes, row_bound, validate_meta
+from ckpt.store.record import check_claimed_bytes, is_compressed, row_bound, validate_meta
 from ckpt.store.trust import check_trusted, trust_reason
 
 
@@ -436,7 +436,12 @@ class Store:
         # thread, ~0.3 ms per tensor, as much as reading it (bench/store.py)
         array = self._arrays.get(name)
         if array is None:
-            array = self._arrays[name] = _zarr.fast_io(self._root[f"{CHECKPOINTS}/{name}"])
+            array = self._root[f"{CHECKPOINTS}/{name}"]
+            # zarrs decodes zstd in Rust, to whatever size a frame says: a compressed array is read by
+            # zarr's own pipeline, whose zstd codec is bounded by the chunk's shape (ckpt.store.codecs)
+            if not is_compressed(self._nodes[f"{CHECKPOINTS}/{name}"]):
+                array = _zarr.fast_io(array)
+            self._arrays[name] = array
         return array
 
     def tensors(

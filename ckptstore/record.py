@@ -62,6 +62,14 @@ COMPRESSED_EXPANSION = 2**16
 """How many times its stored bytes a compressed checkpoint row may decompress to (zstd of constant data
 reaches a few thousand; uncompressed rows must match their bytes exactly)."""
 
+ARRAY_CODECS = ("bytes", "vlen-utf8")
+"""The array-to-bytes codecs ckpt writes: ``bytes`` (numbers), ``vlen-utf8`` (text)."""
+
+BYTES_CODECS = ("zstd", "crc32c")
+"""The bytes-to-bytes codecs ckpt writes, in their order: a compressor (results, ``compressor="zstd"``), the checksum.
+Any other codec (gzip, blosc, sharding, transpose ...) is refused: only ckpt's own are bounded in what they decode
+to (:mod:`ckpt.store.codecs`)."""
+
 _FORBIDDEN = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 VARIABLE_LENGTH_ITEMSIZE = 64
@@ -269,6 +277,13 @@ def _validate_array(path: str, node: dict[str, Any], where: str) -> None:
     codecs = node.get("codecs")
     if not isinstance(codecs, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in codecs):
         _fail(where, f"codecs of {path!r}", codecs, "a list of codec objects")
+    names = [c["name"] for c in codecs]
+    rest = iter(BYTES_CODECS)
+    if not names or names[0] not in ARRAY_CODECS or not all(name in rest for name in names[1:]):
+        expected = (
+            f"the codecs ckpt writes ({' or '.join(ARRAY_CODECS)}, then {', then '.join(BYTES_CODECS)}, each optional)"
+        )
+        _fail(where, f"codecs of {path!r}", names, expected)
     dtype = node["attributes"].get(ROOT_ATTR, {}).get("dtype") if isinstance(node.get("attributes"), dict) else None
     if dtype is not None and (
         not isinstance(dtype, str) or (dtype not in ENCODED_DTYPES and dtype not in NATIVE_DTYPES)
@@ -303,6 +318,9 @@ def _validate_checkpoints(nodes: dict[str, dict[str, Any]], where: str) -> None:
 
 def validate_record(document: Any, where: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Check a decoded root ``zarr.json``; return its attributes and its snapshot of committed nodes."""
+    from ckpt.store.codecs import install
+
+    install()  # before zarr parses any of the store's metadata: its zstd frames are bounded (ckpt.store.codecs)
     if not isinstance(document, dict) or document.get("node_type") != "group" or document.get("zarr_format") != 3:
         msg = f"{where} is not a ckpt store: its root is not a zarr v3 group"
         raise NotAStoreError(msg)
@@ -390,6 +408,8 @@ def row_bound(node: dict[str, Any], stored: int | None) -> str | None:
 
 
 __all__ = [
+    "ARRAY_CODECS",
+    "BYTES_CODECS",
     "MAX_CHUNK_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_RECORD_BYTES",
