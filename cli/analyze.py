@@ -251,26 +251,41 @@ def plugins_command() -> None:
 def show(store: str, name: str) -> None:
     """Summarize a stored analysis result: provenance and the analyzer's own summary."""
     import ckpt.store as ckptstore
-    from ckpt.errors import CkptError
+    from ckpt.errors import AnalysisError, CkptError
     from ckpt.plugins import Analyzer
     from ckpt.store.results import load_result
 
     result = ckptstore.open(store).analysis(name)
     record = result.ckpt
+    analyzers = registry().analyzers
+    record.validate(name, store, analyzers)  # a store is data: checked before anything reads it
     steps = record.steps
-    click.echo(f"{name} in {store}")
-    click.echo(f"  analyzer     {record.analyzer or name} v{record.version or '?'}")
-    click.echo(f"  options      {json.dumps(record.options)}")
-    span = f"{len(steps)} ({steps[0]} .. {steps[-1]})" if steps else "-"
-    click.echo(f"  steps        {span}")
-    click.echo(f"  computed     {record.created or '?'} by {record.computed_by or 'ckpt ?'}")
-    cls = registry().analyzers.get(record.analyzer or name)
+    analyzer_name = record.analyzer or name
+    cls = analyzers.get(analyzer_name)
     summarizer = Analyzer()  # generic: shape and range of every variable
     if cls is not None:
         # the analyzer as it was run, so that its summary may read its options
         with contextlib.suppress(CkptError):  # options of another version: keep the generic summary
             summarizer = cls(**record.options)
-    click.echo(summarizer.summarize(load_result(result)))
+    try:
+        summary = summarizer.summarize(load_result(result))
+    except CkptError:
+        raise
+    except Exception as exc:  # a summary reads what its analyzer writes: a result holding other data fails it
+        kept_as = "" if name == analyzer_name else f" --as {name}"
+        msg = (
+            f"the {analyzer_name} summary of analysis {name!r} failed ({type(exc).__name__}: {exc}): the result "
+            f"does not hold what {analyzer_name} writes (edited by hand?); recompute it "
+            f"(ckpt analyze {analyzer_name} {store}{kept_as} --force) or remove it (ckpt rm {store} {name})"
+        )
+        raise AnalysisError(msg) from None
+    click.echo(f"{name} in {store}")
+    click.echo(f"  analyzer     {analyzer_name} v{record.version or '?'}")
+    click.echo(f"  options      {json.dumps(record.options)}")
+    span = f"{len(steps)} ({steps[0]} .. {steps[-1]})" if steps else "-"
+    click.echo(f"  steps        {span}")
+    click.echo(f"  computed     {record.created or '?'} by {record.computed_by or 'ckpt ?'}")
+    click.echo(summary)
 
 
 @click.command("rm")

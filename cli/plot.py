@@ -90,8 +90,10 @@ def _plot_one(store: Any, name: str, out: str, dpi: int, with_parent: bool) -> N
     else:
         result = store.analysis(name)
     record = result.ckpt
+    analyzers = registry().analyzers
+    record.validate(name, store.path, analyzers)  # a store is data: checked before anything reads it
     analyzer_name = record.analyzer or name
-    cls = registry().analyzers.get(analyzer_name)
+    cls = analyzers.get(analyzer_name)
     if cls is None:
         msg = f"{name} was computed by analyzer {analyzer_name!r}, which is not installed here: install its plugin"
         raise CkptError(msg)
