@@ -12,7 +12,7 @@ import hashlib
 import importlib
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from ckpt.store.format import (
     current_factory,
 )
 from ckpt.store.lineage import Parent, read_parent
+from ckpt.store.model_build import build_model
 from ckpt.store.record import check_claimed_bytes, is_compressed, row_bound, validate_meta
 from ckpt.store.trust import check_trusted, trust_reason
 
@@ -65,6 +66,11 @@ class ModelSpec:
     """Keyword arguments of the factory (JSON-serialisable)."""
     source: str = field(default="", compare=False)
     """The store the spec was read from (named in errors)."""
+    checkpoint: Mapping[str, tuple[tuple[int, ...], int]] | None = field(default=None, compare=False, repr=False)
+    """Tensor name -> (shape, bytes) of one of the store's checkpoints: the model built must fit it.
+
+    :attr:`Store.model` sets it; None (a spec made to train a model) checks the config's schema only.
+    """
 
     def build(self) -> Any:
         """Import the factory and call it with the config; returns the model.
@@ -72,7 +78,11 @@ class ModelSpec:
         The factory must be trusted (:mod:`ckpt.store.trust`): it is checked
         before its module is imported, since importing runs code. A factory
         named by an older ckpt is imported under its current name
-        (:data:`ckpt.store.format.RENAMED_FACTORIES`).
+        (:data:`ckpt.store.format.RENAMED_FACTORIES`). The config is data: it is
+        checked against the factory's schema (:mod:`ckpt.store.factory_config`)
+        and, for a spec read from a store, the model is built on torch's ``meta``
+        device first and compared with the stored tensors, its own buffers bounded
+        by the stored bytes, before anything is allocated (:mod:`ckpt.store.model_build`).
 
         Raises
         ------
@@ -80,15 +90,19 @@ class ModelSpec:
             The factory is neither ckpt's, nor an installed plugin package's, nor allowed by the user.
         StoreError
             The factory cannot be imported.
+        ModelConfigError
+            The config does not fit the factory or the checkpoints, or the factory failed.
         """
         check_trusted(self.factory, self.source or "the model spec")
         with collection_paused():  # imports its library (transformers: seconds); see ckpt.collector
-            return self._build()
+            factory = self._import()
+            name, where = current_factory(self.factory), self.source or "the model spec"
+            return build_model(factory, self.config, name, where, self.checkpoint)
 
-    def _build(self) -> Any:
+    def _import(self) -> Callable[..., Any]:
         module_name, _, attr = current_factory(self.factory).partition(":")
         try:
-            factory: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
+            return getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             msg = f"cannot import the model factory {self.factory!r} ({exc}); install the package that defines it"
             top = module_name.split(".")[0]
@@ -98,7 +112,6 @@ class ModelSpec:
                 # the ckpt command does not put the current folder on Python's path, as `python -c` would
                 msg += f" (pip install -e .), or put this folder on Python's path: PYTHONPATH={here}"
             raise StoreError(msg) from exc
-        return factory(**self.config)
 
 
 @dataclass(frozen=True)
@@ -346,7 +359,10 @@ class Store:
         spec = self.metadata.get("model")
         if spec is None:
             return None
-        return ModelSpec(spec["factory"], dict(spec.get("config") or {}), source=str(self._where))
+        checkpoint = {name: (info.shape, info.nbytes) for name, info in self._schema.items()}
+        return ModelSpec(
+            spec["factory"], dict(spec.get("config") or {}), source=str(self._where), checkpoint=checkpoint
+        )
 
     @property
     def objective(self) -> str | None:

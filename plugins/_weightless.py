@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ckpt.errors import AnalysisError
+from ckpt.store.model_build import unstored_parameters
 
 __all__ = ["built_on_meta", "unstored_parameters", "weightless_model"]
 
@@ -84,14 +85,6 @@ def built_on_meta(build: Callable[[], Any]) -> Any:
         return build()
 
 
-def unstored_parameters(model: Any, stored: set[str]) -> list[str]:
-    """Names of the parameters of ``model`` that no name in ``stored`` holds (tied names count as one)."""
-    names: dict[int, list[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(parameter), []).append(name)
-    return [group[0] for group in names.values() if not any(name in stored for name in group)]
-
-
 def weightless_model(
     build: Callable[[], Any], stored: set[str], device: str, dtype: Any = None, source: str = ""
 ) -> Any:
@@ -121,7 +114,7 @@ def weightless_model(
     """
     import torch
 
-    model = built_on_meta(build)
+    model = built_on_meta(build)  # a store's ModelSpec.build has compared it with the checkpoints already
     missing = unstored_parameters(model, stored)
     if missing:
         shown = ", ".join(repr(name) for name in missing[:5]) + (

@@ -1,0 +1,229 @@
+"""Shapes before memory: a store's model is built on ``meta`` and compared with its checkpoints first.
+
+:meth:`ckpt.store.ModelSpec.build` calls :func:`build_model`, which
+
+1. checks the config against the factory's schema (:mod:`ckpt.store.factory_config`);
+2. builds the model with torch's default device set to ``meta`` (shapes and dtypes, no memory),
+   while every parameter and buffer the build registers is counted: a build that registers more
+   parameter elements than twice the checkpoints hold (plus :data:`PARAMETER_SLACK`), or more
+   buffer bytes than :func:`buffer_budget`, is stopped there (a million layers take no minutes);
+3. compares that model with the checkpoints: every parameter must be stored (tied names count as
+   one), with the stored shape, and so must every buffer the checkpoints hold; the buffers the
+   model makes itself (causal masks, rotary tables) must fit the budget;
+4. only then builds the model for real, counted the same way.
+
+A factory whose code cannot run on ``meta`` (it reads a value it computed, ``.item()``) is built
+for real at step 2, counted, and compared after. Whatever a factory raises is one
+:class:`~ckpt.errors.ModelConfigError` naming it and the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from ckpt.errors import ModelConfigError
+from ckpt.store.factory_config import check_config
+
+__all__ = ["BUFFER_FACTOR", "BUFFER_FLOOR", "PARAMETER_SLACK", "buffer_budget", "build_model", "unstored_parameters"]
+
+BUFFER_FLOOR = 64 << 20
+"""Bytes of buffers any model may make, however small its checkpoints (a causal mask of 4,096 positions: 16 MiB)."""
+BUFFER_FACTOR = 4
+"""Beyond the floor, a model's own buffers may total this many times its checkpoint's bytes."""
+PARAMETER_SLACK = 1 << 20
+"""Parameter elements a build may register beyond twice the stored ones (heads created, then tied)."""
+
+
+def buffer_budget(stored_bytes: int) -> int:
+    """Bytes the buffers of a model whose checkpoint holds ``stored_bytes`` may total."""
+    return max(BUFFER_FLOOR, BUFFER_FACTOR * stored_bytes)
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return ""  # pragma: no cover
+
+
+class _ExceededError(ModelConfigError):
+    """The counted build registered more than its limits allow (raised from a registration hook)."""
+
+
+class _FactoryFailedError(ModelConfigError):
+    """The factory itself raised (on ``meta``, perhaps only because it cannot run there)."""
+
+
+class _Counter:
+    """Parameter elements and buffer bytes registered by one thread's build, stopped at their limits."""
+
+    def __init__(self, parameters: int, buffers: int, describe: Callable[[str], str]) -> None:
+        self.limits = parameters, buffers
+        self.describe = describe
+        self.owner = threading.get_ident()
+        self.parameters: dict[int, int] = {}
+        self.buffers: dict[int, int] = {}
+
+    def on_parameter(self, module: Any, name: str, parameter: Any) -> None:
+        if parameter is None or threading.get_ident() != self.owner or id(parameter) in self.parameters:
+            return
+        self.parameters[id(parameter)] = parameter.numel()
+        limit = self.limits[0]
+        if sum(self.parameters.values()) > limit:
+            what = f"parameters beyond the {limit:,} elements its checkpoints allow (at {type(module).__name__}.{name})"
+            raise _ExceededError(self.describe(what))
+
+    def on_buffer(self, module: Any, name: str, buffer: Any) -> None:
+        if buffer is None or threading.get_ident() != self.owner:
+            return
+        self.buffers[id(buffer)] = buffer.numel() * buffer.element_size()
+        limit = self.limits[1]
+        if sum(self.buffers.values()) > limit:
+            shape = list(buffer.shape)
+            what = (
+                f"buffers beyond the {_size(limit)} its checkpoints' size allows (at the buffer {name!r} of "
+                f"{type(module).__name__}, {shape}, {_size(self.buffers[id(buffer)])})"
+            )
+            raise _ExceededError(self.describe(what))
+
+
+@contextlib.contextmanager
+def _counted(counter: _Counter) -> Iterator[None]:
+    """Every parameter and buffer this thread registers meanwhile goes through ``counter``."""
+    from torch.nn.modules import module
+
+    handles = [
+        module.register_module_parameter_registration_hook(counter.on_parameter),
+        module.register_module_buffer_registration_hook(counter.on_buffer),
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def unstored_parameters(model: Any, stored: set[str] | Mapping[str, Any]) -> list[str]:
+    """Names of the parameters of ``model`` that no name in ``stored`` holds (tied names count as one)."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return [group[0] for group in names.values() if not any(name in stored for name in group)]
+
+
+def _shown(items: list[str]) -> str:
+    return ", ".join(items[:5]) + (f" (and {len(items) - 5} more)" if len(items) > 5 else "")
+
+
+def compare(model: Any, stored: Mapping[str, tuple[int, ...]], budget: int, name: str, where: str) -> None:
+    """Raise :class:`ModelConfigError` unless ``model`` (on any device) is the model of these checkpoints."""
+    missing = unstored_parameters(model, stored)
+    if missing:
+        msg = (
+            f"the model of {where} has {len(missing)} parameter(s) its checkpoints do not hold: "
+            f"{_shown([repr(m) for m in missing])}; write checkpoints with every parameter (the model's "
+            "state_dict), or record the model these checkpoints belong to (ckpt set-model)"
+        )
+        raise ModelConfigError(msg)
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    wrong = [
+        f"{key!r} of shape {list(tensor.shape)} (stored {list(stored[key])})"
+        for key, tensor in tensors
+        if key in stored and tuple(tensor.shape) != tuple(stored[key])
+    ]
+    if wrong:
+        msg = (
+            f"{name} builds, from the model config of {where}, a model its checkpoints do not fit: {_shown(wrong)}; "
+            "record the config these checkpoints were written with (ckpt set-model)"
+        )
+        raise ModelConfigError(msg)
+    own = {id(b): (key, b) for key, b in model.named_buffers(remove_duplicate=False) if key not in stored}
+    total = sum(b.numel() * b.element_size() for _, b in own.values())
+    if total > budget:
+        largest = sorted(own.values(), key=lambda kb: -kb[1].numel() * kb[1].element_size())
+        listed = [f"{key} {list(b.shape)} {_size(b.numel() * b.element_size())}" for key, b in largest]
+        msg = (
+            f"{name} builds, from the model config of {where}, buffers of {_size(total)} (more than the "
+            f"{_size(budget)} its checkpoints' size allows): {_shown(listed)}; record the config these checkpoints "
+            "were written with (ckpt set-model)"
+        )
+        raise ModelConfigError(msg)
+
+
+def _called(factory: Callable[..., Any], config: Mapping[str, Any], name: str, where: str) -> Any:
+    """``factory(**config)``, whatever it raises turned into one :class:`ModelConfigError` naming it."""
+    try:
+        return factory(**config)
+    except ModelConfigError:
+        raise
+    except Exception as exc:  # a factory's failure on a store's config is bad input, CkptError or not
+        msg = f"the model factory {name} failed on the model config of {where}: {type(exc).__name__}: {exc}"
+        raise _FactoryFailedError(" ".join(msg.split())) from exc
+
+
+def build_model(
+    factory: Callable[..., Any],
+    config: Mapping[str, Any],
+    name: str,
+    where: str,
+    checkpoint: Mapping[str, tuple[tuple[int, ...], int]] | None = None,
+) -> Any:
+    """``factory(**config)``, once the config fits the factory's schema and, built on ``meta``, the checkpoint.
+
+    Parameters
+    ----------
+    factory
+        The imported (trusted) factory.
+    config
+        Its keyword arguments, as the store records them.
+    name, where
+        The factory's ``module:function`` name and the store, for messages.
+    checkpoint
+        Tensor name -> (shape, bytes) of one stored checkpoint; None (a model built to be trained,
+        not read from a store): only the schema is checked.
+
+    Returns
+    -------
+    torch.nn.Module
+        The factory's model.
+
+    Raises
+    ------
+    ModelConfigError
+        The config breaks the schema, describes another model or too many buffers, or the factory failed.
+    """
+    check_config(factory, config, name, where)
+    if checkpoint is None:
+        return _called(factory, config, name, where)
+    import torch
+
+    shapes = {key: tuple(shape) for key, (shape, _) in checkpoint.items()}
+    stored_elements = sum(math.prod(shape) for shape in shapes.values())
+    budget = buffer_budget(sum(nbytes for _, nbytes in checkpoint.values()))
+    limit = 2 * stored_elements + PARAMETER_SLACK
+
+    def describe(what: str) -> str:
+        return (
+            f"{name} builds, from the model config of {where}, {what}; record the config these checkpoints were "
+            "written with (ckpt set-model)"
+        )
+
+    def counted_build(device: str | None) -> Any:
+        with _counted(_Counter(limit, budget, describe)), torch.device(device) if device else contextlib.nullcontext():
+            return _called(factory, config, name, where)
+
+    try:
+        on_meta = counted_build("meta")
+    except _FactoryFailedError:
+        on_meta = None  # code that cannot run on meta: built for real, counted, then compared
+    if on_meta is not None:
+        compare(on_meta, shapes, budget, name, where)
+        del on_meta
+    model = counted_build(None)
+    compare(model, shapes, budget, name, where)
+    return model
