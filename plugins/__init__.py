@@ -84,6 +84,7 @@ from ckpt.plugins._runtime import (
 from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
 from ckpt.plugins.hookspecs import hookimpl, hookspec
 from ckpt.store.chunks import DIGEST_READ_BYTES
+from ckpt.store.factory_config import config_bounds
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -208,6 +209,7 @@ __all__ = [
     "check_basis",
     "chunks",
     "clear_cache",
+    "config_bounds",
     "data_hash",
     "datapoint_index",
     "declared_options",

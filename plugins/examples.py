@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ckpt.store.factory_config import config_bounds
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -26,6 +28,7 @@ EXAMPLE_FACTORY = "ckpt.plugins.examples:mlp"
 """The model factory :func:`write_example_run` records (registered, hence trusted)."""
 
 
+@config_bounds(d_in=(1, 1 << 20), hidden=(1, 1 << 20), classes=(1, 1 << 20))
 def mlp(d_in: int = 3, hidden: int = 8, classes: int = 4) -> torch.nn.Module:
     """A classifier of ``[N, d_in]`` features into ``classes``: Linear, Tanh, Linear.
 

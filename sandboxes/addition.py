@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ckpt.errors import TaskConfigError, TaskError
-from ckpt.plugins import Dataset, Option, Task
+from ckpt.plugins import Dataset, Option, Task, config_bounds
 
 PLUS, EQUALS = 10, 11
 VOCAB = 12
@@ -215,6 +215,10 @@ class AdditionTransformer(nn.Module):
         return self.unembed(self.ln_final(x))
 
 
+# a store's config is data: no config asks for a model beyond what these sandboxes are meant to train
+@config_bounds(
+    layers=(1, 256), d_model=(1, 16384), heads=(1, 1024), d_mlp=(1, 65536), vocab=(2, 1 << 20), max_len=(1, 1 << 16)
+)
 def build_model(
     layers: int, d_model: int, heads: int, d_mlp: int, vocab: int = VOCAB, max_len: int = SEQ_LEN
 ) -> AdditionTransformer:

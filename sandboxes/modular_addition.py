@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ckpt.errors import TaskError
-from ckpt.plugins import Dataset, Option, Task
+from ckpt.plugins import Dataset, Option, Task, config_bounds
 
 TRAIN_FRACTION = 0.8
 """Fraction of the unordered pairs used for training (the rest is the validation set)."""
@@ -54,6 +54,8 @@ class ModularAdditionModel(nn.Module):
         return self.out(torch.relu(self.hidden(h)))
 
 
+# a store's config is data: no config asks for a model beyond what these sandboxes are meant to train
+@config_bounds(n=(2, 1 << 16), d=(1, 4096), hidden=(1, 65536))
 def build_model(n: int = 17, d: int = 2, hidden: int = 64) -> ModularAdditionModel:
     """The model factory recorded in stores (``ckpt.sandboxes.modular_addition:build_model``).
 

@@ -58,7 +58,7 @@ import torch
 from torch import nn
 
 from ckpt.errors import TaskError
-from ckpt.plugins import Dataset, Option, Task
+from ckpt.plugins import Dataset, Option, Task, config_bounds
 from ckpt.sandboxes.modular_addition import all_pairs
 
 
@@ -164,6 +164,10 @@ class ParticleSystem(nn.Module):
         return energy
 
 
+# a store's config is data: no config asks for a model beyond what these sandboxes are meant to train
+@config_bounds(
+    n=(2, 1 << 20), d=(1, 4096), clustering=(0, 1e6), alignment=(0, 1e6), temperature=(0, 1e6), width=(0, 1e6)
+)
 def build_model(
     n: int = 17,
     d: int = 2,

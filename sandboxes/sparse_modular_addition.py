@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ckpt.errors import TaskError
-from ckpt.plugins import Dataset, Option, Task
+from ckpt.plugins import Dataset, Option, Task, config_bounds
 
 EPS = 1e-12
 """Added to the squared norm before the square root: keeps a (measure-zero) zero vector finite."""
@@ -185,6 +185,8 @@ class ClusteringHeadTransformer(nn.Module):
         return torch.matmul(hidden, self.embed.weight.T)
 
 
+# a store's config is data: no config asks for a model beyond what these sandboxes are meant to train
+@config_bounds(p=(2, 1 << 16), length=(1, 1 << 16), hidden=(1, 65536), dim=(1, 4096))
 def build_model(p: int = 2, length: int = 12, hidden: int = 32, dim: int = 2) -> ClusteringHeadTransformer:
     """Model factory recorded in the store (``ckpt.sandboxes.sparse_modular_addition:build_model``).
 

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from ckpt.errors import TaskConfigError, TaskError
-from ckpt.plugins import Dataset, Option
+from ckpt.plugins import Dataset, Option, config_bounds
 from ckpt.sandboxes.addition import AdditionTransformer, TransformerTask
 
 TEXT_PATH = Path(__file__).with_name("data") / "grimm.txt"
@@ -130,6 +130,10 @@ def split_arrays(
     }
 
 
+# a store's config is data: no config asks for a model beyond what these sandboxes are meant to train
+@config_bounds(
+    layers=(1, 256), d_model=(1, 16384), heads=(1, 1024), d_mlp=(1, 65536), vocab=(2, 1 << 20), max_len=(1, 1 << 16)
+)
 def build_model(layers: int, d_model: int, heads: int, d_mlp: int, vocab: int, max_len: int) -> AdditionTransformer:
     """The model factory recorded in stores (``ckpt.sandboxes.tiny_lm:build_model``).
 
