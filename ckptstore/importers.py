@@ -41,8 +41,13 @@ HF_STATE = "trainer_state.json"
 """What an HF Trainer checkpoint folder records of its run: global_step and the log."""
 HF_FACTORY = "ckpt.plugins.huggingface:build_model"
 """The model factory an imported HF run records (rebuilds the model from its config.json with transformers)."""
-HF_NOT_MODEL_CONFIG = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
-"""Entries of ``config.json`` that describe the saved file, not the architecture."""
+HF_NOT_MODEL_CONFIG = ("_name_or_path", "name_or_path", "_commit_hash", "transformers_version", "torch_dtype", "dtype")
+"""Entries of ``config.json`` that describe the saved file, not the architecture (dropped at any depth).
+
+The folder or Hub revision a config was saved from is among them: the factory refuses a config that
+names one (``ckpt.plugins.huggingface``), so imported runs keep none. Keys that name code
+(``auto_map``) are kept, for the factory to refuse: without that code the run's model is not rebuilt.
+"""
 HF_CAUSAL_LM = ("ForCausalLM", "LMHeadModel")
 """Endings of the architecture names whose runs get the ``causal-lm`` objective."""
 
@@ -324,7 +329,11 @@ def skipped_files(src: str | os.PathLike[str], format: str = "auto") -> list[str
 
 def hf_model_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The entries of an HF ``config.json`` that describe the architecture (what the model spec records)."""
-    return {k: v for k, v in config.items() if k not in HF_NOT_MODEL_CONFIG}
+    return {
+        k: hf_model_config(v) if isinstance(v, Mapping) else v
+        for k, v in config.items()
+        if k not in HF_NOT_MODEL_CONFIG
+    }
 
 
 def _hf_run_metadata(sources: list[CheckpointSource]) -> tuple[dict[str, Any] | None, dict[int, dict[str, float]]]:

@@ -6,6 +6,14 @@ that analyzers rebuild the model with ``transformers``' own classes and no code 
 
 >>> model = build_model(**json.load(open("checkpoint-500/config.json")))  # doctest: +SKIP
 
+The config is data a store carries, so the factory lets it name no code and no file: it builds
+only a class that transformers' own Auto mappings give for the config's ``model_type``, never
+calls an Auto class (which would follow ``auto_map`` to code beside the config, or on the Hub,
+after asking on standard input), and refuses with :class:`~ckpt.errors.ModelConfigError`, at any
+depth of the config, the keys of :data:`CODE_KEYS` and an attention implementation other than
+those of :data:`ATTENTION_IMPLEMENTATIONS` (a Hub repository of kernels is code). The keys of
+:data:`PATH_KEYS` say where a config was saved from: dropped when empty, refused otherwise.
+
 ``transformers`` is an optional dependency (``pip install 'ckpt-dynamics[hf]'``), imported only when
 a model is built.
 """
@@ -13,13 +21,22 @@ a model is built.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
-from ckpt.errors import StoreError
+from ckpt.errors import ModelConfigError, StoreError
 from ckpt.store.importers import HF_FACTORY as FACTORY
 from ckpt.store.importers import hf_model_config as model_config
 
-__all__ = ["FACTORY", "build_model", "model_config"]
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "CODE_KEYS", "FACTORY", "PATH_KEYS", "build_model", "model_config"]
+
+CODE_KEYS = ("auto_map", "trust_remote_code", "custom_pipelines", "code_revision")
+"""Config keys with which transformers imports or downloads code: refused wherever they appear."""
+PATH_KEYS = ("name_or_path", "_name_or_path", "_commit_hash")
+"""Config keys naming the folder or Hub revision a config was saved from: dropped when empty, else refused."""
+ATTENTION_IMPLEMENTATIONS = (None, "eager", "sdpa")
+"""The attention implementations a config may ask for (others include Hub repositories of kernels)."""
+_ATTENTION_KEYS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal")
 
 _BUILD_LOCK = threading.Lock()
 
@@ -31,8 +48,9 @@ def build_model(**config: Any) -> Any:
     ----------
     **config
         The ``config.json`` of a checkpoint: ``model_type`` picks the configuration class and
-        ``architectures[0]`` the model class (``GPT2LMHeadModel`` ...); without it, the
-        causal-LM head of ``model_type``.
+        ``architectures[0]`` the model class (``GPT2LMHeadModel`` ...), which must be one that
+        transformers' Auto mappings give for that ``model_type``; without it, the causal-LM head
+        of ``model_type``.
 
     Returns
     -------
@@ -42,12 +60,60 @@ def build_model(**config: Any) -> Any:
     Raises
     ------
     StoreError
-        When ``transformers`` is not installed, or the config names no known model.
+        When ``transformers`` is not installed.
+    ModelConfigError
+        The config names no model class of transformers' own, or names code or files.
     """
     # transformers' lazy module is not safe to initialise from several threads at once, and the
     # threaded scheduler builds one model per worker thread: "no attribute 'AutoConfig'" without this
     with _BUILD_LOCK:
         return _build(config)
+
+
+def _refused(message: str) -> ModelConfigError:
+    return ModelConfigError(f"the Hugging Face model config {message} ({FACTORY} builds transformers' own classes)")
+
+
+def _data_only(config: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+    """``config`` without empty path keys; raises for a key that names code or a file, at any depth."""
+    kept = {}
+    for key, value in config.items():
+        path = f"{where}{key}"
+        if key in CODE_KEYS:
+            raise _refused(
+                f"has {path!r}, which names code for transformers to import: ckpt runs no code a store names; "
+                "to analyze a model with custom code, record a factory of your own (ckpt set-model --model "
+                "package.module:function, and --trust-factory it)"
+            )
+        if key in PATH_KEYS:
+            if value in (None, ""):
+                continue
+            raise _refused(
+                f"has {path!r} = {value!r}, a folder or Hub repository to load from: a store's model is rebuilt "
+                "from its config alone; remove the key (ckpt set-model --hf-config CONFIG.json drops it)"
+            )
+        if key in _ATTENTION_KEYS and value not in ATTENTION_IMPLEMENTATIONS:
+            allowed = ", ".join(repr(v) for v in ATTENTION_IMPLEMENTATIONS if v)
+            raise _refused(f"has {path!r} = {value!r}; ckpt builds only the attention implementations {allowed}")
+        kept[key] = _data_only(value, f"{path}.") if isinstance(value, Mapping) else value
+    return kept
+
+
+def _model_classes(transformers: Any, model_type: str) -> dict[str, Any]:
+    """Name -> class of every model class transformers' Auto mappings give for ``model_type``."""
+    from transformers.models.auto import modeling_auto
+
+    names: set[str] = set()
+    for table in dir(modeling_auto):
+        if table.startswith("MODEL") and table.endswith("_MAPPING_NAMES"):
+            found = getattr(modeling_auto, table).get(model_type)
+            names.update([found] if isinstance(found, str) else found or ())
+    classes = {name: getattr(transformers, name, None) for name in sorted(names)}
+    return {
+        name: cls
+        for name, cls in classes.items()
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
+    }
 
 
 def _build(config: dict[str, Any]) -> Any:
@@ -56,20 +122,30 @@ def _build(config: dict[str, Any]) -> Any:
     except ImportError:
         msg = "this store's model is a Hugging Face model: install transformers (pip install 'ckpt-dynamics[hf]')"
         raise StoreError(msg) from None
-    settings = dict(config)
+    settings = _data_only(config)
     model_type = settings.pop("model_type", None)
-    if model_type is None:
-        raise StoreError("the Hugging Face model config has no model_type: record the checkpoint's config.json")
+    if not isinstance(model_type, str):
+        raise _refused(f"has no model_type (it holds {model_type!r}): record the checkpoint's config.json")
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING:
+        raise _refused(
+            f"has the model_type {model_type!r}, which transformers {transformers.__version__} does not know"
+        )
     architectures = settings.get("architectures") or []
-    try:
-        configuration = transformers.AutoConfig.for_model(model_type, **settings)
-    except (ValueError, KeyError) as exc:
-        msg = f"transformers {transformers.__version__} does not know model_type {model_type!r} ({exc})"
-        raise StoreError(msg) from None
-    model_class = getattr(transformers, architectures[0], None) if architectures else None
-    if model_class is None:
-        model_class = transformers.AutoModelForCausalLM
-        model = model_class.from_config(configuration)
-    else:
-        model = model_class(configuration)
-    return model.float().eval()
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise _refused(f"has architectures {architectures!r}, not a list of class names")
+    classes = _model_classes(transformers, model_type)
+    wanted = architectures[0] if architectures else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if wanted not in classes:
+        known = ", ".join(classes) or "none"
+        if not architectures:
+            msg = f"names no architecture, and model_type {model_type!r} has no causal-LM class: add one of {known}"
+            raise _refused(msg)
+        raise _refused(
+            f"names the model class {wanted!r}, which is not one of transformers' model classes for model_type "
+            f"{model_type!r} ({known})"
+        )
+    configuration = CONFIG_MAPPING[model_type](**settings)
+    return classes[wanted](configuration).float().eval()
