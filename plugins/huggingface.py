@@ -95,8 +95,17 @@ def _data_only(config: Mapping[str, Any], where: str = "") -> dict[str, Any]:
         if key in _ATTENTION_KEYS and value not in ATTENTION_IMPLEMENTATIONS:
             allowed = ", ".join(repr(v) for v in ATTENTION_IMPLEMENTATIONS if v)
             raise _refused(f"has {path!r} = {value!r}; ckpt builds only the attention implementations {allowed}")
-        kept[key] = _data_only(value, f"{path}.") if isinstance(value, Mapping) else value
+        kept[key] = _nested(value, f"{path}.")
     return kept
+
+
+def _nested(value: Any, where: str) -> Any:
+    """``value`` with the mappings inside it (sub-configs, lists of them) checked as :func:`_data_only` does."""
+    if isinstance(value, Mapping):
+        return _data_only(value, where)
+    if isinstance(value, list):
+        return [_nested(item, f"{where}{i}.") for i, item in enumerate(value)]
+    return value
 
 
 def _model_classes(transformers: Any, model_type: str) -> dict[str, Any]:

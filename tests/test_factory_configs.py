@@ -88,6 +88,7 @@ def test_an_hf_config_that_names_code_is_one_error_line_without_a_terminal(tmp_p
         ({"model_type": "gpt2", "custom_pipelines": {"x": {"impl": "evil.Pipe"}}}, "'custom_pipelines'"),
         ({"model_type": "gpt2", "attn_implementation": "kernels-community/evil"}, "'attn_implementation'"),
         ({"model_type": "t5", "decoder": {"auto_map": {"AutoModel": "evil.Evil"}}}, "'decoder.auto_map'"),
+        ({"model_type": "gpt2", "layers": [{"trust_remote_code": True}]}, "'layers.0.trust_remote_code'"),
         ({"model_type": "no-such-model"}, "'no-such-model'"),
     ],
 )
