@@ -28,6 +28,8 @@ class Page:
     slider_frames: list[str] = field(default_factory=list)
     """The frame's image source after moving the slider to each end."""
     screenshot: np.ndarray | None = None
+    title: str = ""
+    """``document.title`` once the page loaded (what a script run by the page could have changed)."""
 
 
 def chromium() -> str:
@@ -53,6 +55,7 @@ def open_report(report: Path, screenshot: Path) -> Page:
             page.on("console", lambda m: seen.console_errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: seen.console_errors.append(str(e)))
             page.goto(report.resolve().as_uri(), wait_until="load")
+            seen.title = page.title()
             seen.images = page.evaluate(
                 "Array.from(document.images).map(i => ({alt: i.alt, loaded: i.complete && i.naturalWidth > 0,"
                 " width: i.naturalWidth}))"

@@ -12,6 +12,7 @@ chosen behind the user's back.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,33 @@ COLORS = [
     "#17becf",
 ]
 """matplotlib's tab10, with red second so that a two-group plot reads blue against red."""
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def displayable(text: str) -> str:
+    r"""``text`` with every character that is no Unicode text replaced by U+FFFD, the replacement character.
+
+    Python keeps the bytes of a file name that is not UTF-8 as lone surrogates (``run-\xff.zarr`` is
+    ``"run-\udcff.zarr"``), and a store's JSON may hold them too (``"\udcff"``): neither a font
+    nor a UTF-8 page can show one, so they are replaced, as a terminal shows undecodable bytes.
+    """
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def readable_texts(figure: Figure) -> Figure:
+    """``figure`` with every text it holds made :func:`displayable` (matplotlib refuses to draw the others).
+
+    Called where a figure is drawn (:func:`save`, :func:`png_bytes`, an animation's frames), so
+    that no figure module has to clean each name it reads from a store.
+    """
+    from matplotlib.text import Text
+
+    for text in figure.findobj(Text):
+        shown = text.get_text()
+        if isinstance(shown, str) and _SURROGATE.search(shown):
+            text.set_text(displayable(shown))
+    return figure
 
 
 def new_figure(panels: int, columns: int = 3, *, width: float = PANEL_WIDTH, height: float = PANEL_HEIGHT) -> Figure:
@@ -107,7 +135,7 @@ def hide_unused(figure: Figure, used: int) -> None:
 
 def save(figure: Figure, path: str, dpi: int = 100) -> None:
     """Write ``figure`` to ``path``; the format follows the extension (png, svg, pdf ...)."""
-    figure.savefig(path, dpi=dpi)
+    readable_texts(figure).savefig(path, dpi=dpi)
 
 
 def png_bytes(figure: Figure, dpi: int = 80) -> bytes:
@@ -115,7 +143,7 @@ def png_bytes(figure: Figure, dpi: int = 80) -> bytes:
     import io
 
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
+    readable_texts(figure).savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
 
 
@@ -124,6 +152,7 @@ __all__ = [
     "MAX_PANELS",
     "PANEL_HEIGHT",
     "PANEL_WIDTH",
+    "displayable",
     "hide_unused",
     "limited",
     "log_spaced",
@@ -131,6 +160,7 @@ __all__ = [
     "png_bytes",
     "positive_log",
     "quartile_band",
+    "readable_texts",
     "save",
     "step_axis",
 ]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ckpt.analyzers.figures import COLORS, positive_log, step_axis
+from ckpt.analyzers.figures import COLORS, positive_log, readable_texts, step_axis
 from ckpt.analyzers.figures.geometry import (
     CYCLIC,
     EmbeddingView,
@@ -213,6 +213,7 @@ def animate(store: Any, out: str, *, fps: int = 20, limit: int | None = 200, dpi
     count = 0
     with writer.saving(figure, out, dpi):
         for _ in frames.frames(figure, frames.steps(limit)):
+            readable_texts(figure)  # the store's name is in every frame's title
             writer.grab_frame()
             count += 1
     return count

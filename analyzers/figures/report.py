@@ -6,11 +6,17 @@ server. The interactive layer is that script, not a plotting library: the step s
 pre-rendered frames drawn by the same matplotlib code as ``ckpt animate``, so what a user scrubs
 through is exactly what the static figures show. (plotly would add hover values but also ~3.5 MB
 of JavaScript to every report, and a second rendering of each figure to keep in step.)
+
+Nothing in the page is trusted: a store is data, and so is the text of an exception about it.
+Every text is escaped (:func:`_text`), and the page's Content-Security-Policy runs only the
+script and stylesheet written here (by their SHA-256) and loads nothing but ``data:`` images, so
+that an escape missed one day still cannot run script or fetch anything.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 from pathlib import Path
@@ -18,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ckpt.analyzers.figures import COLORS, new_figure, png_bytes, positive_log, step_axis
+from ckpt.analyzers.figures import COLORS, displayable, new_figure, png_bytes, positive_log, step_axis
 
 SLIDER_FRAMES = 40
 """Checkpoints in the report's step slider (evenly spread; ``ckpt animate`` draws them all)."""
@@ -42,13 +48,29 @@ show(Number(slider.value));
 """
 
 
+def _sha256(source: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode() + "'"
+
+
+POLICY = (
+    f"default-src 'none'; script-src {_sha256(SLIDER_SCRIPT)}; style-src {_sha256(STYLE)}; img-src data:; "
+    "base-uri 'none'; form-action 'none'"
+)
+"""The page's Content-Security-Policy: its own slider script and stylesheet, inlined images, nothing else."""
+
+
+def _text(value: Any) -> str:
+    """``value`` as HTML text (also safe in a quoted attribute), undecodable characters replaced."""
+    return html.escape(displayable(str(value)), quote=True)
+
+
 def _image(png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode()
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+    return f'<img alt="{_text(alt)}" src="data:image/png;base64,{data}">'
 
 
 def _table(rows: list[tuple[str, Any]]) -> str:
-    cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    cells = "".join(f"<tr><th>{_text(k)}</th><td>{_text(v)}</td></tr>" for k, v in rows)
     return f"<table>{cells}</table>"
 
 
@@ -117,11 +139,11 @@ def _slider(store: Any) -> tuple[str, list[str]]:
         ]
     except CkptError as exc:
         problem = f"embeddings over training: not drawn ({exc})"
-        return f'<h2>Embeddings over training</h2><p class="error">{html.escape(problem)}</p>', [problem]
-    payload = json.dumps(rendered).replace("</", "<\\/")
+        return f'<h2>Embeddings over training</h2><p class="error">{_text(problem)}</p>', [problem]
+    payload = json.dumps(rendered).replace("<", "\\u003c")  # data, never the end of its element
     section = (
         "<h2>Embeddings over training</h2>"
-        f"<p>{html.escape(frames.view.title)}: drag the slider through {len(steps)} checkpoints "
+        f"<p>{_text(frames.view.title)}: drag the slider through {len(steps)} checkpoints "
         "(<code>ckpt animate</code> writes every checkpoint as a GIF or MP4).</p>"
         f'<input type="range" id="slider" min="0" max="{len(steps) - 1}" value="{len(steps) - 1}" step="1"> '
         '<span id="frame-step"></span>'
@@ -132,13 +154,34 @@ def _slider(store: Any) -> tuple[str, list[str]]:
     return section, []
 
 
-def _analysis_section(store: Any, name: str, registry: Any, current_data: tuple[str, str]) -> tuple[str, list[str]]:
+def _readable(store: Any, registry: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The stored results whose provenance may be read, by name; and why each other one may not.
+
+    A result that cannot be opened (its files gone) or whose provenance is invalid (wrong types,
+    another analyzer's result under an analyzer's name) is named in the page, not drawn.
+    """
+    from ckpt.errors import CkptError
+
+    results, refused = {}, {}
+    for name in store.analyses:
+        try:
+            result = store.analysis(name)  # lazy: each summary and figure reads what it draws
+            result.ckpt.validate(name, store.path, registry.analyzers)
+        except CkptError as exc:
+            refused[name] = f"{name}: not shown ({exc})"
+            continue
+        results[name] = result
+    return results, refused
+
+
+def _analysis_section(
+    store: Any, name: str, result: Any, registry: Any, current_data: tuple[str, str]
+) -> tuple[str, list[str]]:
     """The section of one stored result, and the problems met drawing it (also shown in the page)."""
     from ckpt.errors import CkptError
     from ckpt.plugins import Analyzer
 
     problems: list[str] = []
-    result = store.analysis(name)
     record = result.ckpt
     analyzer_name = record.analyzer or name
     steps = record.steps
@@ -151,15 +194,15 @@ def _analysis_section(store: Any, name: str, registry: Any, current_data: tuple[
         ("options", json.dumps(record.options)),
         ("steps", f"{len(steps)} ({steps[0]} .. {steps[-1]})" if steps else "-"),
         ("computed", f"{record.created or '?'} by {record.computed_by or 'ckpt ?'}"),
-        ("data sha256", str(record.provenance.get("data_sha256", "-"))[:16]),
+        ("data sha256", (record.checked.get("data_sha256") or "-")[:16]),
     ]
     if record.requires:
         rows.append(("requires", ", ".join(record.requires)))
-    heading = f'<h2 id="{html.escape(name)}">{html.escape(name)}</h2>'
+    heading = f'<h2 id="{_text(name)}">{_text(name)}</h2>'
     if stale:
         heading += (
             '<p class="stale">stale: the store\'s data or model changed after this result was computed; rerun '
-            f"<code>ckpt analyze {html.escape(analyzer_name)}</code></p>"
+            f"<code>ckpt analyze {_text(analyzer_name)}</code></p>"
         )
     cls = registry.analyzers.get(analyzer_name)
     analyzer = Analyzer()
@@ -171,7 +214,7 @@ def _analysis_section(store: Any, name: str, registry: Any, current_data: tuple[
     body = [heading, _table(rows)]
     # lazy: each summary and figure reads what it draws (a paper-size POLCA result is gigabytes)
     try:
-        body.append(f"<pre>{html.escape(analyzer.summarize(result))}</pre>")
+        body.append(f"<pre>{_text(analyzer.summarize(result))}</pre>")
     except Exception as exc:  # a plugin's summary must not cost the whole report: shown, not hidden
         problems.append(f"{name}: its summary failed ({type(exc).__name__}: {exc})")
     try:
@@ -183,33 +226,37 @@ def _analysis_section(store: Any, name: str, registry: Any, current_data: tuple[
         body.append(_image(png_bytes(figure), f"{name} {key}"))
     if cls is None:
         problems.append(f"{name}: analyzer {analyzer_name!r} is not installed: no summary or figures of its own")
-    body += [f'<p class="error">{html.escape(p)}</p>' for p in problems]
+    body += [f'<p class="error">{_text(p)}</p>' for p in problems]
     return "\n".join(body), problems
 
 
-def _side_by_side(store: Any, registry: Any) -> str:
-    """A section per analyzer with several stored results: what differs in their options, and its comparison."""
+def _side_by_side(store: Any, readable: dict[str, Any], registry: Any) -> tuple[str, list[str]]:
+    """A section per analyzer with several stored results: what differs in their options, and its comparison.
+
+    Also the comparisons that failed (shown in the page and printed, as a failing figure of one result is).
+    """
     by_analyzer: dict[str, list[str]] = {}
-    for name in store.analyses:
-        by_analyzer.setdefault(store.analyzer_of(name), []).append(name)
-    parts = []
+    for name, result in readable.items():
+        by_analyzer.setdefault(result.ckpt.analyzer or name, []).append(name)
+    parts, problems = [], []
     for analyzer_name, names in by_analyzer.items():
         cls = registry.analyzers.get(analyzer_name)
         if len(names) < 2 or cls is None:
             continue
-        results = {name: store.analysis(name) for name in names}  # lazy, as above
+        results = {name: readable[name] for name in names}
         options = {name: r.ckpt.options for name, r in results.items()}
         keys = sorted({k for o in options.values() for k in o})
         differing = [k for k in keys if len({json.dumps(o.get(k)) for o in options.values()}) > 1]
         rows = [(name, ", ".join(f"{k}={json.dumps(options[name].get(k))}" for k in differing)) for name in names]
-        parts.append(f"<h3>{html.escape(analyzer_name)}: {len(names)} results</h3>{_table(rows)}")
+        parts.append(f"<h3>{_text(analyzer_name)}: {len(names)} results</h3>{_table(rows)}")
         try:
             figures = cls().plot_together(results, store)
-        except Exception as exc:  # shown in the page, as a failing figure of one result is
-            parts.append(f'<p class="error">{html.escape(analyzer_name)}: comparison failed ({exc})</p>')
+        except Exception as exc:  # a plugin's comparison, or a result it reads, must not cost the whole report
+            problems.append(f"{analyzer_name}: comparison failed ({type(exc).__name__}: {exc})")
+            parts.append(f'<p class="error">{_text(problems[-1])}</p>')
             continue
         parts += [_image(png_bytes(f), f"{analyzer_name} {key}") for key, f in figures.items()]
-    return "<h2>Side by side</h2>" + "".join(parts) if parts else ""
+    return ("<h2>Side by side</h2>" + "".join(parts) if parts else ""), problems
 
 
 def write_report(where: str, out: str, registry: Any) -> list[str]:
@@ -229,30 +276,38 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
 
     store = ckptstore.open(where)
     current = (data_hash(store), model_hash(store))
+    readable, refused = _readable(store, registry)
     sections, problems = [], []
     for name in store.analyses:
-        section, found = _analysis_section(store, name, registry, current)
+        if name in refused:
+            problems.append(refused[name])
+            sections.append(f'<h2 id="{_text(name)}">{_text(name)}</h2><p class="error">{_text(refused[name])}</p>')
+            continue
+        section, found = _analysis_section(store, name, readable[name], registry, current)
         sections.append(section)
         problems += found
-    together = _side_by_side(store, registry)
+    together, found = _side_by_side(store, readable, registry)
+    problems += found
     metrics = _metrics_figure(store)
     slider, found = _slider(store)
     problems = found + problems
-    contents = "".join(f'<li><a href="#{html.escape(n)}">{html.escape(n)}</a></li>' for n in store.analyses)
+    contents = "".join(f'<li><a href="#{_text(n)}">{_text(n)}</a></li>' for n in store.analyses)
     page = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>ckpt report: {html.escape(Path(where).name)}</title><style>{STYLE}</style></head><body>",
-        f"<h1>ckpt report: {html.escape(Path(where).name)}</h1>",
+        # first in the head, before any text read from the store
+        f'<meta http-equiv="Content-Security-Policy" content="{POLICY}">',
+        f"<title>ckpt report: {_text(Path(where).name)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>ckpt report: {_text(Path(where).name)}</h1>",
         _table(_metadata(store)),
         _image(metrics, "metrics") if metrics else "<p>No metrics were recorded during training.</p>",
         slider,
         f"<h2>Analyses</h2><ul>{contents}</ul>" if store.analyses else "<h2>Analyses</h2><p>None stored yet.</p>",
         together,
         *sections,
-        f"<hr><p>Written by ckpt {html.escape(ckptstore.__version__)}.</p></body></html>",
+        f"<hr><p>Written by ckpt {_text(ckptstore.__version__)}.</p></body></html>",
     ]
     Path(out).write_text("\n".join(page), encoding="utf-8")
     return problems
 
 
-__all__ = ["SLIDER_FRAMES", "SLIDER_SCRIPT", "STYLE", "write_report"]
+__all__ = ["POLICY", "SLIDER_FRAMES", "SLIDER_SCRIPT", "STYLE", "write_report"]
