@@ -51,14 +51,6 @@ def _size(nbytes: float) -> str:
     return ""  # pragma: no cover
 
 
-class _ExceededError(ModelConfigError):
-    """The counted build registered more than its limits allow (raised from a registration hook)."""
-
-
-class _FactoryFailedError(ModelConfigError):
-    """The factory itself raised (on ``meta``, perhaps only because it cannot run there)."""
-
-
 class _Counter:
     """Parameter elements and buffer bytes registered by one thread's build, stopped at their limits."""
 
@@ -68,6 +60,12 @@ class _Counter:
         self.owner = threading.get_ident()
         self.parameters: dict[int, int] = {}
         self.buffers: dict[int, int] = {}
+        self.exceeded = False
+        """Set when a limit stopped the build (so that it is not retried off ``meta``)."""
+
+    def stop(self, what: str) -> None:
+        self.exceeded = True
+        raise ModelConfigError(self.describe(what))
 
     def on_parameter(self, module: Any, name: str, parameter: Any) -> None:
         if parameter is None or threading.get_ident() != self.owner or id(parameter) in self.parameters:
@@ -76,7 +74,7 @@ class _Counter:
         limit = self.limits[0]
         if sum(self.parameters.values()) > limit:
             what = f"parameters beyond the {limit:,} elements its checkpoints allow (at {type(module).__name__}.{name})"
-            raise _ExceededError(self.describe(what))
+            self.stop(what)
 
     def on_buffer(self, module: Any, name: str, buffer: Any) -> None:
         if buffer is None or threading.get_ident() != self.owner:
@@ -89,7 +87,7 @@ class _Counter:
                 f"buffers beyond the {_size(limit)} its checkpoints' size allows (at the buffer {name!r} of "
                 f"{type(module).__name__}, {shape}, {_size(self.buffers[id(buffer)])})"
             )
-            raise _ExceededError(self.describe(what))
+            self.stop(what)
 
 
 @contextlib.contextmanager
@@ -163,7 +161,7 @@ def _called(factory: Callable[..., Any], config: Mapping[str, Any], name: str, w
         raise
     except Exception as exc:  # a factory's failure on a store's config is bad input, CkptError or not
         msg = f"the model factory {name} failed on the model config of {where}: {type(exc).__name__}: {exc}"
-        raise _FactoryFailedError(" ".join(msg.split())) from exc
+        raise ModelConfigError(" ".join(msg.split())) from exc
 
 
 def build_model(
@@ -213,17 +211,20 @@ def build_model(
             "written with (ckpt set-model)"
         )
 
-    def counted_build(device: str | None) -> Any:
-        with _counted(_Counter(limit, budget, describe)), torch.device(device) if device else contextlib.nullcontext():
+    def counted_build(counter: _Counter, device: str | None) -> Any:
+        with _counted(counter), torch.device(device) if device else contextlib.nullcontext():
             return _called(factory, config, name, where)
 
+    counter = _Counter(limit, budget, describe)
     try:
-        on_meta = counted_build("meta")
-    except _FactoryFailedError:
+        on_meta = counted_build(counter, "meta")
+    except ModelConfigError:
+        if counter.exceeded:
+            raise
         on_meta = None  # code that cannot run on meta: built for real, counted, then compared
     if on_meta is not None:
         compare(on_meta, shapes, budget, name, where)
         del on_meta
-    model = counted_build(None)
+    model = counted_build(_Counter(limit, budget, describe), None)
     compare(model, shapes, budget, name, where)
     return model
