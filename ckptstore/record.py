@@ -47,6 +47,9 @@ MAX_JSON_DEPTH = 64
 MAX_DIMS = 32
 """Most dimensions of a stored array (numpy's own limit is 64)."""
 
+MAX_ELEMENTS = 2**56
+"""Elements an array's shape may claim: its bytes (at most 8 an element) must count in an int64."""
+
 MAX_CHUNK_BYTES = 2**31
 """Largest chunk of a data, metrics or result array (ckpt writes at most tens of MB); checkpoint chunks are
 bounded by their stored bytes instead (:func:`row_bound`)."""
@@ -256,6 +259,8 @@ def _validate_array(path: str, node: dict[str, Any], where: str) -> None:
     shape = node.get("shape")
     if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_int(n) and n >= 0 for n in shape):
         _fail(where, f"shape of {path!r}", shape, f"a list of at most {MAX_DIMS} non-negative integers")
+    if math.prod(shape) > MAX_ELEMENTS:
+        _fail(where, f"shape of {path!r}", shape, f"at most {MAX_ELEMENTS:,} elements (a 64-bit count of bytes)")
     grid = node.get("chunk_grid")
     configuration = grid.get("configuration") if isinstance(grid, dict) else None
     chunks = configuration.get("chunk_shape") if isinstance(configuration, dict) else None
@@ -307,8 +312,9 @@ def _validate_checkpoints(nodes: dict[str, dict[str, Any]], where: str) -> None:
         shape, chunks = node["shape"], node["chunk_grid"]["configuration"]["chunk_shape"]
         if not shape or shape[0] != committed:
             _fail(where, f"shape of {path!r}", shape, f"{committed} rows, one per committed checkpoint")
-        if chunks[0] != 1:
-            _fail(where, f"chunk shape of {path!r}", chunks, "one checkpoint per chunk (1, ...)")
+        if chunks[0] != 1 or any(c < n for c, n in zip(chunks[1:], shape[1:], strict=True)):
+            # the format's [1, *shape]: one chunk per row, so no row names more chunk files than one
+            _fail(where, f"chunk shape of {path!r}", chunks, f"one whole checkpoint per chunk {[1, *shape[1:]]}")
         if not isinstance(node["data_type"], str) or node["data_type"] not in NATIVE_DTYPES:
             _fail(where, f"data_type of {path!r}", node["data_type"], "a numeric dtype (float32, uint16 ...)")
     order = nodes.get(CHECKPOINTS, {}).get("attributes", {}).get(ROOT_ATTR, {}).get("tensors", [])

@@ -64,6 +64,14 @@ MUTATIONS: dict[str, tuple[Callable[[dict], None], str]] = {
         lambda d: _huge_shape(d["consolidated_metadata"]["metadata"]),
         "tensor '0.weight' at step",
     ),
+    "chunk smaller than a row": (  # found by the fuzzer: 10^12 chunk keys listed before any read
+        lambda d: d["consolidated_metadata"]["metadata"]["checkpoints/0.weight"]["shape"].__setitem__(2, 10**12),
+        "expected one whole checkpoint per chunk [1, 8, 1000000000000]",
+    ),
+    "shape beyond 64 bits": (  # found by the fuzzer: an OverflowError counting its bytes
+        lambda d: d["consolidated_metadata"]["metadata"]["checkpoints/0.weight"]["shape"].__setitem__(2, 2**70),
+        "elements (a 64-bit count of bytes)",
+    ),
     "deeply nested attrs": (lambda d: _deep(d["attributes"]["ckpt"]), f"nested deeper than the {MAX_JSON_DEPTH}"),
     "digest key not a step": (
         lambda d: d["attributes"]["ckpt"]["digests"].update({"abc": d["attributes"]["ckpt"]["digests"]["0"]}),
