@@ -35,7 +35,14 @@ import numpy as np
 import xarray as xr
 
 import ckpt.store as ckptstore
-from ckpt.errors import AnalysisError, MissingDataError, NonFiniteWarning, UnverifiedStoreWarning
+from ckpt.errors import (
+    AnalysisError,
+    CkptError,
+    CkptWarning,
+    MissingDataError,
+    NonFiniteWarning,
+    UnverifiedStoreWarning,
+)
 from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._manager import registry as shared_registry
@@ -127,6 +134,27 @@ def stored_provenance(store: ckptstore.Store, name: str) -> dict[str, Any] | Non
         return store.analysis(name).ckpt.provenance
     except MissingDataError:  # deleted by hand: nothing to reuse, compute it anew
         return None
+
+
+def _holds_claimed_steps(store: ckptstore.Store, name: str, claimed: list[int]) -> bool:
+    """Whether the stored result ``name`` holds exactly the steps its provenance claims (warns when not).
+
+    Reuse trusts the provenance's steps; a result whose step coordinate says otherwise (edited,
+    duplicated, or out of order) is computed anew rather than reused or extended.
+    """
+    try:
+        result = store.analysis(name)
+        held = [int(s) for s in result["step"].values] if "step" in result.dims else claimed
+    except (CkptError, KeyError, ValueError, OSError, RuntimeError):
+        held = None
+    if held == claimed:
+        return True
+    msg = (
+        f"the stored result {name!r} of {store.path} holds steps {held if held is None else held[:5]} where its "
+        f"provenance claims {claimed[:5]}: it is computed anew"
+    )
+    warnings.warn(msg, CkptWarning, stacklevel=3)
+    return False
 
 
 def _wanted_steps(analyzer: Analyzer, store: ckptstore.Store) -> list[int]:
@@ -357,6 +385,8 @@ def run(
         if stored is not None and not force and stored_identity(stored, opened, model) == _identity(provenance):
             covered = [int(s) for s in stored.get("steps", [])]
             if analyzer.per == PER_RUN and covered != wanted:
+                covered = []
+            if covered and not _holds_claimed_steps(opened, target, covered):
                 covered = []
         missing = [s for s in wanted if s not in set(covered)]
         if covered and missing and min(missing) < max(covered):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import ckpt.store as ckptstore
 from ckpt.plugins._engine import run
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest
@@ -86,3 +87,22 @@ def test_a_summary_that_fails_on_what_the_result_holds_is_one_error_line(base: P
     _set_provenance(store, "mine", {"analyzer": "polca", "options": {}})
     line = _one_error_line(run_ckpt("show", str(store), "mine"), "the polca summary of analysis 'mine' failed")
     assert "KeyError" in line and "recompute it" in line, line
+
+
+@pytest.mark.parametrize("steps", [[-1], [0, 0, 0], [2, 1, 0], [0, 1, 2, 3, 4]], ids=str)
+def test_a_result_whose_provenance_claims_other_steps_is_computed_anew(
+    base: Path, tmp_path: Path, steps: list[int]
+) -> None:
+    """Found by the store fuzzer: duplicated or unknown claimed steps ended ``ckpt analyze`` in a pandas
+    traceback, and a claim of more steps than held was reused as if computed."""
+    store = tmp_path / "run.zarr"
+    shutil.copytree(base, store)
+    _set_provenance(store, "loss", {"steps": steps})
+    result = run_ckpt("analyze", "loss", str(store), "--no-progress")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert f"where its provenance claims {steps}: it is computed anew" in result.stderr, result.stderr
+    assert "computed 3 step(s), reused 0 stored" in result.stdout, result.stdout
+    assert run_ckpt("verify", str(store)).returncode == 0
+    fresh, stored = ckptstore.open(base).analysis("loss"), ckptstore.open(store).analysis("loss")
+    assert stored.ckpt.steps == [0, 1, 2]
+    assert (fresh["loss"].values == stored["loss"].values).all()
