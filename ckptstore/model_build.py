@@ -28,7 +28,15 @@ from typing import Any
 from ckpt.errors import ModelConfigError
 from ckpt.store.factory_config import check_config
 
-__all__ = ["BUFFER_FACTOR", "BUFFER_FLOOR", "PARAMETER_SLACK", "buffer_budget", "build_model", "unstored_parameters"]
+__all__ = [
+    "BUFFER_FACTOR",
+    "BUFFER_FLOOR",
+    "PARAMETER_SLACK",
+    "buffer_budget",
+    "build_model",
+    "check_model",
+    "unstored_parameters",
+]
 
 BUFFER_FLOOR = 64 << 20
 """Bytes of buffers any model may make, however small its checkpoints (a causal mask of 4,096 positions: 16 MiB)."""
@@ -198,6 +206,39 @@ def build_model(
     check_config(factory, config, name, where)
     if checkpoint is None:
         return _called(factory, config, name, where)
+    return _built(factory, config, name, where, checkpoint, for_real=True)
+
+
+def check_model(
+    factory: Callable[..., Any],
+    config: Mapping[str, Any],
+    name: str,
+    where: str,
+    checkpoint: Mapping[str, tuple[tuple[int, ...], int]],
+) -> bool:
+    """Steps 1-3 of :func:`build_model`, allocating nothing: whether the model could be checked on ``meta``.
+
+    ``ckpt verify`` checks a store's model spec this way. A factory whose code cannot run on
+    ``meta`` returns False (checking it would mean building it).
+
+    Raises
+    ------
+    ModelConfigError
+        As :func:`build_model`.
+    """
+    check_config(factory, config, name, where)
+    return _built(factory, config, name, where, checkpoint, for_real=False) is not None
+
+
+def _built(
+    factory: Callable[..., Any],
+    config: Mapping[str, Any],
+    name: str,
+    where: str,
+    checkpoint: Mapping[str, tuple[tuple[int, ...], int]],
+    *,
+    for_real: bool,
+) -> Any:
     import torch
 
     shapes = {key: tuple(shape) for key, (shape, _) in checkpoint.items()}
@@ -218,13 +259,17 @@ def build_model(
     counter = _Counter(limit, budget, describe)
     try:
         on_meta = counted_build(counter, "meta")
-    except ModelConfigError:
-        if counter.exceeded:
+    except ModelConfigError as exc:
+        if counter.exceeded or exc.__cause__ is None:  # a limit, or the factory refusing its config
             raise
         on_meta = None  # code that cannot run on meta: built for real, counted, then compared
     if on_meta is not None:
         compare(on_meta, shapes, budget, name, where)
+        if not for_real:
+            return on_meta
         del on_meta
+    if not for_real:
+        return None
     model = counted_build(_Counter(limit, budget, describe), None)
     compare(model, shapes, budget, name, where)
     return model

@@ -51,7 +51,7 @@ from ckpt.store.format import (
     current_factory,
 )
 from ckpt.store.lineage import Parent, read_parent
-from ckpt.store.model_build import build_model
+from ckpt.store.model_build import build_model, check_model
 from ckpt.store.record import check_claimed_bytes, is_compressed, row_bound, validate_meta
 from ckpt.store.trust import check_trusted, trust_reason
 
@@ -98,6 +98,27 @@ class ModelSpec:
             factory = self._import()
             name, where = current_factory(self.factory), self.source or "the model spec"
             return build_model(factory, self.config, name, where, self.checkpoint)
+
+    def check(self) -> bool:
+        """Check the spec as :meth:`build` does, allocating nothing: whether it could be checked.
+
+        The factory's schema, then the model built on ``meta`` and compared with the stored
+        tensors (``ckpt verify`` uses this). False when the factory is not trusted (its code is
+        never imported to check it), or when its code cannot run on ``meta``.
+
+        Raises
+        ------
+        StoreError
+            A trusted factory that cannot be imported.
+        ModelConfigError
+            The config does not fit the factory or the checkpoints, or the factory failed.
+        """
+        if trust_reason(self.factory) is None or self.checkpoint is None:
+            return False
+        with collection_paused():
+            factory = self._import()
+            name, where = current_factory(self.factory), self.source or "the model spec"
+            return check_model(factory, self.config, name, where, self.checkpoint)
 
     def _import(self) -> Callable[..., Any]:
         module_name, _, attr = current_factory(self.factory).partition(":")
