@@ -47,6 +47,10 @@ class StoreLockedError(StoreError, BlockingIOError):
     """Another process holds the writer lock of this store."""
 
 
+class StoreLinkError(StoreError, PermissionError):
+    """A local store holds a symbolic link where ckpt would write: ckpt never writes through one."""
+
+
 class StepOrderError(StoreError, ValueError):
     """A checkpoint step is not greater than the last committed step."""
 

@@ -33,6 +33,7 @@ from zarr.core.metadata import ArrayV3Metadata
 from zarr.core.sync import sync
 
 from ckpt.errors import NotAStoreError, StoreError, StoreLockedError, StoreNotFoundError
+from ckpt.store import links
 
 ROOT_KEY = "zarr.json"
 
@@ -62,10 +63,16 @@ def open_zarr_store(
 ) -> zarr.abc.store.Store:
     """Return the zarr Store object for a local path or an fsspec URL.
 
+    A local store opened for writing must hold no symbolic link (:func:`ckpt.store.links.check_no_links`):
+    zarr's ``LocalStore`` follows links, and every write of ckpt to a local store goes through
+    the store this returns or through its lock files (:class:`FileLock`), which follow none.
+
     Raises
     ------
     NotAStoreError
         A local path that is a file.
+    StoreLinkError
+        ``read_only`` is false and the local store holds a symbolic link.
     StoreError
         A URL whose scheme fsspec does not know, or whose filesystem package is not installed.
     """
@@ -74,6 +81,8 @@ def open_zarr_store(
         if local.exists() and not local.is_dir():
             msg = f"{path} is a file, not a ckpt store (a store is a folder); pass the store's folder"
             raise NotAStoreError(msg)
+        if not read_only and local.is_dir():
+            links.check_no_links(local, path)
         return zarr.storage.LocalStore(local, read_only=read_only)
     try:
         return zarr.storage.FsspecStore.from_url(str(path), storage_options=storage_options, read_only=read_only)
@@ -201,7 +210,7 @@ class WholeChunks:
         path = self._file(row)
         if path.parent != self.folder:  # a chunk key encoding with "/" separators
             path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)  # never through a link
         try:
             pending = [data, memoryview(checksum)]
             while pending:  # writev may write less than asked (a signal, a full disk raises)
@@ -386,24 +395,46 @@ class DirectoryLock:
     folder is made anew while its store exists (a store replaced as a whole is
     swapped in by ``rename``, under the old store's writer lock); what is, a
     result's folder, is locked through a :class:`FileLock`.
+
+    The folder is reached from the store's root one component at a time, never through a
+    symbolic link (:mod:`ckpt.store.links`): only the root, the user's own path, may be one.
+
+    Parameters
+    ----------
+    root
+        The store's root folder; None for a remote store (the lock does nothing).
+    folder
+        The locked folder, ``/``-separated below ``root`` (empty: the root itself).
     """
 
-    def __init__(self, directory: Path | None) -> None:
-        self._path = directory
+    def __init__(self, root: Path | None, folder: str = "") -> None:
+        self._root = root
+        self._parts = links.split(folder)
         self._fd: int | None = None
 
     def acquire(self, *, blocking: bool, busy_message: str = "") -> None:
-        """Take the lock; when not ``blocking``, raise StoreLockedError(busy_message) if it is held."""
-        if self._path is None:
+        """Take the lock; when not ``blocking``, raise StoreLockedError(busy_message) if it is held.
+
+        Raises
+        ------
+        StoreLinkError
+            A folder on the way is a symbolic link.
+        """
+        if self._root is None:
             return
         import fcntl
 
-        fd = os.open(self._path, os.O_RDONLY)
+        fds = links.open_folders(self._root, self._parts, self._root)
+        links.close_all(fds[:-1])
+        fd = fds[-1]
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
             os.close(fd)
             raise StoreLockedError(busy_message) from None
+        except BaseException:
+            os.close(fd)
+            raise
         self._fd = fd
 
     def release(self) -> None:
@@ -431,74 +462,106 @@ class FileLock(DirectoryLock):
     its path names, and excludes everyone else locking that path. A killed holder leaves an
     unlocked file behind (the kernel releases the ``flock``), which the next holder takes over.
 
-    ``prune_up_to``: folders between the lock file and this one (included) are made when the lock
-    is taken and removed, when empty, when it is released, so that a store looks as it did
-    before (a refused ``ckpt analyze`` leaves it unchanged, down to its folder listing).
+    The file and its folders are reached, made and removed from the store's root one component
+    at a time (``openat``, ``mkdirat``, ``unlinkat``, ``rmdir`` relative to the folder's
+    descriptor), never through a symbolic link: a link on the way is a
+    :class:`~ckpt.errors.StoreLinkError` before anything is made or removed.
 
-    ``shared``: a shared lock (``LOCK_SH``), which excludes exclusive holders only. Its holder
-    removes the file on release only when it can turn its lock exclusive without waiting (no
-    other holder is left); a process opening the file meanwhile finds it removed and starts over.
+    Parameters
+    ----------
+    root
+        The store's root folder; None for a remote store (the lock does nothing).
+    path
+        The lock file, ``/``-separated below ``root``.
+    prune
+        A folder on ``path`` (``/``-separated below ``root``): the folders between the lock file
+        and it (included) are made when the lock is taken and removed, when empty, when it is
+        released, so that a store looks as it did before (a refused ``ckpt analyze`` leaves it
+        unchanged, down to its folder listing). None: no folder is removed.
+    shared
+        A shared lock (``LOCK_SH``), which excludes exclusive holders only. Its holder removes the
+        file on release only when it can turn its lock exclusive without waiting (no other holder
+        is left); a process opening the file meanwhile finds it removed and starts over.
     """
 
-    def __init__(self, path: Path | None, prune_up_to: Path | None = None, *, shared: bool = False) -> None:
-        super().__init__(path)
-        self._prune_up_to = prune_up_to
+    def __init__(self, root: Path | None, path: str = "", prune: str | None = None, *, shared: bool = False) -> None:
+        parts = links.split(path)
+        super().__init__(root, "/".join(parts[:-1]))
+        self._name = parts[-1] if parts else ""
+        self._relative = "/".join(parts)
+        self._prune = 0 if prune is None else len(self._parts) - len(links.split(prune)) + 1
         self._shared = shared
+        self._folders: list[int] = []
 
     def acquire(self, *, blocking: bool, busy_message: str = "") -> None:
-        """Take the lock; when not ``blocking``, raise StoreLockedError(busy_message) if it is held."""
-        if self._path is None:
+        """Take the lock; when not ``blocking``, raise StoreLockedError(busy_message) if it is held.
+
+        Raises
+        ------
+        StoreLinkError
+            The lock file or a folder on the way is a symbolic link.
+        """
+        if self._root is None:
             return
         import fcntl
 
         while True:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            folders = links.open_folders(self._root, self._parts, self._root, create=True)
             try:
-                fd = os.open(self._path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-            except FileNotFoundError:  # another holder pruned the empty folders meanwhile: make them again
+                fd = links.open_file(folders[-1], self._name, self._root, self._relative)
+            except FileNotFoundError:  # another holder pruned the empty folder meanwhile: make it again
+                links.close_all(folders)
                 continue
+            except BaseException:
+                links.close_all(folders)
+                raise
             try:
                 fcntl.flock(fd, (fcntl.LOCK_SH if self._shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
                 opened = os.fstat(fd)
                 try:
-                    named = os.stat(self._path, follow_symlinks=False)
+                    named = os.stat(self._name, dir_fd=folders[-1], follow_symlinks=False)
                 except FileNotFoundError:
                     named = None
             except BlockingIOError:
                 os.close(fd)
+                links.close_all(folders)
                 raise StoreLockedError(busy_message) from None
             except BaseException:
                 os.close(fd)
+                links.close_all(folders)
                 raise
             if named is not None and (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino):
-                self._fd = fd
+                self._fd, self._folders = fd, folders
                 return
             os.close(fd)  # its holder removed it between our open and our lock: take the one there now
+            links.close_all(folders)
 
     def release(self) -> None:
         """Remove the lock file (a shared one only when no other holder is left) and release the lock (idempotent)."""
-        if self._fd is not None:
-            assert self._path is not None
-            if self._shared:
-                import fcntl
+        if self._fd is None:
+            return
+        last = True
+        if self._shared:
+            import fcntl
 
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    last = True
-                except BlockingIOError:
-                    last = False  # another holder: the file stays theirs
-            if not self._shared or last:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                last = False  # another holder: the file stays theirs
+        folders, self._folders = self._folders, []
+        try:
+            if last:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._path)  # while still held, so nobody takes a file that is going away
+                    os.unlink(self._name, dir_fd=folders[-1])  # while still held: nobody takes a file going away
             os.close(self._fd)
             self._fd = None
-            folder = self._path.parent
-            while self._prune_up_to is not None and folder.is_relative_to(self._prune_up_to):
-                try:
-                    folder.rmdir()  # only when empty: another process's lock file keeps it
+            for depth in range(len(self._parts), len(self._parts) - self._prune, -1):
+                try:  # only when empty: another process's lock file keeps it; a link is never followed
+                    os.rmdir(self._parts[depth - 1], dir_fd=folders[depth - 1])
                 except OSError:
                     break
-                folder = folder.parent
+        finally:
+            links.close_all(folders)
 
 
 def is_analysis_node(path: str) -> bool:

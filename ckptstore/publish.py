@@ -104,7 +104,7 @@ def lock_replaceable(where: str, local: Path | None, storage_options: dict[str, 
     except (NotAStoreError, UnsupportedFormatError) as exc:
         msg = f"refusing to overwrite {where}: it is not a ckpt store this ckpt writes ({exc}); remove it yourself"
         raise StoreExistsError(msg) from None
-    lock = _zarr.DirectoryLock(None if local is None else local / CHECKPOINTS)
+    lock = _zarr.DirectoryLock(local, CHECKPOINTS)
     lock.acquire(
         blocking=False,
         busy_message=f"another process is writing to {where}; it cannot be overwritten until that writer closes",

@@ -80,8 +80,8 @@ dropping results) need no shared lock there, and would be refused by their own p
 
 
 class _ExclusiveStoreLock(_zarr.FileLock):
-    def __init__(self, path: Path, prune_up_to: Path, key: Any) -> None:
-        super().__init__(path, prune_up_to)
+    def __init__(self, root: Path, key: Any) -> None:
+        super().__init__(root, f"{LOCKS}/{STORE_LOCK}", LOCKS)
         self._key = key
 
     def release(self) -> None:
@@ -105,7 +105,7 @@ def store_lock(path: str | os.PathLike[str], *, exclusive: bool) -> _zarr.FileLo
     if local is None or (not exclusive and key in _REPLACING):
         return _zarr.FileLock(None)
     if exclusive:
-        lock = _ExclusiveStoreLock(local / LOCKS / STORE_LOCK, local / LOCKS, key)
+        lock = _ExclusiveStoreLock(local, key)
         busy = (
             f"an analysis is being computed or removed in {path} by another process; it cannot be replaced "
             "until that finishes: wait for it (or stop it), then run again"
@@ -113,7 +113,7 @@ def store_lock(path: str | os.PathLike[str], *, exclusive: bool) -> _zarr.FileLo
         lock.acquire(blocking=False, busy_message=busy)
         _REPLACING.add(key)
         return lock
-    lock = _zarr.FileLock(local / LOCKS / STORE_LOCK, local / LOCKS, shared=True)
+    lock = _zarr.FileLock(local, f"{LOCKS}/{STORE_LOCK}", LOCKS, shared=True)
     busy = (
         f"{path} is being replaced by another process (ckpt import or create with --overwrite, or ckpt repair); "
         "run again once it is done"
@@ -146,9 +146,7 @@ def result_lock(path: str | os.PathLike[str], name: str, *, blocking: bool = Fal
     if problem:
         raise InvalidNameError(problem)
     local = _zarr.local_path(path)
-    lock = _zarr.FileLock(
-        None if local is None else local / LOCKS / ANALYSES / name, None if local is None else local / LOCKS
-    )
+    lock = _zarr.FileLock(local, f"{LOCKS}/{ANALYSES}/{name}", LOCKS)
     busy = (
         f"analysis {name!r} of {path} is being computed by another process; wait for it to finish "
         "(or stop it), then run again"

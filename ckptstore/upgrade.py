@@ -81,7 +81,7 @@ def upgrade(path: str | os.PathLike[str], *, storage_options: dict[str, Any] | N
     where = str(path)
     zstore = open_zarr_store(where, read_only=False, storage_options=storage_options)
     local = _zarr.local_path(where)
-    lock = _zarr.DirectoryLock(local / CHECKPOINTS if local is not None and (local / CHECKPOINTS).is_dir() else None)
+    lock = _zarr.DirectoryLock(local if local is not None and (local / CHECKPOINTS).is_dir() else None, CHECKPOINTS)
     lock.acquire(blocking=False, busy_message=f"another process is writing to {where}; upgrade it when it is done")
     try:
         store = Store(where, storage_options=storage_options)

@@ -153,7 +153,7 @@ class Writer:
         # say "not a store" before trying to lock a directory that may not exist
         check_format(_zarr.read_root(self._zstore, self._where)[0], self._where)
         local = _zarr.local_path(self._where)
-        self._lock = _zarr.DirectoryLock(None if local is None else local / CHECKPOINTS)
+        self._lock = _zarr.DirectoryLock(local, CHECKPOINTS)
         busy = f"another process is writing to {self._where}; wait for it to finish (one writer at a time)"
         self._lock.acquire(blocking=False, busy_message=busy)
         self._closed = False
