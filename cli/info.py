@@ -146,6 +146,18 @@ def nonfinite_in(s: Any) -> list[str]:
     return found
 
 
+def symbolic_links(store: str) -> list[str]:
+    """One problem per symbolic link inside a local store: ckpt never writes through one, nor wrote one."""
+    from ckpt.store._zarr import local_path
+    from ckpt.store.links import find_links
+
+    local = local_path(store)
+    return [
+        f"symbolic link {link} (a link could point outside the store: replace it with what it stands for)"
+        for link in (find_links(local) if local is not None else [])
+    ]
+
+
 @click.command()
 @click.argument("store", metavar="STORE")
 @click.option(
@@ -161,6 +173,8 @@ def nonfinite_in(s: Any) -> list[str]:
 def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
     """Check every checkpoint, data split, the metrics and every result against the commit record.
 
+    A symbolic link inside a local store is a problem too (ckpt never writes a store holding one).
+
     Exit status: 0 when everything was checked and is intact; 1 naming what is corrupt; 3 when
     nothing was found corrupt but pieces without digests (a format v1 store, or pieces written by
     ckpt 0.1) could not be checked (`ckpt upgrade STORE` adds digests; --allow-unverified exits 0).
@@ -175,7 +189,7 @@ def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
     from ckpt.store.repair import analysis_problems
 
     s = ckptstore.open(store)
-    bad: list[str] = []
+    bad = symbolic_links(store)
     nonfinite: list[str] = []
     # disable=None: a progress bar on a terminal, nothing when piped
     with tqdm(s.steps, desc="verifying", unit="ckpt", leave=False, disable=None) as steps:
@@ -220,4 +234,4 @@ def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
         sys.exit(EXIT_UNVERIFIED)
 
 
-__all__ = ["info", "nonfinite_in", "verify"]
+__all__ = ["info", "nonfinite_in", "symbolic_links", "verify"]
