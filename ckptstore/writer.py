@@ -18,6 +18,7 @@ import shutil
 import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from ckpt.errors import (
     SchemaMismatchError,
     StepOrderError,
     StoreExistsError,
+    StoreLockedError,
     StoreNotFoundError,
     UnsupportedTensorError,
 )
@@ -51,6 +53,7 @@ from ckpt.store.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     LABELS,
+    LOCKS,
     METRIC_DIGESTS,
     METRICS,
     PARENT,
@@ -624,12 +627,17 @@ class Writer:
         text
             One string per example.
         overwrite
-            Replace an existing split of that name.
+            Replace an existing split of that name. In a local store the new split is written
+            and committed in a hard-linked clone of the store swapped in at once, so that a
+            crash leaves the old split or the new one; in an object store (no swap) the old
+            split is removed first and a crash in between leaves the split missing.
 
         Raises
         ------
         DataError, InvalidNameError
             Before anything is written.
+        StoreLockedError
+            ``overwrite`` of a local store's split while another process writes a result to it.
 
         """
         self._check_open()
@@ -654,13 +662,26 @@ class Writer:
             }
         }
         if overwrite and base in self._nodes:
+            local = _zarr.local_path(self._where)
+            if local is not None:
+                self._replace_split(local, split, variables, group_attrs)
+                return
+            # an object store cannot swap folders: the old split leaves the record before the new one is written
             for key in [k for k in self._nodes if k == base or k.startswith(base + "/")]:
                 del self._nodes[key]
             self._commit()
             sync(self._zstore.delete_dir(base))
+        self._nodes.update(self._write_split(self._zstore, split, variables, group_attrs))
+        self._commit()
+
+    def _write_split(
+        self, zstore: Any, split: str, variables: Mapping[str, Any], group_attrs: dict[str, Any]
+    ) -> dict[str, dict[str, Any]]:
+        """Write the checked split ``variables`` under ``data/<split>`` of ``zstore``; its nodes, to commit."""
+        base = f"{DATA}/{split}"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # zarr: variable-length strings are not in the v3 core spec yet
-            group = zarr.open_group(self._zstore, path=base, mode="w", zarr_format=3, attributes=group_attrs)
+            group = zarr.open_group(zstore, path=base, mode="w", zarr_format=3, attributes=group_attrs)
             nodes = {base: _zarr.empty_group_json(group_attrs)}
             for name, (array, dims) in variables.items():
                 if name.startswith(f"{LABELS}/") and f"{base}/{LABELS}" not in nodes:
@@ -680,14 +701,60 @@ class Writer:
                 nodes[f"{base}/{name}"] = _zarr.node_json(created)
             # never commit what verify would refuse: the split is read back and hashed as readers will
             if _read_back_digest(group, variables) != group_attrs[ROOT_ATTR]["sha256"]:
-                sync(self._zstore.delete_dir(base))  # not in the record yet: nothing else saw it
+                sync(zstore.delete_dir(base))  # not in the record yet: nothing else saw it
                 msg = (
                     f"data split {split!r} did not read back as it was given (its content hash differs), so it "
                     f"was not added to {self._where}: this is a bug of ckpt, please report it with the arrays' dtypes"
                 )
                 raise DataError(msg)
-        self._nodes.update(nodes)
-        self._commit()
+        return nodes
+
+    def _replace_split(
+        self, local: Path, split: str, variables: Mapping[str, Any], group_attrs: dict[str, Any]
+    ) -> None:
+        """Replace the committed split ``split`` of the local store ``local``: old or new at every instant.
+
+        The new split is written and committed in a hard-linked clone of the store
+        (:func:`ckpt.store.clone.link_clone`, the old split and the lock files left out), which is
+        swapped in (:func:`ckpt.store.publish.publish`); until then the store is not changed. The
+        store-wide lock is held exclusively meanwhile, as ``ckpt repair`` holds it: a result
+        committed into the old store during the swap would be lost. The writer lock is taken on the
+        clone's ``checkpoints/`` before the swap, so that this writer stays the store's one writer.
+        """
+        from ckpt.store.clone import link_clone
+        from ckpt.store.results import store_lock
+
+        base = f"{DATA}/{split}"
+        try:
+            store_wide = store_lock(self._where, exclusive=True)
+        except StoreLockedError:
+            msg = (
+                f"an analysis is being computed or removed in {self._where} by another process; data split "
+                f"{split!r} cannot be replaced until that finishes: wait for it (or stop it), then run again"
+            )
+            raise StoreLockedError(msg) from None
+        real = local.resolve()  # the user's path may be a link to the store: the store is swapped, not the link
+        staged = staging_path(real)
+        try:
+            link_clone(real, staged, leave_out=(base, LOCKS), where=self._where)
+            zstore = open_zarr_store(str(staged), read_only=False)
+            nodes = {k: v for k, v in self._nodes.items() if k != base and not k.startswith(base + "/")}
+            nodes.update(self._write_split(zstore, split, variables, group_attrs))
+            _zarr.commit(
+                zstore, str(staged), attributes=self._attrs, nodes=nodes, owns=lambda p: not _zarr.is_analysis_node(p)
+            )
+            writer_lock = _zarr.DirectoryLock(staged, CHECKPOINTS)
+            writer_lock.acquire(blocking=False)  # nobody else knows the clone
+            try:
+                publish(staged, real, replace=True)
+            except BaseException:
+                writer_lock.release()
+                raise
+            self._lock.release()  # the old store's, now gone
+            self._lock, self._nodes = writer_lock, nodes
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)  # left only when something failed before the swap
+            store_wide.release()
 
     def set_model(
         self,
