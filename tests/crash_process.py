@@ -2,7 +2,7 @@
 
 Usage: ``python crash_process.py OPERATION TEMPLATE WORKROOT MODE [N ...]``. A *file event*
 is a call that changes the file system: opening a file for writing, ``os.open`` with write
-flags, rename/replace, mkdir, unlink/remove, rmdir. Modes:
+flags, rename/replace, mkdir, link, unlink/remove, rmdir. Modes:
 
 - ``count``: run the operation on a copy of TEMPLATE at WORKROOT/count; print its event count.
 - ``kill N...``: for each N, copy TEMPLATE to WORKROOT/kill-N and run the operation there in a
@@ -28,6 +28,8 @@ Operations, each on ``run.zarr`` in its folder (TEMPLATE holds the sources and o
 - ``url_import``: the import to an fsspec URL (``local://``: an object store's code path, no rename).
 - ``url_reimport``: the same with ``overwrite=True`` over an existing store of another run.
 - ``add_data``: on an existing store, add split ``train`` and replace split ``eval``.
+- ``data_overwrite``: ``ckpt data add run.zarr eval --inputs ... --targets ... --overwrite`` (the
+  ``.npy`` files beside the store).
 - ``analysis``: commit a result in two blocks (steps 0-1, then step 2 appended), as the engine does.
 - ``reanalysis``: replace a stored result with another (``ckpt analyze --force``).
 - ``repair``: ``ckpt repair`` of a store whose checkpoint 2 is damaged and whose result covers it
@@ -85,7 +87,7 @@ def _patch() -> None:
 
     builtins.open = io.open = patched_open
     os.open = patched_os_open
-    for name in ("rename", "replace", "mkdir", "unlink", "remove", "rmdir"):
+    for name in ("rename", "replace", "mkdir", "link", "unlink", "remove", "rmdir"):
         real = getattr(os, name)
 
         def patched(*args, _real=real, **kwargs):
@@ -161,6 +163,15 @@ def run_operation(operation: str, work: Path) -> None:
         with ckptstore.open(path, mode="a") as writer:
             writer.add_data("train", **split(1))
             writer.add_data("eval", **split(1), overwrite=True)
+    elif operation == "data_overwrite":
+        from click.testing import CliRunner
+
+        from ckpt.cli.main import cli
+
+        arrays = [f"--{name}={work / f'{name}.npy'}" for name in ("inputs", "targets")]
+        done = CliRunner().invoke(cli, ["data", "add", str(path), "eval", *arrays, "--overwrite"])
+        if done.exit_code != 0:
+            raise RuntimeError(f"ckpt data add exited {done.exit_code}: {done.output} {done.exception!r}")
     elif operation in ("analysis", "reanalysis"):
         from ckpt.store.results import write_analysis
 
@@ -239,6 +250,8 @@ def main() -> None:
     if operation not in ("create", "append", "add_data", "set_model") and "import" not in operation:
         result([0], 0)  # xarray imports dask & co. at its first Dataset: here once, not per child (5x)
 
+    if operation == "data_overwrite":
+        import ckpt.cli.main  # once here, not in every child
     import ckpt.store
     import ckpt.store.importers
     import ckpt.store.repair

@@ -2,8 +2,8 @@
 
 Operations: create, import, overwrite, the append loop, adding and replacing data
 splits, and committing or replacing an analysis result; and every other command that
-changes a store: repair (with and without dropping checkpoints), rm, set-model, upgrade
-and an import into an earlier import.
+changes a store: repair (with and without dropping checkpoints), rm, set-model, upgrade,
+``data add --overwrite`` and an import into an earlier import.
 
 ``tests/crash_process.py`` runs one operation in child processes that count their file
 events (opens for writing, renames, mkdirs, unlinks ...) through an interposed
@@ -14,6 +14,7 @@ of every operation (not random timing) and checks what is left on disk.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.errors import StoreError, StoreExistsError, StoreLockedError
 from tests.crash_process import MODEL, provenance, result, split, tensors, write_sources
-from tests.helpers import run_ckpt
+from tests.helpers import run_ckpt, tree_digest
 
 pytestmark = pytest.mark.slow  # crash trials: every file write of a store killed
 
@@ -91,6 +92,13 @@ def _old_result_store(work: Path) -> None:
 
     _old_split_store(work)
     write_analysis(work / "run.zarr", "toy", result([0, 1, 2], 2), attrs=provenance([0, 1, 2], 2))
+
+
+def _split_files_store(work: Path) -> None:
+    """The split store, and beside it the ``.npy`` files of split ``eval``'s replacement (run 1)."""
+    _old_split_store(work)
+    for name in ("inputs", "targets"):
+        np.save(work / f"{name}.npy", split(1)[name])
 
 
 def _damaged_checkpoint_store(work: Path) -> None:
@@ -217,11 +225,20 @@ def _outcome(operation: str, work: Path) -> str:
         assert store.steps.tolist() == [0, 1, 2]
         if store.splits == ["eval"] and _split_is(store, "eval", 2):
             return "old"
-        if store.splits == ["eval", "train"] and _split_is(store, "train", 1):
-            return "new" if _split_is(store, "eval", 1) else "train added"
-        # replacing a split commits its removal first: never a mix of old and new values
-        assert store.splits == ["train"] and _split_is(store, "train", 1), store.splits
-        return "eval being replaced"
+        # a replaced split is the old one or the new one, never missing nor a mix
+        assert store.splits == ["eval", "train"] and _split_is(store, "train", 1), store.splits
+        return "new" if _split_is(store, "eval", 1) else "train added"
+    if operation == "data_overwrite":
+        store = ckptstore.open(path)
+        assert store.steps.tolist() == [0, 1, 2] and _verified(path) == 0
+        assert store.splits == ["eval"], "the split replaced is there, old or new, at every kill point"
+        if _split_is(store, "eval", 2):
+            return "old"
+        stored = store.data("eval")
+        np.testing.assert_array_equal(stored["inputs"].values, split(1)["inputs"])
+        np.testing.assert_array_equal(stored["targets"].values, split(1)["targets"])
+        assert "text" not in stored
+        return "new"
     if operation == "analysis":
         state = _result_state(path)
         assert state in (None, (1, [0, 1]), (1, [0, 1, 2])), state
@@ -317,7 +334,7 @@ def test_killed_at_every_file_event(tmp_path: Path, operation: str) -> None:
     if operation in ("create", "reimport"):
         assert set(outcomes) == {"old", "new"}, "both outcomes occur: the kill points span the whole operation"
     if operation == "add_data":
-        assert set(outcomes) == {"old", "train added", "eval being replaced", "new"}
+        assert set(outcomes) == {"old", "train added", "new"}
     if operation == "url_import":
         assert set(outcomes) == {"old", "interrupted"}  # the last event is the commit that completes it
     if operation == "url_reimport":  # killed before its last event, the root put: never a mix
@@ -337,6 +354,7 @@ MUTATIONS = {
     "repair_in_place": _damaged_pieces_store,
     "rm": _old_result_store,
     "set_model": _old_split_store,
+    "data_overwrite": _split_files_store,
     "upgrade": _unverified_store,
     "import_append": _earlier_import,
 }
@@ -415,3 +433,48 @@ def test_a_failed_overwrite_import_leaves_the_old_store(tmp_path: Path) -> None:
     failed = run_ckpt("import", str(src), str(path), "--overwrite")
     assert failed.returncode == 1 and "the destination" in failed.stderr and "left as it was" in failed.stderr
     assert _holds(path, [0, 1], run=2)
+
+
+def test_data_add_overwrite_replaces_the_split_and_leaves_the_old_files_as_they_were(tmp_path: Path) -> None:
+    _split_files_store(tmp_path)
+    path = tmp_path / "run.zarr"
+    # a hard-linked snapshot (cp -al) shares every file with the store: writing the replacement
+    # anywhere but into new files (zarr writes each key to a temporary file, renamed over) would show here
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(path, snapshot, copy_function=os.link)
+    before = tree_digest(snapshot)
+    arrays = [f"--{name}={tmp_path / f'{name}.npy'}" for name in ("inputs", "targets")]
+    replaced = run_ckpt("data", "add", str(path), "eval", *arrays, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    store = ckptstore.open(path)
+    np.testing.assert_array_equal(store.data("eval")["inputs"].values, split(1)["inputs"])
+    assert _holds(path, [0, 1, 2], run=2) and _verified(path) == 0
+    assert tree_digest(snapshot) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inputs.npy", "run.zarr", "snapshot", "targets.npy"]
+
+
+def test_a_writer_replacing_a_split_stays_the_one_writer_of_the_store(tmp_path: Path) -> None:
+    _old_split_store(tmp_path)
+    path = tmp_path / "run.zarr"
+    with ckptstore.open(path, mode="a") as writer:
+        writer.add_data("eval", **split(1), overwrite=True)
+        with pytest.raises(StoreLockedError):  # the store swapped in is locked as the old one was
+            ckptstore.open(path, mode="a")
+        writer.write(3, tensors(3, run=2), metrics={"loss": 3.0})
+        assert writer.reader().splits == ["eval"] and _split_is(writer.reader(), "eval", 1)
+        writer.add_data("eval", **split(3), overwrite=True)
+    store = ckptstore.open(path)
+    assert _holds(path, [0, 1, 2, 3], run=2) and _split_is(store, "eval", 3) and _verified(path) == 0
+    np.testing.assert_array_equal(store.metrics["loss"].values, [3.0])
+
+
+def test_a_split_replaced_through_a_link_to_the_store_leaves_the_link_a_link(tmp_path: Path) -> None:
+    (tmp_path / "disk").mkdir()
+    _old_split_store(tmp_path / "disk")
+    link = tmp_path / "run.zarr"
+    link.symlink_to(tmp_path / "disk" / "run.zarr")  # the user's own path may be a link
+    with ckptstore.open(link, mode="a") as writer:
+        writer.add_data("eval", **split(1), overwrite=True)
+    assert link.is_symlink() and _split_is(ckptstore.open(tmp_path / "disk" / "run.zarr"), "eval", 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "run.zarr"]
+    assert sorted(p.name for p in (tmp_path / "disk").iterdir()) == ["run.zarr"]
