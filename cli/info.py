@@ -158,6 +158,29 @@ def symbolic_links(store: str) -> list[str]:
     ]
 
 
+def model_spec_problems(s: Any) -> list[str]:
+    """The problem with store ``s``'s model spec, if any: its config checked on ``meta``, allocating nothing.
+
+    A factory that is not trusted is not imported to check it: one ``Warning:`` line says so.
+    """
+    from ckpt.errors import ModelConfigError, StoreError
+
+    spec = s.model
+    if spec is None or not len(s.steps):
+        return []
+    try:
+        checked = spec.check()
+    except (ModelConfigError, StoreError) as exc:
+        return [f"model spec: {exc}"]
+    if not checked:
+        click.echo(
+            f"Warning: the model spec of {s.path} ({spec.factory}) was not checked against the checkpoints: its "
+            "factory is not trusted (--trust-factory or CKPT_TRUSTED_FACTORIES), or cannot be built on meta",
+            err=True,
+        )
+    return []
+
+
 @click.command()
 @click.argument("store", metavar="STORE")
 @click.option(
@@ -179,7 +202,9 @@ def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
     nothing was found corrupt but pieces without digests (a format v1 store, or pieces written by
     ckpt 0.1) could not be checked (`ckpt upgrade STORE` adds digests; --allow-unverified exits 0).
     Checkpoints holding NaN or inf are named in a `Warning:` line (they are what was written, not
-    damage: the status does not change).
+    damage: the status does not change). The model spec is checked too, allocating nothing: the
+    config against its factory's declared types and bounds, and the model built on torch's meta
+    device against the stored tensors (a factory that is not trusted is not imported: a warning).
     """
     from tqdm import tqdm
 
@@ -189,7 +214,7 @@ def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
     from ckpt.store.repair import analysis_problems
 
     s = ckptstore.open(store)
-    bad = symbolic_links(store)
+    bad = symbolic_links(store) + model_spec_problems(s)
     nonfinite: list[str] = []
     # disable=None: a progress bar on a terminal, nothing when piped
     with tqdm(s.steps, desc="verifying", unit="ckpt", leave=False, disable=None) as steps:
@@ -234,4 +259,4 @@ def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
         sys.exit(EXIT_UNVERIFIED)
 
 
-__all__ = ["info", "nonfinite_in", "symbolic_links", "verify"]
+__all__ = ["info", "model_spec_problems", "nonfinite_in", "symbolic_links", "verify"]

@@ -67,6 +67,9 @@ def test_an_hf_config_that_names_the_stores_own_code_never_runs_it(tmp_path: Pat
     line = _one_error_line(_answering_yes("analyze", "sparsity", str(store), "--no-progress", cwd=tmp_path))
     assert not canary.exists(), "the store's code ran"
     assert "'auto_map'" in line and HF_FACTORY in line, line
+    verified = run_ckpt("verify", str(store))  # it said OK: the spec is checked too, nothing imported
+    assert verified.returncode == 1 and "model spec:" in verified.stderr, verified.stderr
+    assert "'auto_map'" in verified.stderr and not canary.exists(), verified.stderr
     assert tree_digest(store) == before
 
 
@@ -217,6 +220,20 @@ def test_a_real_gpt2_run_still_builds_and_analyzes(tmp_path: Path) -> None:
     assert type(model).__name__ == "GPT2LMHeadModel"
     analyzed = run_ckpt("analyze", "loss", str(store), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
+    assert spec.check() is True, "checked on meta"
+    verified = run_ckpt("verify", str(store))
+    assert verified.returncode == 0 and not verified.stderr.strip(), verified.stderr
+
+
+def test_verify_checks_the_model_config_against_the_checkpoints(tmp_path: Path) -> None:
+    store = write_example_run(tmp_path / "run.zarr", steps=2, examples=4, config={"hidden": 9})
+    verified = run_ckpt("verify", str(store))
+    assert verified.returncode == 1, verified.stderr
+    assert "model spec:" in verified.stderr and "'0.weight' of shape [9, 3] (stored [8, 3])" in verified.stderr
+    untrusted = write_example_run(tmp_path / "mine.zarr", steps=2, examples=4, factory="mypkg.models:build")
+    verified = run_ckpt("verify", str(untrusted))
+    assert verified.returncode == 0, verified.stderr
+    assert "Warning: the model spec" in verified.stderr and "not trusted" in verified.stderr
 
 
 def test_a_failing_factory_is_one_error_line_naming_it(tmp_path: Path) -> None:
