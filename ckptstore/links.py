@@ -57,6 +57,11 @@ def find_links(root: str | os.PathLike[str], limit: int | None = None) -> list[s
     -------
     list of str
         The links found, in walking order (a folder's entries before its subfolders').
+
+    Raises
+    ------
+    StoreError
+        A folder below ``root`` cannot be listed.
     """
     found: list[str] = []
     pending = [("", os.fspath(root))]
@@ -64,8 +69,14 @@ def find_links(root: str | os.PathLike[str], limit: int | None = None) -> list[s
         prefix, folder = pending.pop()
         try:
             entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
-        except (NotADirectoryError, FileNotFoundError, PermissionError):
-            continue  # removed meanwhile, or unreadable: nothing ckpt could write there either
+        except (NotADirectoryError, FileNotFoundError):
+            continue  # removed meanwhile
+        except PermissionError:  # a folder that can be written but not listed could hide a link
+            msg = (
+                f"cannot list {prefix.rstrip('/') or 'the root folder'} of {root} to check that it holds no "
+                "symbolic link (permission denied): give yourself read access to the store's folders"
+            )
+            raise StoreError(msg) from None
         subfolders = []
         for entry in entries:
             relative = f"{prefix}{entry.name}"
