@@ -52,8 +52,14 @@ STAGING_SUFFIX = ".incomplete-"
 """A store being created or imported is built at ``.<name>.incomplete-<id>`` beside its destination."""
 
 
+def _target(final: Path) -> Path:
+    """Where ``final`` is: the user's own path to a store may be a link, and a swap replaces what it points to."""
+    return Path(os.path.realpath(final)) if final.is_symlink() else final
+
+
 def staging_path(final: Path) -> Path:
     """A fresh hidden sibling of ``final`` to build a store in, moved into place when complete."""
+    final = _target(final)
     return final.parent / f"{STAGING_PREFIX}{final.name}{STAGING_SUFFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
@@ -123,7 +129,9 @@ def publish(staged: Path, final: Path, *, replace: bool) -> None:
     in one ``renameat2(RENAME_EXCHANGE)`` and then deleted. Where the system cannot
     swap (not Linux), the old store is renamed aside first: a crash between the two
     renames then leaves it, complete, at ``.<name>.replaced-<id>``, never a mix of both runs.
+    Where ``final`` is a link (the user's own path), the store it points to is replaced.
     """
+    final = _target(final)
     if not replace:
         os.rename(staged, final)
         return

@@ -157,3 +157,20 @@ def test_the_lock_code_refuses_a_link_on_its_path_and_leaves_its_target(base: Pa
             store_lock(store, exclusive=True)
     assert _state(outside) == before
     assert (store / link).is_symlink()
+
+
+def test_a_store_replaced_through_the_users_link_is_replaced_where_the_link_points(base: Path, tmp_path: Path) -> None:
+    """A repair that drops a checkpoint swaps in a copy: through a link, the link's target is swapped, not the link."""
+    from ckpt.store.repair import repair
+
+    store = _copy(base, tmp_path)
+    alias = tmp_path / "alias.zarr"
+    alias.symlink_to(store, target_is_directory=True)
+    chunk = sorted((store / "checkpoints" / "0.weight").glob("c*"))[2]
+    chunk.write_bytes(bytes(b ^ 0xFF for b in chunk.read_bytes()))  # fails its crc32c: step 2 is dropped
+    report = repair(alias)
+    assert report.dropped_steps == [2]
+    assert os.path.islink(alias) and os.path.realpath(alias) == str(store.resolve())
+    assert list(ckptstore.open(store).steps) == [0, 1, 3, 4, 5]
+    assert run_ckpt("verify", str(store)).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [], "no staging copy left"
