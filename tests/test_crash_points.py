@@ -478,3 +478,22 @@ def test_a_split_replaced_through_a_link_to_the_store_leaves_the_link_a_link(tmp
     assert link.is_symlink() and _split_is(ckptstore.open(tmp_path / "disk" / "run.zarr"), "eval", 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "run.zarr"]
     assert sorted(p.name for p in (tmp_path / "disk").iterdir()) == ["run.zarr"]
+
+
+def test_a_split_is_not_replaced_while_a_result_is_being_written(tmp_path: Path) -> None:
+    from ckpt.store.results import store_lock
+
+    _old_split_store(tmp_path)
+    path = tmp_path / "run.zarr"
+    with ckptstore.open(path, mode="a") as writer:
+        before = tree_digest(path)
+        held = store_lock(path, exclusive=False)  # as ckpt analyze holds it while it writes a result
+        try:
+            with pytest.raises(StoreLockedError, match="data split 'eval' cannot be replaced until that finishes"):
+                writer.add_data("eval", **split(1), overwrite=True)
+        finally:
+            held.release()
+        assert tree_digest(path) == before
+        writer.add_data("eval", **split(1), overwrite=True)
+    assert _split_is(ckptstore.open(path), "eval", 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.zarr"]
