@@ -748,8 +748,12 @@ class Store:
             node = self._nodes[key]
             if node.get("node_type") == "array" and list(node.get("dimension_names") or []) == [key.rsplit("/")[-1]]:
                 check_claimed_bytes(node, _zarr.prefix_bytes(self._zstore, key), f"{describe}, {key}", self._where)
-        with _zarr.translated_read_errors(describe, remedy):  # index coordinates are read now
-            opened = xr.open_zarr(self._zstore, group=prefix, consolidated=True, chunks=None)
+        try:
+            with _zarr.translated_read_errors(describe, remedy):  # index coordinates are read now
+                opened = xr.open_zarr(self._zstore, group=prefix, consolidated=True, chunks=None)
+        except KeyError as exc:  # xarray: metadata it needs to name dimensions is not there
+            msg = f"{describe} cannot be opened ({exc.args[0] if exc.args else exc}); {remedy}"
+            raise CorruptChunkError(msg) from None
         return verified(opened, self._nodes, prefix, describe, remedy)
 
     # -- what cannot be checked ----------------------------------------------------------------

@@ -72,6 +72,10 @@ MUTATIONS: dict[str, tuple[Callable[[dict], None], str]] = {
         lambda d: d["consolidated_metadata"]["metadata"]["checkpoints/0.weight"]["shape"].__setitem__(2, 2**70),
         "elements (a 64-bit count of bytes)",
     ),
+    "result without dimension_names": (  # found by the fuzzer: an xarray KeyError traceback
+        lambda d: d["consolidated_metadata"]["metadata"]["analyses/loss/loss"].pop("dimension_names"),
+        "dimension_names of 'analyses/loss/loss' is None, expected 2 names",
+    ),
     "deeply nested attrs": (lambda d: _deep(d["attributes"]["ckpt"]), f"nested deeper than the {MAX_JSON_DEPTH}"),
     "digest key not a step": (
         lambda d: d["attributes"]["ckpt"]["digests"].update({"abc": d["attributes"]["ckpt"]["digests"]["0"]}),
