@@ -278,7 +278,7 @@ def _validate_array(path: str, node: dict[str, Any], where: str) -> None:
         not isinstance(names, list) or len(names) != len(shape) or not all(isinstance(n, str | None) for n in names)
     ):
         _fail(where, f"dimension_names of {path!r}", names, f"null or {len(shape)} names")
-    if names is None and path.startswith(f"{ANALYSES}/"):  # xarray wrote them; it cannot open a result without
+    if names is None and shape and path.startswith(f"{ANALYSES}/"):  # xarray cannot open a result without
         _fail(where, f"dimension_names of {path!r}", names, f"{len(shape)} names (a result's dimensions)")
     if not isinstance(node.get("data_type"), str | dict):
         _fail(where, f"data_type of {path!r}", node.get("data_type"), "a zarr data type")
