@@ -8,6 +8,7 @@ writer and crash processes the tests start import it too.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -136,3 +137,14 @@ def write_gpt2_run(folder: Path, checkpoints: int = 1, sequences: int = 16, leng
     added = run_ckpt("data", "add", str(store), "eval", "--inputs", str(folder / "ids.npy"))
     assert added.returncode == 0, added.stderr
     return store
+
+
+def set_provenance(store: Path, name: str, fields: dict[str, Any]) -> None:
+    """Edit a stored result's provenance as an attacker would: in its ``zarr.json`` and in the commit record."""
+    root = json.loads((store / "zarr.json").read_text())
+    root["consolidated_metadata"]["metadata"][f"analyses/{name}"]["attributes"]["ckpt"].update(fields)
+    (store / "zarr.json").write_text(json.dumps(root))
+    node_path = store / "analyses" / name / "zarr.json"
+    node = json.loads(node_path.read_text())
+    node["attributes"]["ckpt"].update(fields)
+    node_path.write_text(json.dumps(node))

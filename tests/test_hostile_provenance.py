@@ -7,7 +7,6 @@ Each case edits a stored result's ``attrs["ckpt"]`` as an attacker would (in the
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.plugins._engine import run
 from ckpt.plugins.testing import write_example_run
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import run_ckpt, set_provenance, tree_digest
 
 pytestmark = pytest.mark.slow  # a few ckpt processes per hostile record
 
@@ -41,16 +40,6 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _set_provenance(store: Path, name: str, fields: dict) -> None:
-    root = json.loads((store / "zarr.json").read_text())
-    root["consolidated_metadata"]["metadata"][f"analyses/{name}"]["attributes"]["ckpt"].update(fields)
-    (store / "zarr.json").write_text(json.dumps(root))
-    node_path = store / "analyses" / name / "zarr.json"
-    node = json.loads(node_path.read_text())
-    node["attributes"]["ckpt"].update(fields)
-    node_path.write_text(json.dumps(node))
-
-
 def _one_error_line(result: object, expected: str) -> str:
     stderr = result.stderr  # type: ignore[attr-defined]
     assert result.returncode == 1, stderr  # type: ignore[attr-defined]
@@ -66,7 +55,7 @@ def test_provenance_of_the_wrong_type_is_one_error_line(base: Path, tmp_path: Pa
     name, fields, expected = CASES[case]
     store = tmp_path / "run.zarr"
     shutil.copytree(base, store)
-    _set_provenance(store, name, fields)
+    set_provenance(store, name, fields)
     before = tree_digest(store)
     line = _one_error_line(run_ckpt("show", str(store), name), expected)
     assert f"analysis {name!r}" in line, "names the result"
@@ -84,7 +73,7 @@ def test_a_summary_that_fails_on_what_the_result_holds_is_one_error_line(base: P
     """``mine`` holds loss values but claims polca: polca's own summary cannot read it; `show` says so in one line."""
     store = tmp_path / "run.zarr"
     shutil.copytree(base, store)
-    _set_provenance(store, "mine", {"analyzer": "polca", "options": {}})
+    set_provenance(store, "mine", {"analyzer": "polca", "options": {}})
     line = _one_error_line(run_ckpt("show", str(store), "mine"), "the polca summary of analysis 'mine' failed")
     assert "KeyError" in line and "recompute it" in line, line
 
@@ -97,7 +86,7 @@ def test_a_result_whose_provenance_claims_other_steps_is_computed_anew(
     traceback, and a claim of more steps than held was reused as if computed."""
     store = tmp_path / "run.zarr"
     shutil.copytree(base, store)
-    _set_provenance(store, "loss", {"steps": steps})
+    set_provenance(store, "loss", {"steps": steps})
     result = run_ckpt("analyze", "loss", str(store), "--no-progress")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert f"where its provenance claims {steps}: it is computed anew" in result.stderr, result.stderr

@@ -11,7 +11,6 @@ texts that may hold anything carry ``<script>`` too. Every payload sets ``docume
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.plugins._engine import run
 from ckpt.plugins.examples import EXAMPLE_FACTORY, mlp
-from tests.helpers import run_ckpt
+from tests.helpers import run_ckpt, set_provenance
 
 pytestmark = pytest.mark.slow  # trains a tiny run, analyzes it, and opens its report in a browser
 
@@ -33,17 +32,6 @@ SCRIPT = "<script>document.title='pwned'</script>"
 """A payload for texts that may hold anything: attrs, option values, provenance."""
 INJECTED = f"{SCRIPT}<img src=x onerror=\"document.title='pwned'\"><svg onload=\"document.title='pwned'\"></svg>"
 """What a future missed escape would put into the page: the policy must stop all of it."""
-
-
-def _set_provenance(store: Path, name: str, **fields: object) -> None:
-    """Edit a stored result's provenance as an attacker would: in its ``zarr.json`` and the commit record."""
-    root = json.loads((store / "zarr.json").read_text())
-    root["consolidated_metadata"]["metadata"][f"analyses/{name}"]["attributes"]["ckpt"].update(fields)
-    (store / "zarr.json").write_text(json.dumps(root))
-    node_path = store / "analyses" / name / "zarr.json"
-    node = json.loads(node_path.read_text())
-    node["attributes"]["ckpt"].update(fields)
-    node_path.write_text(json.dumps(node))
 
 
 def _hostile_store(path: Path) -> Path:
@@ -66,7 +54,7 @@ def _hostile_store(path: Path) -> Path:
     clustering = {"on": "loss", "label": IMG, "delta": 1.0, "tau": 1.0}
     run("clusters", path, min_cluster_size=2, place_label=SCRIPT, progress=False, **clustering)
     run("clusters", path, min_cluster_size=3, save_as=IMG, progress=False, **clustering)
-    _set_provenance(path, IMG, created=SCRIPT, ckpt_version=SCRIPT, version=SCRIPT)
+    set_provenance(path, IMG, {"created": SCRIPT, "ckpt_version": SCRIPT, "version": SCRIPT})
     # finding 3: the comparison reads this chunk, and its error names the analysis (written whole: the
     # values may equal the fill value, and then zarr wrote no chunk at all)
     chunk = path / "analyses" / IMG / "top_homogeneity" / "c" / "0"
