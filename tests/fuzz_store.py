@@ -1,6 +1,6 @@
 """A fuzzer of hostile stores: mutate a real store, run every reading command, judge what they print.
 
-Used by ``tests/test_fuzz_store.py`` (1,000 mutants in CI, seeded and derandomized). More by hand::
+Used by ``tests/test_fuzz_store.py`` (2,000 mutants in CI, seeded and derandomized). More by hand::
 
     CKPT_FUZZ_EXAMPLES=20000 CKPT_FUZZ_SEED=7 pytest tests/test_fuzz_store.py -x
 
@@ -11,7 +11,12 @@ JSON edits of the root record (its ``attrs["ckpt"]`` and consolidated metadata) 
 to a path such as ``../x``, JSON nested 5,000 deep), files truncated or filled with invalid bytes,
 chunk files deleted, truncated, flipped, copied over another step's, swapped, replaced by a symbolic
 link (to a canary file outside the store, or to a folder) or by a folder, and whole groups deleted
-or replaced by a file.
+or replaced by a file. And the attacks that need to know the store's structure (issue 68): a model
+spec naming a registered factory with a hostile config (wrong types, huge sizes, keys that name code
+or files, a Hugging Face config with ``auto_map`` and a module shipped in the store) or naming code
+that is no factory; a result's provenance of the wrong types or at odds with its data; the folders
+ckpt writes into (``.locks``, a result, a checkpoint array, a split) replaced by links out of the
+store; codec pipelines ckpt never writes, and a zstd frame that inflates to gigabytes.
 
 The commands (``info``, ``verify``, ``show STORE loss``, ``analyze loss``, ``repair``, and ``report``
 on every :data:`REPORT_EVERY`-th mutant: it draws figures, 10x slower) run in ONE long-lived worker
@@ -70,6 +75,8 @@ class Mutant:
     done: list[str] = field(default_factory=list)
     damaged_checkpoint: bool = False
     """A checkpoint chunk file was changed: ``verify`` must not pass."""
+    kinds: list[str] = field(default_factory=list)
+    """The kind of each mutation, for the counts the test prints."""
 
 
 def _files(store: Path, pattern: str) -> list[Path]:
@@ -120,8 +127,11 @@ def mutate(mutant: Mutant, rng: random.Random) -> None:
     """Apply one random mutation to ``mutant`` (recorded in ``mutant.done``)."""
     store = mutant.path
     chunks = [p for p in _files(store, "checkpoints/*/c*")]
-    kind = rng.choice(("root", "root", "root", "node", "truncate", "bytes", "chunk", "chunk", "chunk", "group"))
-    if kind == "root":
+    kind = rng.choice(KINDS)
+    mutant.kinds.append(kind)
+    if kind in STRUCTURED:
+        STRUCTURED[kind](mutant, rng)
+    elif kind == "root":
         mutant.done.append(_edit_json(store / "zarr.json", rng))
     elif kind == "node":
         nodes = _files(store, "**/zarr.json")
@@ -186,6 +196,280 @@ def _mutate_chunk(mutant: Mutant, chunks: list[Path], rng: random.Random) -> Non
         chunk.mkdir()
     mutant.damaged_checkpoint = True
     mutant.done.append(f"chunk {chunk.relative_to(mutant.path)}: {how}")
+
+
+# -- attacks a user's trust depends on: factories, provenance, links, codecs --------------------------
+KINDS = (
+    *("root", "root", "root", "node", "truncate", "bytes", "chunk", "chunk", "chunk", "group"),
+    *("factory", "factory", "provenance", "provenance", "link", "link", "codec", "codec"),
+)
+"""The mutation kinds, drawn uniformly (a kind named twice is drawn twice as often)."""
+
+EVIL_MODULE = "import pathlib\npathlib.Path({canary!r}, 'code-ran').write_text('the store ran code')\nEvil = None\n"
+"""A module a hostile store ships: importing it writes into the canary folder (judged as a change outside)."""
+
+HOSTILE_CONFIG_ENTRIES: tuple[tuple[str, Any], ...] = (
+    ("hidden", 10**7),  # a 10^7-unit MLP: 300 MB of parameters the stored 8-unit tensors do not justify
+    ("hidden", 10**12),
+    ("d_in", 2**40),
+    ("classes", -1),
+    ("hidden", "8"),
+    ("hidden", 8.5),
+    ("hidden", [8]),
+    ("layers", 10**6),
+    ("auto_map", {"AutoModel": "evil.Evil"}),
+    ("trust_remote_code", True),
+    ("name_or_path", "@/.hf"),
+)
+"""Entries put into the example model's config: types, huge values, keys that name code or files."""
+
+
+def _hostile_hf_configs(store: Path) -> list[dict[str, Any]]:
+    """Hugging Face model configs an attacker writes, with ``evil.py`` shipped at ``store/.hf``."""
+    local = str(store / ".hf")
+    tiny = {"n_layer": 1, "n_head": 1, "n_embd": 8, "vocab_size": 8}
+    return [
+        {"model_type": "vit", "auto_map": {"AutoModelForCausalLM": "evil.Evil"}, "name_or_path": local},
+        {"model_type": "gpt2", "auto_map": {"AutoModelForCausalLM": "evil.Evil"}, "_name_or_path": local, **tiny},
+        {"model_type": "gpt2", "architectures": ["Trainer"], **tiny},
+        {"model_type": "gpt2", "architectures": ["AutoModel"], "trust_remote_code": True, **tiny},
+        {
+            "model_type": "gpt_neo",
+            "max_position_embeddings": 50000,
+            "num_layers": 1,
+            "attention_types": [[["global"], 1]],
+            "hidden_size": 8,
+            "num_heads": 1,
+            "vocab_size": 8,
+        },
+        {"model_type": "gpt2", "n_positions": 10**6, **tiny},
+        {"model_type": "gpt2", **tiny, "n_layer": 10**5},
+        {"model_type": "no-such-model"},
+        {"model_type": 5},
+        {},
+    ]
+
+
+def _load(file: Path) -> Any:
+    """A JSON document an earlier mutation may have broken (None then: the mutation is skipped)."""
+    try:
+        return json.loads(file.read_text()) if file.is_file() and not file.is_symlink() else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _edit_root_attrs(store: Path, edit: Any) -> bool:
+    root = store / "zarr.json"
+    document = _load(root)
+    ckpt = document.get("attributes", {}).get("ckpt") if isinstance(document, dict) else None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model", {}), dict):
+        return False
+    ckpt.setdefault("model", {})
+    if not isinstance(ckpt["model"].get("config", {}), dict):
+        return False
+    edit(ckpt)
+    root.write_text(json.dumps(document))
+    return True
+
+
+def _mutate_factory(mutant: Mutant, rng: random.Random) -> None:
+    """The model spec names a registered factory with a hostile config, a factory that is no factory, or code."""
+    store = mutant.path
+    (store / ".hf").mkdir(exist_ok=True)
+    (store / ".hf" / "evil.py").write_text(EVIL_MODULE.format(canary=str(mutant.canary)))
+    how = rng.choice(("config", "config", "huggingface", "huggingface", "factory"))
+    if how == "config":
+        key, value = rng.choice(HOSTILE_CONFIG_ENTRIES)
+        value = str(store / ".hf") if value == "@/.hf" else value
+        _edit_root_attrs(store, lambda ckpt: ckpt["model"].setdefault("config", {}).__setitem__(key, value))
+        mutant.done.append(f"model config {key}={str(value)[:40]}")
+    elif how == "huggingface":
+        config = rng.choice(_hostile_hf_configs(store))
+
+        def spec(ckpt: dict[str, Any]) -> None:
+            ckpt["model"] = {"factory": "ckpt.plugins.huggingface:build_model", "config": config}
+
+        _edit_root_attrs(store, spec)
+        mutant.done.append(f"huggingface config {sorted(config)[:4]} {config.get('model_type')!r}")
+    else:
+        factory = rng.choice(("os:system", "evil:Evil", "ckpt.cli.main:cli", "ckpt.store:create", "builtins:exec"))
+        _edit_root_attrs(store, lambda ckpt: ckpt["model"].__setitem__("factory", factory))
+        mutant.done.append(f"factory {factory}")
+
+
+HOSTILE_PROVENANCE: tuple[tuple[str, Any], ...] = (
+    ("analyzer", ["x"]),
+    ("analyzer", "polca"),
+    ("analyzer", 5),
+    ("options", 5),
+    ("options", []),
+    ("options", {"split": {"a": 1}}),
+    ("steps", ["a"]),
+    ("steps", 10**20),
+    ("steps", [0, 0, 0]),
+    ("steps", [0, 1, 2, 3, 4]),
+    ("steps", [-1]),
+    ("version", 5),
+    ("requires", "x"),
+    ("requires", {"x": 5}),
+    ("data_sha256", 5),
+    ("created", {"a": "<script>alert(1)</script>"}),
+)
+"""Provenance entries of the stored ``loss`` result, of the wrong type or at odds with its data."""
+
+
+def _mutate_provenance(mutant: Mutant, rng: random.Random) -> None:
+    """Edit the ``loss`` result's provenance in the commit record and in its node, consistently."""
+    key, value = rng.choice(HOSTILE_PROVENANCE)
+    drop = rng.random() < 0.2
+    root = mutant.path / "zarr.json"
+    document = _load(root)
+    metadata = document.get("consolidated_metadata", {}) if isinstance(document, dict) else None
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("metadata"), dict):
+        return
+    node_file = mutant.path / "analyses" / "loss" / "zarr.json"
+    node = _load(node_file)
+    for entry in (metadata["metadata"].get("analyses/loss"), node):
+        attributes = entry.get("attributes") if isinstance(entry, dict) else None
+        provenance = attributes.get("ckpt") if isinstance(attributes, dict) else None
+        if isinstance(provenance, dict):
+            if drop:
+                provenance.pop(key, None)
+            else:
+                provenance[key] = value
+    root.write_text(json.dumps(document))
+    if node is not None:
+        node_file.write_text(json.dumps(node))
+    mutant.done.append(f"provenance {key} {'dropped' if drop else '= ' + str(value)[:30]}")
+
+
+def _mutate_link(mutant: Mutant, rng: random.Random) -> None:
+    """A folder where ckpt writes (locks, results, checkpoints, data) is a link out of the store."""
+    store, canary = mutant.path, mutant.canary
+    (canary / "store").write_text("a file named like a lock")
+    (canary / "analyses" / "loss").mkdir(parents=True, exist_ok=True)
+    how = rng.choice(("locks", "locks-analyses", "moved", "moved", "root-file"))
+    if how == "locks":
+        shutil.rmtree(store / ".locks", ignore_errors=True)
+        (store / ".locks").symlink_to(canary, target_is_directory=True)
+        mutant.done.append("link .locks -> outside")
+    elif how == "locks-analyses":
+        (store / ".locks").mkdir(exist_ok=True)
+        shutil.rmtree(store / ".locks" / "analyses", ignore_errors=True)
+        (store / ".locks" / "analyses").symlink_to(canary / "analyses", target_is_directory=True)
+        mutant.done.append("link .locks/analyses -> outside")
+    elif how == "moved":
+        folders = [p for p in (store / "analyses" / "loss", store / "data" / "eval") if p.is_dir()]
+        folders += [p for p in (store / "checkpoints").glob("*") if p.is_dir() and not p.is_symlink()]
+        folders = [p for p in folders if not p.is_symlink()]
+        if not folders:
+            return
+        folder = rng.choice(folders)
+        outside = canary / f"moved-{folder.name}"
+        shutil.move(folder, outside)
+        folder.symlink_to(outside, target_is_directory=True)
+        mutant.damaged_checkpoint |= folder.is_relative_to(store / "checkpoints")
+        mutant.done.append(f"link {folder.relative_to(store)} -> a copy outside")
+    else:
+        outside = canary / "zarr.json"
+        shutil.copy(store / "zarr.json", outside)
+        (store / "zarr.json").unlink()
+        (store / "zarr.json").symlink_to(outside)
+        mutant.done.append("link zarr.json -> a copy outside")
+
+
+def zstd_bomb(declared: int = 8 * 2**30) -> bytes:
+    """A zstd frame of RLE blocks that declares and inflates to ``declared`` bytes (~4 bytes per 128 KiB).
+
+    Written by hand from RFC 8878 (a frame header, then 3-byte block headers of type RLE each followed by
+    its one byte): no compressor would take seconds and gigabytes to make it.
+    """
+    block = 128 * 1024
+    header = (0xFD2FB528).to_bytes(4, "little") + bytes([0b1110_0000]) + declared.to_bytes(8, "little")
+    blocks, left = bytearray(), declared
+    while left:
+        size = min(block, left)
+        left -= size
+        blocks += ((size << 3) | (1 << 1) | (left == 0)).to_bytes(3, "little") + b"\0"
+    return header + bytes(blocks)
+
+
+HOSTILE_CODECS: tuple[list[dict[str, Any]], ...] = (
+    [
+        {"name": "bytes", "configuration": {"endian": "little"}},
+        {"name": "zstd", "configuration": {"level": 0, "checksum": False}},
+    ],
+    [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip", "configuration": {"level": 1}}],
+    [{"name": "bytes", "configuration": {"endian": "big"}}, {"name": "crc32c"}],
+    [
+        {"name": "transpose", "configuration": {"order": [0, 2, 1]}},
+        {"name": "bytes", "configuration": {"endian": "little"}},
+    ],
+    [{"name": "numcodecs.pickle"}],
+    [
+        {"name": "bytes", "configuration": {"endian": "little"}},
+        {"name": "numcodecs.zlib", "configuration": {"level": 1}},
+    ],
+    [
+        {
+            "name": "sharding_indexed",
+            "configuration": {
+                "chunk_shape": [1, 10**6, 10**6],
+                "codecs": [{"name": "bytes"}],
+                "index_codecs": [{"name": "bytes"}, {"name": "crc32c"}],
+            },
+        }
+    ],
+)
+"""Codec pipelines put on a checkpoint array: ones ckpt never writes (pickle, transpose, gzip, sharding)."""
+
+
+def _mutate_codec(mutant: Mutant, rng: random.Random) -> None:
+    """A checkpoint array's codecs replaced, or one of its chunks made a zstd bomb under zstd."""
+    store = mutant.path
+    root = store / "zarr.json"
+    document = _load(root)
+    metadata = document.get("consolidated_metadata", {}) if isinstance(document, dict) else None
+    nodes = metadata.get("metadata") if isinstance(metadata, dict) else None
+    if not isinstance(nodes, dict):
+        return
+    names = [
+        k
+        for k, v in nodes.items()
+        if k.startswith("checkpoints/")
+        and k != "checkpoints/step"
+        and isinstance(v, dict)
+        and v.get("node_type") == "array"
+    ]
+    if not names:
+        return
+    name = rng.choice(sorted(names))
+    bomb = rng.random() < 0.4
+    codecs = HOSTILE_CODECS[0] + [{"name": "crc32c"}] if bomb else rng.choice(HOSTILE_CODECS)
+    nodes[name]["codecs"] = codecs
+    root.write_text(json.dumps(document))
+    node = _load(store / name / "zarr.json")
+    if isinstance(node, dict):
+        node["codecs"] = codecs
+        (store / name / "zarr.json").write_text(json.dumps(node))
+    mutant.damaged_checkpoint = True
+    if bomb:
+        chunks = _files(store / name, "c*")
+        if chunks:
+            frame = zstd_bomb()
+            import google_crc32c
+
+            rng.choice(chunks).write_bytes(frame + google_crc32c.value(frame).to_bytes(4, "little"))
+    mutant.done.append(f"codecs of {name}: {[c['name'] for c in codecs]}{' + a zstd bomb' if bomb else ''}")
+
+
+STRUCTURED = {
+    "factory": _mutate_factory,
+    "provenance": _mutate_provenance,
+    "link": _mutate_link,
+    "codec": _mutate_codec,
+}
+"""The kinds that know the store's structure (the others are blind edits of files)."""
 
 
 # -- running and judging --------------------------------------------------------------------------

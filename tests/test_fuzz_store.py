@@ -1,4 +1,4 @@
-"""The store fuzzer in CI: 1,000 hostile mutants of a real store, every reading command on each (issue 28).
+"""The store fuzzer in CI: 2,000 hostile mutants of a real store, every command on each (issues 28, 68).
 
 See ``tests/fuzz_store.py`` for the mutations, the worker and the oracle. The counts are printed
 (``pytest -n 0 -s`` shows them) and every failure is listed with the mutations that caused it.
@@ -23,7 +23,7 @@ from tests.helpers import run_ckpt
 
 pytestmark = pytest.mark.slow  # crash trials: every file write of a store killed
 
-EXAMPLES = int(os.environ.get("CKPT_FUZZ_EXAMPLES", "1000"))
+EXAMPLES = int(os.environ.get("CKPT_FUZZ_EXAMPLES", "2000"))
 SEED = os.environ.get("CKPT_FUZZ_SEED", "0")
 
 
@@ -60,6 +60,7 @@ def test_hostile_stores_end_in_output_or_one_error_line(base: Path) -> None:
             shutil.copytree(base, mutant.path)
             for _ in range(mutations):
                 mutate(mutant, rng)
+            counts.update(f"kind {kind}" for kind in mutant.kinds)
             before, listing = tree_hash(canary), sorted(p.name for p in folder.iterdir())
             commands = list(COMMANDS)
             counts["mutants"] += 1
@@ -86,5 +87,5 @@ def test_hostile_stores_end_in_output_or_one_error_line(base: Path) -> None:
     print(f"\nfuzz: {dict(sorted(counts.items()))}")
     if os.environ.get("CKPT_FUZZ_FAILURES"):  # every failure, one a line, for a long run by hand
         Path(os.environ["CKPT_FUZZ_FAILURES"]).write_text("\n".join(failures) + "\n")
-    assert counts["mutants"] >= min(EXAMPLES, 1000)
+    assert counts["mutants"] >= min(EXAMPLES, 2000)
     assert not failures, f"{len(failures)} failure(s):\n" + "\n".join(failures[:40])
