@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpt.errors import CkptError, ImportFormatError, StoreExistsError, StoreNotFoundError
+from ckpt.errors import CkptError, ImportFormatError, ModelConfigError, StoreExistsError, StoreNotFoundError
 from ckpt.store import _zarr
 from ckpt.store.format import ROOT_ATTR
 from ckpt.store.publish import lock_replaceable, occupied, publish, publish_url, remove_store, staging_path, staging_url
@@ -477,12 +477,35 @@ def load_checkpoint(
     return tensors
 
 
+def _loader(
+    fmt: str, key: str | None, model: str | None, config: Mapping[str, Any] | None
+) -> Callable[[CheckpointSource], dict[str, Any]]:
+    """The function loading one checkpoint of an import: :func:`load_checkpoint`, then key conversion.
+
+    For a run the Hugging Face factory rebuilds, the conversion is transformers' own, to the names
+    of the model built from the config (:func:`ckpt.store.hf_keys.hf_state_dict`).
+    """
+    if model != HF_FACTORY or config is None:
+        return lambda source: load_checkpoint(source, fmt, key)
+    from ckpt.store.hf_keys import hf_state_dict
+
+    def load(source: CheckpointSource) -> dict[str, Any]:
+        tensors = load_checkpoint(source, fmt, key)
+        try:
+            return hf_state_dict(config, tensors)
+        except ModelConfigError as exc:
+            msg = f"cannot import {source.path}: {exc}"
+            raise ImportFormatError(msg) from None
+
+    return load
+
+
 def _append(
     src: str | os.PathLike[str],
     where: str,
     fmt: str,
     sources: list[CheckpointSource],
-    key: str | None,
+    load: Callable[[CheckpointSource], dict[str, Any]],
     logged: Mapping[int, Mapping[str, float]],
     skipped: list[str],
     progress: Callable[[int, int, int], None] | None,
@@ -517,7 +540,7 @@ def _append(
     common = [step for step in held if step in by_step]
     if common:  # the newest checkpoint both hold must be the same bits
         step = common[-1]
-        loaded = load_checkpoint(by_step[step], fmt, key)
+        loaded = load(by_step[step])
         stored = store.tensors(step)
         differs = sorted(set(loaded) ^ set(stored)) or [
             name for name in loaded if not np.array_equal(_as_numpy(loaded[name]), stored[name])
@@ -530,7 +553,7 @@ def _append(
         writer = open_store(where, mode="a", storage_options=storage_options)
         try:
             for done, source in enumerate(new, 1):
-                writer.write(source.step, load_checkpoint(source, fmt, key), metrics=logged.get(source.step))
+                writer.write(source.step, load(source), metrics=logged.get(source.step))
                 if progress is not None:
                     progress(done, len(new), source.step)
         finally:
@@ -625,6 +648,9 @@ def import_checkpoints(
             architecture = (hf_config.get("architectures") or [""])[0]
             if objective is None and architecture.endswith(HF_CAUSAL_LM):
                 objective = "causal-lm"
+    if model == HF_FACTORY and config is not None:  # a config.json given with --config: only its architecture
+        config = hf_model_config(config)
+    load = _loader(fmt, key, model, config)
     skipped = skipped_files(src, fmt)
     # Locally the store is built beside dest and moved into place when complete: a killed import
     # leaves dest as it was (absent, or the old store), never a store with part of the run. An object
@@ -636,7 +662,7 @@ def import_checkpoints(
     interrupted = local is None and exists and _interrupted_import(where, options)
     if exists and not overwrite and not interrupted:
         # a run that is still training: append what the store does not have yet
-        return _append(src, where, fmt, sources, key, logged, skipped, progress, options)
+        return _append(src, where, fmt, sources, load, logged, skipped, progress, options)
     old_lock = lock_replaceable(where, local, options) if exists else None
     if local is not None:
         build = str(staging_path(local))
@@ -657,7 +683,7 @@ def import_checkpoints(
         bytes_read, tensors, current = 0, 0, sources[0]
         try:
             for done, current in enumerate(sources, 1):
-                loaded = load_checkpoint(current, fmt, key)
+                loaded = load(current)
                 tensors = len(loaded)
                 bytes_read += sum(f.stat().st_size for f in current.files)
                 writer.write(current.step, loaded, metrics=logged.get(current.step))
