@@ -20,6 +20,19 @@ def _size(nbytes: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _duplicates_row(found: dict[str, Any] | None) -> str:
+    if found is None or not found["checked"]:
+        return "not checked (no digests: format v1)"
+    if not found["groups"] and not found["partial"]:
+        return "none (no checkpoint holds another step's tensors, by digest)"
+    parts = [f"{len(found['groups'])} group(s) of identical checkpoints"] if found["groups"] else []
+    if found["identical_to_final"]:
+        parts.append(f"{len(found['identical_to_final'])} identical to the final one")
+    if found["partial"]:
+        parts.append(f"{len(found['partial'])} partly another step's")
+    return "WARNING: " + ", ".join(parts) + " (see the Warning line)"
+
+
 def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     lines = [f"{info['path']}  (ckpt store, format v{info['format_version']})"]
 
@@ -40,6 +53,7 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
         more = " ..." if len(found) > 5 else ""
         weights = f"NaN or inf at {len(found)} checkpoint(s): " + "; ".join(found[:5]) + more
     row("weights", weights)
+    row("duplicates", _duplicates_row(info.get("duplicates")))
     row("created", info["created"])
     parent = info.get("parent")
     if parent is not None:
@@ -105,14 +119,18 @@ def info(store: str, as_json: bool, tensors: str, no_finite_check: bool) -> None
     """Show a store's metadata, checkpoints, tensors, data splits and analyses.
 
     Reads every checkpoint once to name the tensors holding NaN or inf (--no-finite-check skips it).
+    Checkpoints identical to another step's, wholly or in some tensors, are named in a `Warning:`
+    line, from the digests of the commit record (nothing read).
     """
     import ckpt.store as ckptstore
+    from ckpt.cli.trajectory import warn_duplicates
     from ckpt.store.lineage import parent_status
 
     if tensors != "all" and not tensors.isdigit():
         raise click.BadParameter(f"expected a number or 'all', got {tensors!r}", param_hint="--tensors")
     opened = ckptstore.open(store)
     summary = opened.info()
+    summary["duplicates"] = warn_duplicates(opened, store).to_json()  # the record's digests: nothing read
     summary["nonfinite"] = None if no_finite_check else nonfinite_in(opened)
     if opened.parent is not None:  # opened again: whether it still holds what this run started from
         status = parent_status(opened.parent)
@@ -196,7 +214,24 @@ def model_spec_problems(s: Any) -> list[str]:
     is_flag=True,
     help="Do not look for NaN or inf in the weights (they are read either way; the check adds a few percent).",
 )
-def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
+@click.option(
+    "--trajectory",
+    is_flag=True,
+    help="Also print each checkpoint's distance to the previous one, the cosine of consecutive updates, and the "
+    "checkpoints off their neighbours' path (possibly mislabeled), from the weights verify reads anyway.",
+)
+@click.option(
+    "--outlier-ratio",
+    type=click.FloatRange(min=1.0),
+    default=2.0,
+    show_default=True,
+    metavar="K",
+    help="--trajectory: flag a checkpoint farther than K x its neighbours' distance to each other from both.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print what was found as one JSON object (for scripts).")
+def verify(
+    store: str, allow_unverified: bool, no_finite_check: bool, trajectory: bool, outlier_ratio: float, as_json: bool
+) -> None:
     """Check every checkpoint, data split, the metrics and every result against the commit record.
 
     A symbolic link inside a local store is a problem too (ckpt never writes a store holding one).
@@ -208,29 +243,48 @@ def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
     damage: the status does not change). The model spec is checked too, allocating nothing: the
     config against its factory's declared types and bounds, and the model built on torch's meta
     device against the stored tensors (a factory that is not trusted is not imported: a warning).
+    Checkpoints identical to another step's, wholly or in some tensors, are named in a `Warning:`
+    line from the digests of the commit record; --trajectory adds the distances along the run and
+    names the checkpoints that jump off it (docs/existing-runs.md, "Checking a trajectory").
+    Neither changes the exit status.
     """
     from tqdm import tqdm
 
     import ckpt.store as ckptstore
+    from ckpt.cli.trajectory import trajectory_table, warn_duplicates, warn_mislabeled
     from ckpt.errors import CorruptChunkError
     from ckpt.store.reader import describe_nonfinite, nonfinite_counts
     from ckpt.store.repair import analysis_problems
+    from ckpt.store.trajectory import DistanceAccumulator, is_floating
 
     s = ckptstore.open(store)
     bad = symbolic_links(store) + model_spec_problems(s)
+    duplicates = warn_duplicates(s, store)
+    floating = [name for name, t in s.schema.items() if is_floating(t.dtype)]
+    distances = DistanceAccumulator(s.steps, floating, outlier_ratio) if trajectory else None
     nonfinite: list[str] = []
     # disable=None: a progress bar on a terminal, nothing when piped
     with tqdm(s.steps, desc="verifying", unit="ckpt", leave=False, disable=None) as steps:
-        for step in steps:
+        for index, step in enumerate(steps):
             for name in s.tensor_names:
                 try:
                     value = s.tensors(int(step), [name])
                 except CorruptChunkError:
                     bad.append(f"tensor {name!r} at step {int(step)}")
+                    if distances is not None:
+                        distances.lost(index, name)
                     continue
                 if not no_finite_check and (counts := nonfinite_counts(value)):
                     nonfinite.append(describe_nonfinite(int(step), counts))
+                if distances is not None:  # the weights read to check them: no second read
+                    distances.add(index, name, value[name])
     _warn_nonfinite(store, nonfinite)
+    path = distances.result() if distances is not None else None
+    if path is not None:
+        warn_mislabeled(path, store)
+        if not as_json:
+            for line in trajectory_table(path, duplicates):
+                click.echo(line)
     for split in s.splits:
         try:
             s.data(split)
@@ -242,20 +296,27 @@ def verify(store: str, allow_unverified: bool, no_finite_check: bool) -> None:
         bad.append(str(exc).split(" (")[0])
     for name in s.analyses:
         bad += analysis_problems(s, name)
+    unverifiable = None if bad else s.unverifiable_summary()
+    if as_json:
+        found = {"store": store, "checkpoints": len(s.steps), "tensors": len(s.tensor_names), "problems": bad}
+        found |= {"unverifiable": unverifiable, "nonfinite": nonfinite, "duplicates": duplicates.to_json()}
+        click.echo(json.dumps(found | {"trajectory": None if path is None else path.to_json()}, indent=2))
     if bad:
-        for problem in bad:  # each on its own line (stdout); the error itself stays one line
+        for problem in bad if not as_json else ():  # each on its own line (stdout); the error stays one line
             click.echo(f"  {problem}")
         shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
         msg = f"{len(bad)} problem(s) in {store}: {shown}"
         raise CorruptChunkError(msg)
-    unverifiable = s.unverifiable_summary()
     if unverifiable is None:
+        if as_json:
+            return
         click.echo(
             f"{store}: {len(s.steps)} checkpoints x {len(s.tensor_names)} tensors, {len(s.splits)} data splits, "
             f"the metrics and {len(s.analyses)} analyses OK"
         )
         return
-    click.echo(f"{store}: nothing found corrupt, but NOT verified: {unverifiable}")
+    if not as_json:
+        click.echo(f"{store}: nothing found corrupt, but NOT verified: {unverifiable}")
     if not allow_unverified:
         from ckpt.cli.main import EXIT_UNVERIFIED
 

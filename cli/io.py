@@ -58,10 +58,14 @@ def import_command(
 
     When DEST is an earlier import of SRC (a run that is still training), the checkpoints newer
     than its last one are appended, after checking that the newest checkpoint both hold is the same.
+    Checkpoints identical to another step's, wholly or in some tensors, are named in a `Warning:`
+    line (from the digests recorded while importing).
     """
     from tqdm import tqdm
 
+    import ckpt.store as ckptstore
     from ckpt.cli.analyze import registry
+    from ckpt.cli.trajectory import warn_duplicates
     from ckpt.store.importers import FORMATS, discover, import_checkpoints
 
     importers = registry().importers
@@ -74,11 +78,13 @@ def import_command(
     if fmt != "auto" and fmt not in FORMATS:  # a plugin's importer
         report = importers[fmt].run(src, dest, **options)
         click.echo(f"imported {src} into {dest} ({fmt})")
+        warn_duplicates(ckptstore.open(dest), dest)
         return
     total = len(discover(src, fmt, step_pattern))
     with tqdm(total=total, unit="ckpt", desc="importing", leave=False, disable=None) as bar:
         report = import_checkpoints(src, dest, format=fmt, progress=lambda done, total, step: bar.update(1), **options)
     steps = report.steps
+    warn_duplicates(ckptstore.open(str(report.dest)), str(report.dest))  # the whole store: appended steps too
     if report.skipped:
         names = ", ".join(report.skipped)
         click.echo(
