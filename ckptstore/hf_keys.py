@@ -38,7 +38,8 @@ def hf_state_dict(config: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict
     2. tied weights once: a tensor the model ties to others (GPT-2's ``lm_head.weight`` is
        ``transformer.wte.weight``) is kept under the first of its names, as the model's
        ``named_parameters`` order them (the name :func:`ckpt.store.huggingface.untied_state` keeps);
-       a checkpoint holding two different tensors for one tied parameter is refused;
+       a checkpoint holding two different tensors for one tied parameter is refused (transformers
+       unties them, with a warning: the config is not the checkpoint's);
     3. keys the model class declares ignorable on load (``_keys_to_ignore_on_load_unexpected``:
        old causal-mask buffers, per-layer ``rotary_emb.inv_freq``) are dropped, as transformers drops them.
 
@@ -188,8 +189,9 @@ def _keep(converted: dict[str, Any], name: str, tensor: Any, key: str, conversio
         first, second = sorted((held, name), key=group.index)
         msg = (
             f"the checkpoint holds different tensors for {first!r} and {second!r}, which the model its config "
-            "describes ties into one parameter (tie_word_embeddings): its config.json is not this checkpoint's, "
-            "or the weights were untied in training; import it with --model and --config naming a model without the tie"
+            "describes ties into one parameter (tie_word_embeddings is true); transformers unties them as it loads "
+            "such a checkpoint, ckpt does not guess: import with --model ckpt.plugins.huggingface:build_model and "
+            '--config giving the config with "tie_word_embeddings": false'
         )
         raise ModelConfigError(msg)
 
