@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -43,6 +44,31 @@ def parse_config(text: str | None) -> dict | None:
 )
 @click.option("--key", metavar="KEY", help="Entry of each saved dict that holds the state_dict (e.g. 'model').")
 @click.option("--overwrite", is_flag=True, help="Replace DEST if it exists.")
+@click.option(
+    "--revisions",
+    metavar="SPEC",
+    help="hf:// only: comma-separated branch names, globs (step*000), steps or step ranges (1000-5000, "
+    "100000-) to import (default: every branch with a step).",
+)
+@click.option("--every", type=click.IntRange(min=1), help="hf:// only: only steps that are multiples of N.")
+@click.option(
+    "--log-spaced",
+    type=click.IntRange(min=1),
+    metavar="K",
+    help="hf:// only: at most K revisions, evenly spaced in log(step + 1), first and last included.",
+)
+@click.option(
+    "--main-step",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="hf:// only: import branch main as step N when no step branch is its commit (default: not imported).",
+)
+@click.option(
+    "--keep-cache",
+    is_flag=True,
+    help="hf:// only: keep the downloaded files in the Hub cache (default: each revision's downloads are "
+    "removed once written; files cached before are never removed).",
+)
 def import_command(
     src: str,
     dest: str,
@@ -53,11 +79,19 @@ def import_command(
     step_pattern: str | None,
     key: str | None,
     overwrite: bool,
+    **hub_options: Any,
 ) -> None:
-    """Import a folder of existing checkpoints SRC into a new store DEST, one checkpoint at a time.
+    """Import existing checkpoints SRC (a folder, or a Hub repository hf://ORG/NAME) into a store DEST.
 
-    When DEST is an earlier import of SRC (a run that is still training), the checkpoints newer
-    than its last one are appended, after checking that the newest checkpoint both hold is the same.
+    One checkpoint at a time. When DEST is an earlier import of SRC (a run that is still training),
+    the checkpoints newer than its last one are appended, after checking that the newest checkpoint
+    both hold is the same.
+
+    hf://ORG/NAME imports one checkpoint per branch whose name states a step (Pythia's stepN,
+    OLMo's stepN-tokens...; --step-pattern for others) through huggingface_hub: its login and
+    download cache, and with HF_HUB_OFFLINE=1 the revisions in the local cache. Each revision is
+    committed as it completes: a rerun imports only the selected revisions DEST lacks (after a
+    kill, or when new branches appear). `ckpt info --json` lists each step's revision and commit.
     Checkpoints identical to another step's, wholly or in some tensors, are named in a `Warning:`
     line (from the digests recorded while importing).
     """
@@ -68,6 +102,16 @@ def import_command(
     from ckpt.cli.trajectory import warn_duplicates
     from ckpt.store.importers import FORMATS, discover, import_checkpoints
 
+    if src.startswith("hf://"):
+        options = {"fmt": fmt, "model": model, "config": config, "key": key}
+        given = [f"--{name}" for name, value in options.items() if value not in (None, "auto")]
+        if given:
+            raise click.UsageError(f"{given[0].replace('fmt', 'format')} does not apply to a Hub repository SRC")
+        import_hub(src, dest, objective=objective, step_pattern=step_pattern, overwrite=overwrite, **hub_options)
+        return
+    given = [f"--{name.replace('_', '-')}" for name, value in hub_options.items() if value not in (None, False)]
+    if given:
+        raise click.UsageError(f"{given[0]} applies to a Hub repository SRC (hf://ORG/NAME), not to a folder")
     importers = registry().importers
     if fmt != "auto" and fmt not in importers:
         choices = ", ".join(["auto", *sorted(importers)])
@@ -103,6 +147,59 @@ def import_command(
         f"imported {len(steps)} {report.format} checkpoints (steps {steps[0]} .. {steps[-1]}), "
         f"{report.tensors} tensors each, into {report.dest}"
     )
+
+
+def import_hub(src: str, dest: str, **options: Any) -> None:
+    """``ckpt import hf://ORG/NAME DEST``: plan, say what is skipped, import with a bar per revision."""
+    from tqdm import tqdm
+
+    import ckpt.store as ckptstore
+    from ckpt.cli.trajectory import warn_duplicates
+    from ckpt.store.hub import plan_import, run_import
+
+    plan = plan_import(src, dest, **options)
+    listing = plan.listing
+    if listing.skipped and not plan.picked:
+        names = ", ".join(listing.skipped[:10]) + (" ..." if len(listing.skipped) > 10 else "")
+        click.echo(
+            f"Warning: {len(listing.skipped)} branch(es) of {plan.source} state no step and are not imported: "
+            f"{names} (--step-pattern REGEX reads steps from other names)",
+            err=True,
+        )
+    if listing.main is not None and not plan.picked:
+        main_is_a_step = any(r.commit == listing.main_commit for r in listing.revisions)
+        click.echo(listing.main if main_is_a_step else f"Warning: {listing.main}", err=not main_is_a_step)
+    for line in plan.rewritten:
+        click.echo(f"Warning: {plan.source}: {line}; pass --overwrite to re-import", err=True)
+    where = "the Hub cache (HF_HUB_OFFLINE)" if listing.offline else "the Hub"
+    if not plan.new:
+        click.echo(f"{dest} is up to date with {plan.source}: it holds all {len(plan.selected)} selected revisions")
+        return
+    held = f", {plan.held} already in {dest}" if plan.held else ""
+    click.echo(f"importing {len(plan.new)} revision(s) of {plan.source} from {where}{held}")
+    with tqdm(total=len(plan.new), unit="rev", desc="importing", leave=False, disable=None) as bar:
+
+        def progress(done: int, revision: Any, nbytes: int) -> None:
+            bar.set_postfix_str(f"{revision.name}: {_bytes(nbytes)}")
+            bar.update(1)
+
+        report = run_import(plan, progress)
+    warn_duplicates(ckptstore.open(dest), dest)  # the whole store: a Hub suite's revisions are checked, not trusted
+    steps = [r.step for r in report.imported]
+    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]} .. {steps[-1]}"
+    click.echo(
+        f"imported {len(steps)} revision(s) of {plan.source} ({span}, "
+        f"{_bytes(report.bytes_read)} read), {report.tensors} tensors each, into {dest}"
+    )
+
+
+def _bytes(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
 
 
 @click.command()
