@@ -13,6 +13,7 @@ applies that same conversion: :func:`hf_state_dict`, with transformers' own conv
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 from collections.abc import Callable, Mapping
 from copy import deepcopy
@@ -50,7 +51,9 @@ def hf_state_dict(config: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict
     (``ckpt.plugins.huggingface:build_model``): a config naming code is refused as it is at analysis.
 
     Call it once per checkpoint (per Hub revision); the built model and its conversion tables are
-    cached per config.
+    cached per config. With transformers 4, which loads checkpoints under their own keys and has no
+    conversion tables, the tensors come back as they are (the model build at analysis still
+    compares every name and shape).
 
     Parameters
     ----------
@@ -88,6 +91,10 @@ def _config_key(config: Mapping[str, Any]) -> str:
 @functools.lru_cache(maxsize=8)
 def _converter(config_json: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
     model = _meta_model(json.loads(config_json))
+    if importlib.util.find_spec("transformers.conversion_mapping") is None:
+        # transformers 4 loads checkpoints under their own keys: nothing to convert, and the
+        # store's model build still compares every name and shape with the checkpoints
+        return dict
     return functools.partial(_convert, model, _Conversion(model))
 
 
@@ -136,7 +143,7 @@ def _convert(model: Any, conversion: _Conversion, tensors: Mapping[str, Any]) ->
     # transformers has no function that converts a state dict without loading it into a model (which
     # would cast every tensor to the model's dtype and allocate it): this is the renaming and converting
     # half of its convert_and_load_state_dict_in_model, with its own transforms, in its own key order
-    from transformers.core_model_loading import WeightConverter, dot_natural_key
+    from transformers.core_model_loading import dot_natural_key
 
     converted: dict[str, Any] = {}
     pending: dict[str, Any] = {}  # first target name -> the converter collecting its source tensors
@@ -152,13 +159,13 @@ def _convert(model: Any, conversion: _Conversion, tensors: Mapping[str, Any]) ->
             converter = pending.setdefault(renamed, deepcopy(conversion.by_pattern[pattern]))
             converter.add_tensor(renamed, key, pattern, tensors[key])
     for first, converter in pending.items():
-        assert isinstance(converter, WeightConverter)
         try:
             produced = converter.convert(first, model=model, config=model.config)
         except Exception as exc:  # an op on tensors that do not fit it (a missing expert ...)
+            sources = _shown(sorted(converter.layer_targets[first]))
             msg = (
-                f"transformers' conversion of the checkpoint's {', '.join(sorted(converter.layer_targets[first]))} "
-                f"into {first!r} of {type(model).__name__} failed: {type(exc).__name__}: {exc}"
+                f"transformers' conversion of the checkpoint's {sources} into {first!r} of {type(model).__name__} "
+                f"failed: {type(exc).__name__}: {exc}"
             )
             raise ModelConfigError(" ".join(msg.split())) from exc
         for name, value in produced.items():

@@ -234,3 +234,18 @@ def test_appending_to_a_pythia_run_converts_the_new_checkpoints(tmp_path: Path) 
     bad = {**options, "config": {**options["config"], "auto_map": {"AutoModel": "evil.Evil"}}}
     with pytest.raises(ImportFormatError, match=r"step1\.safetensors.*'auto_map'"):
         import_checkpoints(src, tmp_path / "other.zarr", **bad)
+
+
+@pytest.mark.skipif("olmoe" not in AVAILABLE, reason="this transformers has no OLMoE")
+def test_experts_are_merged_as_transformers_merges_them_and_a_missing_one_is_named(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    model = tiny_model("olmoe")
+    model.save_pretrained(tmp_path)
+    config, tensors = model.config.to_dict(), load_file(tmp_path / "model.safetensors")
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in tensors, "the Hub's layout: one tensor per expert"
+    converted = hf_state_dict(config, tensors)
+    assert all(torch.equal(converted[k], v) for k, v in model.state_dict().items())
+    lacking = {k: v for k, v in tensors.items() if ".experts.3." not in k}
+    with pytest.raises(ModelConfigError, match=r"experts\.gate_up_proj \[3, 64, 16\] \(the model's \[4, 64, 16\]\)"):
+        hf_state_dict(config, lacking)
