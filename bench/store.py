@@ -31,6 +31,17 @@ What it measures, all in one run, each ratio against a baseline measured in the 
    in blocks of 4 steps and read back whole, by ``write_analysis`` / ``Store.analysis`` (commits,
    crc32c, the digest of every chunk written and checked) vs plain xarray ``to_zarr`` (append) /
    ``open_zarr`` of the same dataset into a bare zarr v3 store, with the same chunks.
+6. Duplicate detection over 154 checkpoints of a Pythia-70m-shaped run (GPTNeoX, 6 layers, hidden
+   512, vocabulary 50304: 76 tensors, 70.4M parameters, 282 MB fp32 a checkpoint) at Pythia's
+   steps (0, 1, 2, 4 .. 512, 1000 .. 143000), with two planted duplicates (one step holding
+   another's weights, one the final checkpoint's) and a planted shard of the final checkpoint.
+   The record is the real one: every checkpoint is written whole, in fp32, through the public
+   writer, so that its 76 digests are computed from 282 MB as in a real import; the disk stays
+   small because the tensors are zeros but for one value per tensor and step (unique, so no two
+   digests agree by accident) and the store is zstd-compressed. Timed: ``ckptstore.open`` +
+   ``duplicate_steps``, what ``ckpt import``/``info``/``verify`` add; the bytes the process reads
+   meanwhile (``/proc/self/io`` rchar) show that no tensor is read. Baseline: the hash sweep users
+   write by hand (read a checkpoint, hash each tensor), measured on 3 checkpoints and scaled to 154.
 
 Everything is written under one temporary directory, removed at the end.
 """
@@ -261,6 +272,110 @@ def bench_finite_check(store: Path, steps: int, repeat: int) -> tuple[float, flo
     return statistics.median(times["read"]), statistics.median(times["checked"])
 
 
+PYTHIA_STEPS = [0, *(2**i for i in range(10)), *range(1000, 143001, 1000)]
+"""Pythia's 154 checkpoint steps: 0, 1, 2, 4 .. 512, 1000 .. 143000."""
+
+
+def pythia_70m_shapes(layers: int = 6, d: int = 512, vocab: int = 50304) -> dict[str, tuple[int, ...]]:
+    """The state_dict shapes of pythia-70m (GPTNeoXForCausalLM, as its Hub checkpoints name them)."""
+    shapes: dict[str, tuple[int, ...]] = {"gpt_neox.embed_in.weight": (vocab, d)}
+    for i in range(layers):
+        layer = f"gpt_neox.layers.{i}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            shapes |= {f"{layer}.{norm}.weight": (d,), f"{layer}.{norm}.bias": (d,)}
+        for name, (rows, cols) in {
+            "attention.query_key_value": (3 * d, d),
+            "attention.dense": (d, d),
+            "mlp.dense_h_to_4h": (4 * d, d),
+            "mlp.dense_4h_to_h": (d, 4 * d),
+        }.items():
+            shapes |= {f"{layer}.{name}.weight": (rows, cols), f"{layer}.{name}.bias": (rows,)}
+    return (
+        shapes
+        | {"gpt_neox.final_layer_norm.weight": (d,), "gpt_neox.final_layer_norm.bias": (d,)}
+        | {"embed_out.weight": (vocab, d)}
+    )
+
+
+def write_pythia_shaped(path: Path, steps: list[int]) -> dict[str, object]:
+    """A store of ``steps`` fp32 checkpoints of pythia-70m's shapes, with planted duplicates (see the docstring)."""
+    import numpy as np
+
+    shapes = pythia_70m_shapes()
+    tensors = {name: np.zeros(shape, dtype=np.float32) for name, shape in shapes.items()}
+    third, apart, shard = len(steps) // 3, max(1, len(steps) // 30), steps[min(40, len(steps) - 3)]
+    final, copied, copy_of_final = steps[-1], steps[third], steps[len(steps) // 2]
+    planted = {steps[third + apart]: copied, copy_of_final: final, shard: final}
+    shard_names = [name for name in shapes if ".layers.0." in name or ".layers.1." in name]
+
+    def values(step: int) -> dict[str, np.ndarray]:
+        for t, array in enumerate(tensors.values()):
+            array.reshape(-1)[t % array.size] = np.float32(step + 1)  # unique per step: distinct digests
+        return tensors
+
+    began = time.perf_counter()
+    with ckptstore.create(path, compressor="zstd", framework="torch") as writer:
+        for step in steps:
+            source = planted.get(step, step)
+            state = values(source)
+            if step == shard:  # the final checkpoint's first layers, the rest the step's own
+                state = {n: (v.copy() if n in shard_names else v) for n, v in state.items()}
+                state |= {n: v for n, v in values(step).items() if n not in shard_names}
+            writer.write(step, state)
+    return {
+        "write_s": time.perf_counter() - began,
+        "planted": planted,
+        "shard": shard,
+        "parameters": sum(int(np.prod(s)) for s in shapes.values()),
+        "tensors": len(shapes),
+    }
+
+
+def bench_duplicates(base: Path, steps: list[int], repeat: int) -> dict[str, object]:
+    """Seconds and bytes read by ckptstore.open + duplicate_steps; the hand-written hash sweep as baseline."""
+    import xxhash
+
+    from ckpt.store.trajectory import duplicate_steps
+
+    path, record = base / "pythia-70m-shaped.zarr", base / "record-only.zarr"
+    written = write_pythia_shaped(path, steps)
+    # the same store without a single tensor chunk (the record, the arrays' metadata, the step array)
+    shutil.copytree(
+        path, record, ignore=lambda d, names: [] if d.endswith("step") else [n for n in names if n[:2] == "c."]
+    )
+    times: dict[Path, list[float]] = {path: [], record: []}
+    read = []
+    for _ in range(repeat):
+        for where in (path, record):
+            probe = -(rchar() - rchar())
+            before = rchar()
+            t0 = time.perf_counter()
+            found = duplicate_steps(ckptstore.open(where))
+            times[where].append(time.perf_counter() - t0)
+            read.append(rchar() - before - probe)
+    assert found == duplicate_steps(ckptstore.open(path))  # no tensor read: the answer needs none
+    s = ckptstore.open(path)
+    sweep = []
+    for step in s.steps[:3]:
+        t0 = time.perf_counter()
+        for value in s.stored_tensors(int(step)).values():
+            xxhash.xxh3_64_hexdigest(memoryview(value).cast("B"))
+        sweep.append(time.perf_counter() - t0)
+    tensor_bytes = sum(t.nbytes for t in s.schema.values()) * len(s.steps)
+    on_disk = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return written | {
+        "check_s": statistics.median(times[path]),
+        "record_s": statistics.median(times[record]),
+        "read_bytes": max(read),
+        "record_bytes": (path / "zarr.json").stat().st_size,
+        "tensor_bytes": tensor_bytes,
+        "disk_bytes": on_disk,
+        "sweep_s": statistics.median(sweep) * len(s.steps),
+        "found": found,
+        "checkpoints": len(s.steps),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoints", type=int, default=20, help="checkpoints per run (T)")
@@ -287,6 +402,7 @@ def main() -> None:
         one_torch, one_ckpt = bench_read_one(torch_dir, store, n, args.repeat)
         plain_read, checked_read = bench_finite_check(store, n, args.repeat)
         results = bench_results(base, args.repeat)
+        duplicates = bench_duplicates(base, PYTHIA_STEPS[: 12 if args.quick else None], args.repeat)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -318,6 +434,12 @@ def main() -> None:
         plain, ours = results[f"xr_{what}"], results[f"ckpt_{what}"]
         cells = (f"xarray+zarr {plain:.3f}", f"{ours:.3f}", f"{plain / ours:.2f}x")
         rows.append((f"result {what} s ({result_mb:.1f} MB, 10 blocks)", *cells))
+    d = duplicates
+    cells = (f"hash sweep {d['sweep_s']:.1f}", f"{d['check_s']:.3f}", f"{d['sweep_s'] / d['check_s']:.0f}x", "< 1 s")
+    rows.append((f"duplicates, {d['checkpoints']} Pythia-70m-shaped ckpts s", *cells))
+    rows.append(("  the same, no tensor chunk in the store s", "", f"{d['record_s']:.3f}", "", "same answer"))
+    cells = (f"tensors {d['tensor_bytes'] / 1e9:.1f} GB", f"{d['read_bytes'] / 1e6:.2f} MB", "", "no tensor")
+    rows.append(("  bytes read by open + duplicate check", *cells))
     rows = [(*row, "", "")[:5] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     print()
@@ -333,7 +455,13 @@ read_tensor: bytes for all {n} steps of one tensor. "zarr store": what a countin
 read every step: ratio = ckpt throughput / torch.load throughput; ckpt's time includes one ckptstore.open()
   and the integrity checks (crc32c of every chunk, digest of every tensor against the commit record).
 read one step: median over every step of ckptstore.open() + Store.tensors(step) vs torch.load of that step's file.
-result: ratio = plain xarray seconds / ckpt seconds (commit, crc32c and chunk digests included on ckpt's side).""")
+result: ratio = plain xarray seconds / ckpt seconds (commit, crc32c and chunk digests included on ckpt's side).
+duplicates: ckptstore.open + duplicate_steps of {d["checkpoints"]} checkpoints x {d["tensors"]} tensors \
+({d["parameters"] / 1e6:.1f}M parameters, fp32), median of {args.repeat};
+  the record (zarr.json) is {d["record_bytes"] / 1e6:.2f} MB; the store {d["disk_bytes"] / 1e6:.1f} MB on disk \
+(zstd; written in {d["write_s"]:.0f} s).
+  baseline: reading and hashing every tensor of a checkpoint (3 measured) x {d["checkpoints"]}.
+  found: {d["found"].message("the store")}""")
 
 
 if __name__ == "__main__":
