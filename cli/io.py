@@ -50,7 +50,9 @@ def parse_config(text: str | None) -> dict | None:
     help="hf:// only: comma-separated branch names, globs (step*000), steps or step ranges (1000-5000, "
     "100000-) to import (default: every branch with a step).",
 )
-@click.option("--every", type=click.IntRange(min=1), help="hf:// only: only steps that are multiples of N.")
+@click.option(
+    "--every", type=click.IntRange(min=1), metavar="N", help="hf:// only: only steps that are multiples of N."
+)
 @click.option(
     "--log-spaced",
     type=click.IntRange(min=1),
