@@ -510,6 +510,8 @@ class CacheGuard:
         self.cache = Path(constants.HF_HUB_CACHE).expanduser().resolve()
         name = repo_folder_name(repo_id=repo, repo_type="model")
         self.roots = (self.cache / name, self.cache / ".locks" / name)
+        # what a first download makes at the cache's top: the locks folder, the CACHEDIR.TAG marker
+        self.markers = tuple(p for p in (self.cache / ".locks", self.cache / "CACHEDIR.TAG") if not p.exists())
         self.before = self._paths()
 
     def _paths(self) -> set[Path]:
@@ -544,6 +546,11 @@ class CacheGuard:
                     path.rmdir()
             elif commit in path.parts or path.name.removesuffix(".lock") in gone or _ref_to(path, commit):
                 path.unlink(missing_ok=True)
+        for marker in self.markers:
+            if marker.is_dir() and not any(marker.iterdir()):
+                marker.rmdir()
+            elif marker.is_file():
+                marker.unlink()
         return freed
 
 

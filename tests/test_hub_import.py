@@ -381,3 +381,120 @@ def test_hub_options_are_refused_for_a_folder_and_folder_options_for_the_hub(tmp
     assert folder.returncode == 2 and "--every applies to a Hub repository SRC" in folder.stderr
     hub = run_ckpt("import", "hf://org/x", str(tmp_path / "a.zarr"), "--key", "model")
     assert hub.returncode == 2 and "--key does not apply to a Hub repository SRC" in hub.stderr
+
+
+class FakeHub:
+    """The few Hub endpoints huggingface_hub calls to list refs and files and to download, on 127.0.0.1.
+
+    A test double of the remote service (as moto is of S3), so that the online path runs through
+    huggingface_hub's real client, download and cache code with nothing leaving the machine.
+    ``seen`` records, at each file request, the commits whose files are in the test's cache.
+    """
+
+    def __init__(self, cache: Path) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.branches: dict[str, dict[str, str]] = {}
+        self.files: dict[str, dict[str, bytes]] = {}
+        self.seen: list[set[str]] = []
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def reply(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                parts = self.path.split("?")[0].strip("/").split("/")
+                if parts[:2] == ["api", "models"] and parts[4] == "refs":
+                    branches = hub.branches[f"{parts[2]}/{parts[3]}"]
+                    listed = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": c} for b, c in branches.items()]
+                    body = {"branches": listed, "converts": [], "tags": []}
+                    return self.reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+                if parts[:2] == ["api", "models"] and parts[4] == "tree":
+                    files = hub.files[parts[5]]
+                    listed = [
+                        {"type": "file", "path": n, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
+                        for n, d in files.items()
+                    ]
+                    return self.reply(200, json.dumps(listed).encode(), {"Content-Type": "application/json"})
+                if parts[2] == "resolve":
+                    hub.seen.append({p.name for p in cache.glob("models--*/snapshots/*")})
+                    data = hub.files.get(parts[3], {}).get("/".join(parts[4:]))
+                    if data is None:
+                        return self.reply(404, headers={"X-Error-Code": "EntryNotFound"})
+                    etag = hashlib.sha256(data).hexdigest()
+                    return self.reply(200, data, {"X-Repo-Commit": parts[3], "ETag": f'"{etag}"'})
+                return self.reply(404)
+
+            do_HEAD = do_GET  # noqa: N815 - the name http.server calls
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add(self, repo: str, branch: str, files: dict[str, bytes]) -> str:
+        commit = hashlib.sha1(repr((repo, branch, sorted(files.items()))).encode()).hexdigest()
+        self.branches.setdefault(repo, {})[branch] = commit
+        self.files[commit] = files
+        return commit
+
+
+def bin_files(step: int) -> dict[str, bytes]:
+    """A revision saved as ``pytorch_model.bin`` (older Hub uploads), weights only."""
+    import io
+
+    from safetensors.torch import load
+
+    files = revision_files(step)
+    buffer = io.BytesIO()
+    torch.save(load(files.pop("model.safetensors")), buffer)
+    return {**files, "pytorch_model.bin": buffer.getvalue()}
+
+
+@pytest.mark.slow
+def test_online_each_revision_is_downloaded_then_removed_and_the_cache_keeps_what_it_had(tmp_path: Path) -> None:
+    online = tmp_path / "online-cache"
+    hub = FakeHub(online)
+    repo = "org/online"
+    revisions = {0: revision_files(0), 1: revision_files(1, shard="20KB"), 2: bin_files(2)}
+    commits = {step: hub.add(repo, f"step{step}", files) for step, files in revisions.items()}
+    hub.branches[repo]["main"] = commits[2]
+    add_revision(online, repo, "step0", revisions[0], commit=commits[0])  # downloaded before: kept
+    before = cache_state(online)
+    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(online)}
+    env |= {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1"}
+    try:
+        store = tmp_path / "online.zarr"
+        done = run_ckpt("import", f"hf://{repo}", str(store), extra_env=env)
+        assert done.returncode == 0, done.stderr
+        assert "importing 3 revision(s) of hf://org/online from the Hub" in done.stdout
+        assert "main is the commit of step2: imported once, as step 2" in done.stdout
+        opened = ckptstore.open(store)
+        assert [int(s) for s in opened.steps] == [0, 1, 2]
+        events = import_events(store)
+        assert [(e["step"], e["commit"]) for e in events] == sorted(commits.items())
+        assert events[2]["files"] == ["pytorch_model.bin"]
+        from safetensors.torch import load
+
+        weights = load(revision_files(2)["model.safetensors"])
+        for name, value in opened.tensors(2).items():  # the .bin revision, read with the safe unpickler
+            np.testing.assert_array_equal(value, weights[name].numpy())
+        assert cache_state(online) == before, "the downloads are gone, what was cached before is kept"
+        # at every download, the cache held at most one revision besides those cached before
+        assert max(len(s - {commits[0]}) for s in hub.seen) == 1
+
+        kept = run_ckpt("import", f"hf://{repo}", str(tmp_path / "kept.zarr"), "--keep-cache", extra_env=env)
+        assert kept.returncode == 0, kept.stderr
+        snapshots = {p.name for p in online.glob("models--*/snapshots/*")}
+        assert snapshots == set(commits.values())
+    finally:
+        hub.server.shutdown()
