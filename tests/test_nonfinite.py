@@ -17,14 +17,15 @@ from tests.models import mlp
 
 
 def _run(path: Path, *, poisoned: bool) -> Path:
-    """Three checkpoints of tests.models:mlp; with ``poisoned``, step 1 holds a NaN and an inf."""
+    """Three checkpoints of tests.models:mlp, each its own; with ``poisoned``, step 1 holds a NaN and an inf."""
     torch.manual_seed(0)
     model = mlp()
     inputs, targets = torch.randn(16, 3), torch.randint(0, 4, (16,))
     with ckptstore.create(path, model="tests.models:mlp", config={}, objective="cross-entropy") as writer:
         writer.add_data("eval", inputs=inputs, targets=targets)
         for step in range(3):
-            state = {name: value.clone() for name, value in model.state_dict().items()}
+            # each step its own weights: identical checkpoints would be named too (ckpt.store.trajectory)
+            state = {name: value + 0.01 * step for name, value in model.state_dict().items()}
             if poisoned and step == 1:
                 state["0.weight"][0, 0] = float("nan")
                 state["2.bias"][1] = float("inf")
