@@ -137,7 +137,7 @@ def _step_of_name(name: str, compiled: tuple[re.Pattern[str], int | str] | None)
 
 def _online_branches(repo: str) -> dict[str, str]:
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HTTPError, RepositoryNotFoundError
 
     try:
         refs = HfApi().list_repo_refs(repo)
@@ -147,7 +147,7 @@ def _online_branches(repo: str) -> dict[str, str]:
     except RepositoryNotFoundError:
         msg = f"hf://{repo} is not a model repository on the Hub, or it is private: check the name, or log in"
         raise ImportFormatError(f"{msg} (hf auth login) or set HF_TOKEN") from None
-    except (HfHubHTTPError, OSError) as exc:  # httpx's connection errors are OSErrors too
+    except (HTTPError, OSError) as exc:  # HTTPError: httpx's, the base of the Hub's errors and connection errors
         msg = f"cannot list the revisions of hf://{repo} on the Hub ({type(exc).__name__}: {exc})"
         raise ImportFormatError(f"{msg}; with HF_HUB_OFFLINE=1 ckpt imports the revisions in the local cache") from None
     return {branch.name: branch.target_commit for branch in refs.branches}
@@ -426,14 +426,19 @@ def _cached_files(repo: str, commit: str) -> dict[str, int]:
 
 def _remote_files(repo: str, commit: str) -> dict[str, int]:
     from huggingface_hub import HfApi
+    from huggingface_hub.errors import HTTPError
     from huggingface_hub.hf_api import RepoFile
 
-    return {f.path: f.size for f in HfApi().list_repo_tree(repo, revision=commit) if isinstance(f, RepoFile)}
+    try:
+        return {f.path: f.size for f in HfApi().list_repo_tree(repo, revision=commit) if isinstance(f, RepoFile)}
+    except (HTTPError, OSError) as exc:  # HTTPError: httpx's, the base of the Hub's errors and connection errors
+        msg = f"cannot list the files of commit {commit[:10]} of hf://{repo} ({type(exc).__name__}: {exc})"
+        raise ImportFormatError(f"{msg}; rerun the import to resume") from None
 
 
 def _download(repo: str, revision: Revision, name: str) -> Path:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, HTTPError, LocalEntryNotFoundError
 
     try:  # pinned to the listed commit: a branch moved since the listing is not mixed in
         return Path(hf_hub_download(repo, name, revision=revision.commit))
@@ -443,7 +448,7 @@ def _download(repo: str, revision: Revision, name: str) -> Path:
     except EntryNotFoundError:
         msg = f"{revision.name} (commit {revision.commit[:10]}) of hf://{repo} has no file {name}"
         raise ImportFormatError(msg) from None
-    except (HfHubHTTPError, OSError) as exc:
+    except (HTTPError, OSError) as exc:
         msg = f"cannot download {name} of {revision.name} of hf://{repo} ({type(exc).__name__}: {exc})"
         raise ImportFormatError(f"{msg}; rerun the import to resume") from None
 

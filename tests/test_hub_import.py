@@ -415,7 +415,9 @@ class FakeHub:
             def do_GET(self) -> None:
                 parts = self.path.split("?")[0].strip("/").split("/")
                 if parts[:2] == ["api", "models"] and parts[4] == "refs":
-                    branches = hub.branches[f"{parts[2]}/{parts[3]}"]
+                    branches = hub.branches.get(f"{parts[2]}/{parts[3]}")
+                    if branches is None:  # what the Hub answers for a missing or private repository
+                        return self.reply(404, headers={"X-Error-Code": "RepoNotFound"})
                     listed = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": c} for b, c in branches.items()]
                     body = {"branches": listed, "converts": [], "tags": []}
                     return self.reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -496,5 +498,14 @@ def test_online_each_revision_is_downloaded_then_removed_and_the_cache_keeps_wha
         assert kept.returncode == 0, kept.stderr
         snapshots = {p.name for p in online.glob("models--*/snapshots/*")}
         assert snapshots == set(commits.values())
+
+        absent = run_ckpt("import", "hf://org/absent", str(tmp_path / "absent.zarr"), extra_env=env)
+        assert absent.returncode == 1 and absent.stderr.count("\n") == 1, absent.stderr
+        assert "Error: hf://org/absent is not a model repository on the Hub, or it is private" in absent.stderr
     finally:
         hub.server.shutdown()
+        hub.server.server_close()
+    unreachable = run_ckpt("import", f"hf://{repo}", str(tmp_path / "down.zarr"), extra_env=env)
+    assert unreachable.returncode == 1 and unreachable.stderr.count("\n") == 1, unreachable.stderr
+    assert "cannot list the revisions of hf://org/online on the Hub (ConnectError" in unreachable.stderr
+    assert "with HF_HUB_OFFLINE=1 ckpt imports the revisions in the local cache" in unreachable.stderr
