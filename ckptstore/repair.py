@@ -94,9 +94,12 @@ def analysis_problems(store: Store, name: str) -> list[str]:
         return [f"analysis {name!r}: unreadable ({type(exc).__name__}: {exc})"]
     claimed = result.ckpt.steps
     held = [int(s) for s in result[STEP].values] if STEP in result.coords else []
-    if STEP in result.dims and claimed and held != claimed:
+    # a per-run result (lca, hessian-basis) holds some of the steps it was computed from, the others
+    # exactly those: here only what holds for both is checked, the engine checks the rest by analyzer
+    if STEP in result.dims and claimed and (not set(held) <= set(claimed) or len(set(held)) != len(held)):
         return [
-            f"analysis {name!r}: holds steps {held[:3]}... ({len(held)}) where its provenance claims {len(claimed)}"
+            f"analysis {name!r}: holds steps {held[:3]}... ({len(held)}) that its provenance does not claim "
+            f"(it claims {len(claimed)}), or holds one twice"
         ]
     committed = {int(s) for s in store.steps}
     uncommitted = sorted(set(claimed or held) - committed)

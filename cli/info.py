@@ -166,8 +166,8 @@ def nonfinite_in(s: Any) -> list[str]:
 
 def symbolic_links(store: str) -> list[str]:
     """One problem per symbolic link inside a local store: ckpt never writes through one, nor wrote one."""
-    from ckpt.store._zarr import local_path
     from ckpt.store.links import find_links
+    from ckpt.store.publish import local_path
 
     local = local_path(store)
     return [
@@ -176,30 +176,26 @@ def symbolic_links(store: str) -> list[str]:
     ]
 
 
-def model_spec_problems(s: Any) -> list[str]:
-    """The problem with store ``s``'s model spec, if any: its config checked on ``meta``, allocating nothing.
+def model_spec_problems(s: Any) -> tuple[list[str], str]:
+    """The problem with store ``s``'s model spec, if any, and why it was not checked ("" when it was).
 
-    A factory that is not trusted is not imported to check it: one ``Warning:`` line says so.
+    The config is checked on ``meta``, allocating nothing (:meth:`ckpt.store.ModelSpec.check`). A
+    factory that is not trusted is not imported to check it, nor one whose package is missing.
     """
     from ckpt.errors import ModelConfigError, StoreError
 
     spec = s.model
     if spec is None or not len(s.steps):
-        return []
+        return [], ""
     try:
         checked = spec.check()
     except ModelConfigError as exc:
-        return [f"model spec: {exc}"]
-    except StoreError as exc:  # the factory's package is not installed here: nothing known of the store
-        click.echo(f"Warning: the model spec of {s.path} was not checked against the checkpoints: {exc}", err=True)
-        return []
+        return [f"model spec: {exc}"], ""
+    except StoreError:  # the factory's package is not installed here: nothing known of the store
+        return [], f"{spec.factory} cannot be imported here"
     if not checked:
-        click.echo(
-            f"Warning: the model spec of {s.path} ({spec.factory}) was not checked against the checkpoints: its "
-            "factory is not trusted (--trust-factory or CKPT_TRUSTED_FACTORIES), or cannot be built on meta",
-            err=True,
-        )
-    return []
+        return [], f"{spec.factory} is not trusted, or cannot be built on meta"
+    return [], ""
 
 
 @click.command()
@@ -242,7 +238,8 @@ def verify(
     Checkpoints holding NaN or inf are named in a `Warning:` line (they are what was written, not
     damage: the status does not change). The model spec is checked too, allocating nothing: the
     config against its factory's declared types and bounds, and the model built on torch's meta
-    device against the stored tensors (a factory that is not trusted is not imported: a warning).
+    device against the stored tensors (a factory that is not trusted is not imported: the report
+    says it was not checked).
     Checkpoints identical to another step's, wholly or in some tensors, are named in a `Warning:`
     line from the digests of the commit record; --trajectory adds the distances along the run and
     names the checkpoints that jump off it (docs/existing-runs.md, "Checking a trajectory").
@@ -258,7 +255,8 @@ def verify(
     from ckpt.store.trajectory import DistanceAccumulator, is_floating
 
     s = ckptstore.open(store)
-    bad = symbolic_links(store) + model_spec_problems(s)
+    spec_problems, spec_unchecked = model_spec_problems(s)
+    bad = symbolic_links(store) + spec_problems
     duplicates = warn_duplicates(s, store)
     floating = [name for name, t in s.schema.items() if is_floating(t.dtype)]
     distances = DistanceAccumulator(s.steps, floating, outlier_ratio) if trajectory else None
@@ -313,6 +311,7 @@ def verify(
         click.echo(
             f"{store}: {len(s.steps)} checkpoints x {len(s.tensor_names)} tensors, {len(s.splits)} data splits, "
             f"the metrics and {len(s.analyses)} analyses OK"
+            + (f" (the model spec was not checked: {spec_unchecked})" if spec_unchecked else "")
         )
         return
     if not as_json:

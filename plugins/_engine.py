@@ -386,7 +386,7 @@ def run(
             covered = [int(s) for s in stored.get("steps", [])]
             if analyzer.per == PER_RUN and covered != wanted:
                 covered = []
-            if covered and not _holds_claimed_steps(opened, target, covered):
+            if covered and analyzer.per != PER_RUN and not _holds_claimed_steps(opened, target, covered):
                 covered = []
         missing = [s for s in wanted if s not in set(covered)]
         if covered and missing and min(missing) < max(covered):

@@ -95,3 +95,15 @@ def test_a_result_whose_provenance_claims_other_steps_is_computed_anew(
     fresh, stored = ckptstore.open(base).analysis("loss"), ckptstore.open(store).analysis("loss")
     assert stored.ckpt.steps == [0, 1, 2]
     assert (fresh["loss"].values == stored["loss"].values).all()
+
+
+def test_verify_accepts_a_per_run_result_that_holds_some_of_its_steps(tmp_path: Path) -> None:
+    """``lca`` is computed from every checkpoint and holds one row per pair: verify used to call it damaged."""
+    store = write_example_run(tmp_path / "run.zarr", steps=3, examples=8)
+    result = run("lca", store, progress=False).dataset
+    assert result is not None and [int(s) for s in result["step"].values] == [0, 1]
+    assert result.ckpt.steps == [0, 1, 2]
+    verified = run_ckpt("verify", str(store))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    again = run("lca", store, progress=False)
+    assert again.computed_steps == [], "and the engine reuses it"
