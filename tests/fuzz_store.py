@@ -370,7 +370,7 @@ def _mutate_link(mutant: Mutant, rng: random.Random) -> None:
         folder.symlink_to(outside, target_is_directory=True)
         mutant.damaged_checkpoint |= folder.is_relative_to(store / "checkpoints")
         mutant.done.append(f"link {folder.relative_to(store)} -> a copy outside")
-    else:
+    elif (store / "zarr.json").is_file() and not (store / "zarr.json").is_symlink():
         outside = canary / "zarr.json"
         shutil.copy(store / "zarr.json", outside)
         (store / "zarr.json").unlink()
