@@ -18,6 +18,7 @@ holds the store plus one revision's files.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import json
@@ -617,52 +618,33 @@ def run_import(plan: HubPlan, progress: Callable[[int, Revision, int], None] | N
         Naming the revision; what was committed before it stays (a rerun resumes).
 
     """
-    import ckpt.store as ckptstore
-    from ckpt.store.writer import create
-
     report = HubReport(plan)
     if not plan.new:
         return report
     guard = None if plan.keep_cache else CacheGuard(plan.listing.repo)
     writer = None
-    recorded: dict[str, Any] | None = None
-    repo = plan.listing.repo
+    recorded = _recorded_config(plan)
     try:
         for done, revision in enumerate(plan.new, 1):
-            source, config, nbytes = fetch(repo, revision, plan.listing.offline)
-            model_config = hf_model_config(config)
-            if writer is None:
-                if plan.exists and not plan.overwrite:
-                    writer = ckptstore.open(plan.dest, mode="a")
-                    model = writer.reader().model
-                    recorded = model.config if model is not None and model.factory == HF_FACTORY else None
-                else:
-                    architecture = str((config.get("architectures") or [""])[0])
-                    objective = plan.objective or ("causal-lm" if architecture.endswith(HF_CAUSAL_LM) else None)
-                    attrs = {"imported_from": plan.source, "import_format": IMPORT_FORMAT}
-                    writer = create(
-                        plan.dest,
-                        model=HF_FACTORY,
-                        config=model_config,
-                        objective=objective,
-                        framework="torch",
-                        attrs=attrs,
-                        overwrite=plan.exists,
-                    )
-                    recorded = json.loads(json.dumps(model_config))  # as the store holds it
-            _check_config(revision, json.loads(json.dumps(model_config)), recorded)
-            # the Trainer-folder import's loader: the file's keys converted to the built model's names
-            load = _loader("hf", None, HF_FACTORY if recorded is not None else None, recorded)
             try:
-                tensors = load(source)
-            except ImportFormatError as exc:
-                raise ImportFormatError(f"revision {revision.name} of {plan.source}: {exc}") from None
+                source, config, nbytes = fetch(plan.listing.repo, revision, plan.listing.offline)
+                model_config = json.loads(json.dumps(hf_model_config(config)))  # as the store holds it
+                if recorded is None and not (plan.exists and not plan.overwrite):
+                    recorded = model_config  # a new store: its model is the first revision's
+                _check_config(revision, model_config, recorded)
+                tensors = _load(plan, revision, source, recorded)
+                # created once the first revision has loaded: a refused one leaves no store behind
+                writer = writer or _open_writer(plan, config, model_config)
+                entry = history_entry(
+                    "import", source=plan.source, revision=revision.name, commit=revision.commit, step=revision.step
+                )
+                _write(writer, revision, tensors, entry | {"files": [f.name for f in source.files], "bytes": nbytes})
+            except BaseException:
+                if guard is not None:  # the failed revision's downloads go too; the original error is what matters
+                    with contextlib.suppress(Exception):
+                        guard.release(revision.commit)
+                raise
             report.tensors = len(tensors)
-            files = [f.name for f in source.files]
-            entry = history_entry(
-                "import", source=plan.source, revision=revision.name, commit=revision.commit, step=revision.step
-            )
-            _write(writer, revision, tensors, entry | {"files": files, "bytes": nbytes})
             del tensors  # before the next revision: memory holds one checkpoint
             report.imported.append(revision)
             report.bytes_read += nbytes
@@ -679,6 +661,47 @@ def run_import(plan: HubPlan, progress: Callable[[int, Revision, int], None] | N
         if writer is not None:
             writer.close()
     return report
+
+
+def _recorded_config(plan: HubPlan) -> dict[str, Any] | None:
+    """The HF config an existing store records (None for a new store, or a store with another factory)."""
+    import ckpt.store as ckptstore
+
+    if not plan.exists or plan.overwrite:
+        return None
+    model = ckptstore.open(plan.dest).model
+    return dict(model.config) if model is not None and model.factory == HF_FACTORY else None
+
+
+def _load(plan: HubPlan, revision: Revision, source: CheckpointSource, config: dict[str, Any] | None) -> Any:
+    """The Trainer-folder import's loader: the files' keys converted to the names of the model ``config`` builds."""
+    load = _loader("hf", None, HF_FACTORY if config is not None else None, config)
+    try:
+        return load(source)
+    except ImportFormatError as exc:
+        raise ImportFormatError(f"revision {revision.name} of {plan.source}: {exc}") from None
+
+
+def _open_writer(plan: HubPlan, config: Mapping[str, Any], model_config: dict[str, Any]) -> Any:
+    """The writer of ``plan.dest``: the existing store opened to append, or a new one recording the HF model."""
+    import ckpt.store as ckptstore
+    from ckpt.store.writer import create
+
+    if plan.exists and not plan.overwrite:
+        return ckptstore.open(plan.dest, mode="a")
+    named = config.get("architectures")
+    architecture = str(named[0]) if isinstance(named, list) and named else ""
+    objective = plan.objective or ("causal-lm" if architecture.endswith(HF_CAUSAL_LM) else None)
+    attrs = {"imported_from": plan.source, "import_format": IMPORT_FORMAT}
+    return create(
+        plan.dest,
+        model=HF_FACTORY,
+        config=model_config,
+        objective=objective,
+        framework="torch",
+        attrs=attrs,
+        overwrite=plan.exists,
+    )
 
 
 def import_hub(

@@ -215,6 +215,16 @@ def test_a_revision_of_another_model_is_refused_and_the_ones_before_it_stay(cach
     assert [int(s) for s in ckptstore.open(store).steps] == [0]
 
 
+def test_a_config_naming_code_is_refused_before_a_store_is_made(cache: Path, tmp_path: Path) -> None:
+    files = revision_files(0)
+    config = json.loads(files["config.json"]) | {"auto_map": {"AutoModelForCausalLM": "evil.Model"}}
+    add_revision(cache, "org/coded", "step0", {**files, "config.json": json.dumps(config).encode()})
+    done = run_ckpt("import", "hf://org/coded", str(tmp_path / "coded.zarr"))
+    assert done.returncode == 1 and done.stderr.startswith("Error: revision step0 of hf://org/coded: cannot import")
+    assert "'auto_map', which names code" in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "coded.zarr").exists()
+
+
 @pytest.mark.slow
 def test_an_import_killed_between_revisions_is_completed_by_a_rerun(cache: Path, tmp_path: Path) -> None:
     repo = "org/killed"
@@ -499,13 +509,27 @@ def test_online_each_revision_is_downloaded_then_removed_and_the_cache_keeps_wha
         snapshots = {p.name for p in online.glob("models--*/snapshots/*")}
         assert snapshots == set(commits.values())
 
-        absent = run_ckpt("import", "hf://org/absent", str(tmp_path / "absent.zarr"), extra_env=env)
-        assert absent.returncode == 1 and absent.stderr.count("\n") == 1, absent.stderr
-        assert "Error: hf://org/absent is not a model repository on the Hub, or it is private" in absent.stderr
     finally:
         hub.server.shutdown()
         hub.server.server_close()
-    unreachable = run_ckpt("import", f"hf://{repo}", str(tmp_path / "down.zarr"), extra_env=env)
-    assert unreachable.returncode == 1 and unreachable.stderr.count("\n") == 1, unreachable.stderr
-    assert "cannot list the revisions of hf://org/online on the Hub (ConnectError" in unreachable.stderr
-    assert "with HF_HUB_OFFLINE=1 ckpt imports the revisions in the local cache" in unreachable.stderr
+
+
+def test_online_a_missing_repository_or_an_unreachable_hub_is_one_clear_error(tmp_path: Path) -> None:
+    from huggingface_hub import constants
+
+    from ckpt.errors import ImportFormatError
+    from ckpt.store.hub import list_revisions
+
+    hub = FakeHub(tmp_path)
+    with pytest.MonkeyPatch.context() as patch:  # this process read the environment before the fixture set it
+        patch.setattr(constants, "HF_HUB_OFFLINE", False)
+        patch.setattr(constants, "ENDPOINT", hub.endpoint)
+        try:
+            with pytest.raises(ImportFormatError, match="hf://org/absent is not a model repository on the Hub, or it"):
+                list_revisions("org/absent")
+        finally:
+            hub.server.shutdown()
+            hub.server.server_close()
+        down = r"cannot list the revisions of hf://org/x on the Hub \(ConnectError.*with HF_HUB_OFFLINE=1 ckpt imports"
+        with pytest.raises(ImportFormatError, match=down):
+            list_revisions("org/x")
