@@ -14,6 +14,8 @@ its revision and commit, as soon as it is written, so a rerun (after new branche
 kill) imports only the revisions the store lacks. By default each revision's downloaded files are
 removed from the cache once written (files cached before the import are never touched), so the disk
 holds the store plus one revision's files.
+
+Needs huggingface_hub and transformers: the ``hf`` extra (``pip install 'ckpt-dynamics[hf]'``).
 """
 
 from __future__ import annotations
@@ -33,13 +35,12 @@ from ckpt.errors import ImportFormatError, StoreExistsError
 from ckpt.store import _zarr
 from ckpt.store.format import ROOT_ATTR, history_entry
 from ckpt.store.importers import (
-    _HF_WEIGHTS,
     HF_CAUSAL_LM,
     HF_FACTORY,
+    HF_WEIGHTS,
     CheckpointSource,
-    _compile,
-    _hf_files,
-    _loader,
+    checkpoint_loader,
+    compile_step_pattern,
     hf_model_config,
 )
 from ckpt.store.publish import occupied
@@ -113,9 +114,12 @@ class HubReport:
 
 def parse_source(src: str) -> tuple[str, str | None]:
     """The repository id and the revision of ``hf://ORG/NAME[@REVISION]`` (huggingface_hub's own URI parser)."""
-    from huggingface_hub import parse_hf_uri
-    from huggingface_hub.errors import HfUriError
-
+    try:
+        from huggingface_hub import parse_hf_uri
+        from huggingface_hub.errors import HfUriError
+    except ImportError:
+        msg = f"importing {src} needs huggingface_hub and transformers: pip install 'ckpt-dynamics[hf]'"
+        raise ImportFormatError(msg) from None
     try:
         uri = parse_hf_uri(src)
     except HfUriError as exc:
@@ -213,7 +217,7 @@ def list_revisions(repo: str, step_pattern: str | None = None, main_step: int | 
 
     offline = is_offline_mode()
     branches = _cached_branches(repo) if offline else _online_branches(repo)
-    compiled = None if step_pattern is None else _compile(step_pattern)
+    compiled = None if step_pattern is None else compile_step_pattern(step_pattern)
     by_step: dict[int, Revision] = {}
     skipped = []
     for name in sorted(branches):
@@ -474,10 +478,10 @@ def fetch(repo: str, revision: Revision, offline: bool) -> tuple[CheckpointSourc
     the bytes of its files.
     """
     names = _cached_files(repo, revision.commit) if offline else _remote_files(repo, revision.commit)
-    weights = next((n for n in _HF_WEIGHTS if n in names), None)
+    weights = next((n for n in HF_WEIGHTS if n in names), None)
     if _CONFIG not in names or weights is None:
         where = "in the Hub cache" if offline else "on the Hub"
-        lacks = _CONFIG if _CONFIG not in names else f"model weights ({', '.join(_HF_WEIGHTS)})"
+        lacks = _CONFIG if _CONFIG not in names else f"model weights ({', '.join(HF_WEIGHTS)})"
         raise ImportFormatError(
             f"{revision.name} (commit {revision.commit[:10]}) of hf://{repo} has no {lacks} {where}"
         )
@@ -492,10 +496,12 @@ def fetch(repo: str, revision: Revision, offline: bool) -> tuple[CheckpointSourc
     if weights.endswith(".index.json"):
         files += [_download(repo, revision, shard) for shard in _shards(files[0], revision)]
     folder = config_path.parent  # the snapshot of the commit: every file of the revision is beside config.json
-    found = _hf_files(folder)  # the Trainer-folder import's choice of weights, on the same folder
-    assert found is not None, folder  # weights were just resolved into it
-    source = CheckpointSource(revision.step, folder, found)
-    return source, config, sum(f.stat().st_size for f in (config_path, *files))
+    weight_files = tuple(files[1:] if weights.endswith(".index.json") else files)
+    return (
+        CheckpointSource(revision.step, folder, weight_files),
+        config,
+        sum(f.stat().st_size for f in (config_path, *files)),
+    )
 
 
 class CacheGuard:
@@ -621,7 +627,8 @@ def run_import(plan: HubPlan, progress: Callable[[int, Revision, int], None] | N
     report = HubReport(plan)
     if not plan.new:
         return report
-    guard = None if plan.keep_cache else CacheGuard(plan.listing.repo)
+    # offline, huggingface_hub only reads the cache: there is nothing of the import's to remove
+    guard = None if plan.keep_cache or plan.listing.offline else CacheGuard(plan.listing.repo)
     writer = None
     recorded = _recorded_config(plan)
     try:
@@ -675,7 +682,7 @@ def _recorded_config(plan: HubPlan) -> dict[str, Any] | None:
 
 def _load(plan: HubPlan, revision: Revision, source: CheckpointSource, config: dict[str, Any] | None) -> Any:
     """The Trainer-folder import's loader: the files' keys converted to the names of the model ``config`` builds."""
-    load = _loader("hf", None, HF_FACTORY if config is not None else None, config)
+    load = checkpoint_loader("hf", None, HF_FACTORY if config is not None else None, config)
     try:
         return load(source)
     except ImportFormatError as exc:

@@ -712,14 +712,26 @@ def import_checkpoints(
     return ImportReport(where, fmt, [s.step for s in sources], tensors, bytes_read, tuple(skipped))
 
 
+# -- what the Hub import (ckpt.store.hub) shares with this one: a revision is a Trainer folder -----------
+HF_WEIGHTS = _HF_WEIGHTS
+"""The weight files of an HF checkpoint folder (or Hub revision), by preference; an index names its shards."""
+compile_step_pattern = _compile
+"""Validate a ``--step-pattern``: the compiled pattern and its step group (an ``ImportFormatError`` if bad)."""
+checkpoint_loader = _loader
+"""``checkpoint_loader(format, key, model, config)``: the loader of one checkpoint, with the key conversion."""
+
+
 __all__ = [
     "FORMATS",
     "HF_CAUSAL_LM",
     "HF_FACTORY",
     "HF_NOT_MODEL_CONFIG",
     "HF_STATE",
+    "HF_WEIGHTS",
     "CheckpointSource",
     "ImportReport",
+    "checkpoint_loader",
+    "compile_step_pattern",
     "detect_format",
     "discover",
     "hf_model_config",

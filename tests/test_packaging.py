@@ -429,6 +429,7 @@ def test_every_error_and_warning_class_lives_in_ckpt_errors() -> None:
 # Imports that only an optional feature makes (its module says so); everything else must be a dependency.
 OPTIONAL_IMPORTS = {
     "transformers": "hf",  # Hugging Face runs and callbacks
+    "huggingface-hub": "hf",  # ckpt.store.hub: importing a Hub repository by revision
     "dask-cuda": "gpu",  # one worker per GPU
     "lightning": "test",  # ckpt.store.lightning: for users who train with Lightning, who have it
     "pytest": "test",  # ckpt.plugins.testing, the conformance kit: for plugin authors' test suites
