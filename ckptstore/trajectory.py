@@ -381,18 +381,23 @@ class DistanceAccumulator:
 
 
 def _moves(before: np.ndarray | None, here: np.ndarray, after: np.ndarray) -> tuple[float, float | None]:
-    """|after - here|² and <here - before, after - here>, accumulated in float64 blocks (three at a time)."""
+    """|after - here|² and <here - before, after - here>, accumulated in float64 blocks.
+
+    Each subtraction casts its inputs to float64 block by block (numpy's buffered casting)
+    into one of two preallocated buffers: no float64 copy of a whole tensor is made.
+    """
     after = np.asarray(after).reshape(-1)
     square, dot = 0.0, 0.0 if before is not None else None
+    size = min(here.size, _BLOCK)
+    step, back = np.empty(size), np.empty(size)
     for start in range(0, here.size, _BLOCK):
-        end = start + _BLOCK
-        b = here[start:end].astype(np.float64)
-        step = after[start:end].astype(np.float64)
-        step -= b
-        square += float(step @ step)
+        end = min(start + _BLOCK, here.size)
+        v, u = step[: end - start], back[: end - start]
+        np.subtract(after[start:end], here[start:end], out=v, dtype=np.float64)
+        square += float(v @ v)
         if before is not None:
-            b -= before[start:end].astype(np.float64)
-            dot += float(b @ step)  # type: ignore[operator]
+            np.subtract(here[start:end], before[start:end], out=u, dtype=np.float64)
+            dot += float(u @ v)  # type: ignore[operator]
     return square, dot
 
 
