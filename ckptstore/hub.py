@@ -265,10 +265,13 @@ def _span(revisions: Sequence[Revision]) -> str:
 
 
 def _matches(item: str, revisions: Sequence[Revision], listing: HubListing) -> list[Revision]:
+    """The revisions one ``--revisions`` item names: a step, a step range (``A-B``, ``A-``), main, a name or glob."""
+    if item.isdecimal():
+        return [r for r in revisions if r.step == int(item)]
     bounds = re.fullmatch(r"(\d+)?-(\d+)?", item)
-    if item.isdecimal() or (bounds and any(bounds.groups())):
-        low, high = (int(item), int(item)) if item.isdecimal() else (int(bounds[1] or 0), bounds[2])  # type: ignore[index]
-        return [r for r in revisions if low <= r.step and (high is None or r.step <= int(high))]
+    if bounds is not None and any(bounds.groups()):
+        low, high = int(bounds[1] or 0), None if bounds[2] is None else int(bounds[2])
+        return [r for r in revisions if low <= r.step and (high is None or r.step <= high)]
     if item == MAIN:  # the step branch of main's commit, or main itself with --main-step
         return [r for r in revisions if r.commit == listing.main_commit]
     return [r for r in revisions if fnmatch.fnmatchcase(r.name, item)]
