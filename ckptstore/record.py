@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ckpt.errors import CorruptRecordError, NotAStoreError, UnsupportedFormatError
+from ckpt.store.chunks import CHUNK_DIGESTS
 from ckpt.store.format import (
     ANALYSES,
     CHECKPOINTS,
@@ -278,6 +279,9 @@ def _validate_array(path: str, node: dict[str, Any], where: str) -> None:
         not isinstance(names, list) or len(names) != len(shape) or not all(isinstance(n, str | None) for n in names)
     ):
         _fail(where, f"dimension_names of {path!r}", names, f"null or {len(shape)} names")
+    digests = node["attributes"].get(CHUNK_DIGESTS) if isinstance(node.get("attributes"), dict) else None
+    if digests is not None and not (isinstance(digests, dict) and all(isinstance(v, str) for v in digests.values())):
+        _fail(where, f"the chunk digests of {path!r}", digests, "an object of chunk -> digest strings")
     if names is None and shape and path.startswith(f"{ANALYSES}/"):  # xarray cannot open a result without
         _fail(where, f"dimension_names of {path!r}", names, f"{len(shape)} names (a result's dimensions)")
     if not isinstance(node.get("data_type"), str | dict):

@@ -76,6 +76,12 @@ MUTATIONS: dict[str, tuple[Callable[[dict], None], str]] = {
         lambda d: d["consolidated_metadata"]["metadata"]["analyses/loss/loss"].pop("dimension_names"),
         "dimension_names of 'analyses/loss/loss' is None, expected 2 names",
     ),
+    "result chunk digests a list": (  # found by the fuzzer: an AttributeError traceback
+        lambda d: d["consolidated_metadata"]["metadata"]["analyses/loss/step"]["attributes"].update(
+            ckpt_chunk_digests=[1, "a"]
+        ),
+        "expected an object of chunk -> digest strings",
+    ),
     "deeply nested attrs": (lambda d: _deep(d["attributes"]["ckpt"]), f"nested deeper than the {MAX_JSON_DEPTH}"),
     "digest key not a step": (
         lambda d: d["attributes"]["ckpt"]["digests"].update({"abc": d["attributes"]["ckpt"]["digests"]["0"]}),
