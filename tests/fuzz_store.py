@@ -349,12 +349,16 @@ def _mutate_link(mutant: Mutant, rng: random.Random) -> None:
     (canary / "store").write_text("a file named like a lock")
     (canary / "analyses" / "loss").mkdir(parents=True, exist_ok=True)
     how = rng.choice(("locks", "locks-analyses", "moved", "moved", "root-file"))
+    if (store / ".locks").is_symlink():  # an earlier mutation linked it already
+        return
     if how == "locks":
         shutil.rmtree(store / ".locks", ignore_errors=True)
         (store / ".locks").symlink_to(canary, target_is_directory=True)
         mutant.done.append("link .locks -> outside")
     elif how == "locks-analyses":
         (store / ".locks").mkdir(exist_ok=True)
+        if (store / ".locks" / "analyses").is_symlink():
+            return
         shutil.rmtree(store / ".locks" / "analyses", ignore_errors=True)
         (store / ".locks" / "analyses").symlink_to(canary / "analyses", target_is_directory=True)
         mutant.done.append("link .locks/analyses -> outside")
