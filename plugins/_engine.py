@@ -37,7 +37,6 @@ import xarray as xr
 import ckpt.store as ckptstore
 from ckpt.errors import (
     AnalysisError,
-    CkptError,
     CkptWarning,
     MissingDataError,
     NonFiniteWarning,
@@ -126,31 +125,33 @@ def stored_identity(stored: Mapping[str, Any], store: ckptstore.Store, current_m
     return identity
 
 
-def stored_provenance(store: ckptstore.Store, name: str) -> dict[str, Any] | None:
-    """The provenance attributes of a stored result, or None when there is none (or its files are gone)."""
+def _stored_result(store: ckptstore.Store, name: str) -> xr.Dataset | None:
+    """The stored result ``name``, opened lazily, or None when there is none (or its files are gone)."""
     if name not in store.analyses:
         return None
     try:
-        return store.analysis(name).ckpt.provenance
+        return store.analysis(name)
     except MissingDataError:  # deleted by hand: nothing to reuse, compute it anew
         return None
 
 
-def _holds_claimed_steps(store: ckptstore.Store, name: str, claimed: list[int]) -> bool:
-    """Whether the stored result ``name`` holds exactly the steps its provenance claims (warns when not).
+def stored_provenance(store: ckptstore.Store, name: str) -> dict[str, Any] | None:
+    """The provenance attributes of a stored result, or None when there is none (or its files are gone)."""
+    result = _stored_result(store, name)
+    return None if result is None else result.ckpt.provenance
+
+
+def _holds_claimed_steps(result: xr.Dataset, name: str, where: str, claimed: list[int]) -> bool:
+    """Whether the stored ``result`` holds exactly the steps its provenance claims (warns when not).
 
     Reuse trusts the provenance's steps; a result whose step coordinate says otherwise (edited,
     duplicated, or out of order) is computed anew rather than reused or extended.
     """
-    try:
-        result = store.analysis(name)
-        held = [int(s) for s in result["step"].values] if "step" in result.dims else claimed
-    except (CkptError, KeyError, ValueError, OSError, RuntimeError):
-        held = None
+    held = [int(s) for s in result["step"].values] if "step" in result.dims else claimed
     if held == claimed:
         return True
     msg = (
-        f"the stored result {name!r} of {store.path} holds steps {held if held is None else held[:5]} where its "
+        f"the stored result {name!r} of {where} holds steps {held[:5]} where its "
         f"provenance claims {claimed[:5]}: it is computed anew"
     )
     warnings.warn(msg, CkptWarning, stacklevel=3)
@@ -380,13 +381,14 @@ def run(
             "requires": requirements,
         }
         wanted = _wanted_steps(analyzer, opened)
-        stored = stored_provenance(opened, target)
+        stored_result = _stored_result(opened, target)
+        stored = None if stored_result is None else stored_result.ckpt.provenance
         covered: list[int] = []
         if stored is not None and not force and stored_identity(stored, opened, model) == _identity(provenance):
             covered = [int(s) for s in stored.get("steps", [])]
             if analyzer.per == PER_RUN and covered != wanted:
                 covered = []
-            if covered and analyzer.per != PER_RUN and not _holds_claimed_steps(opened, target, covered):
+            if covered and analyzer.per != PER_RUN and not _holds_claimed_steps(stored_result, target, where, covered):
                 covered = []
         missing = [s for s in wanted if s not in set(covered)]
         if covered and missing and min(missing) < max(covered):
