@@ -27,6 +27,7 @@ tests only.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -58,6 +59,7 @@ __all__ = [
     "check_figure",
     "check_store",
     "mlp",
+    "raise_if_dask_computes",
     "registry_with",
     "tree_digest",
     "write_example_run",
@@ -65,14 +67,33 @@ __all__ = [
 
 
 class _CountComputes(Callback):
-    """Counts the graphs a local Dask scheduler starts (xarray's ``raise_if_dask_computes`` idea)."""
+    """Counts the graphs a local Dask scheduler starts; fails the one past ``allowed`` as it starts."""
 
-    def __init__(self) -> None:
+    def __init__(self, allowed: int | None = None) -> None:
         super().__init__()
         self.count = 0
+        self.allowed = allowed
 
     def _start(self, dsk: Any) -> None:
         self.count += 1
+        if self.allowed is not None and self.count > self.allowed:
+            msg = f"{self.count} Dask computations started where at most {self.allowed} were expected"
+            raise AssertionError(msg)
+
+
+@contextmanager
+def raise_if_dask_computes(allowed: int = 0) -> Iterator[_CountComputes]:
+    """Fail a test whose block starts more than ``allowed`` Dask computations (xarray's helper of that name).
+
+    The failing computation raises as it starts, so the traceback points at the line that
+    computed (an ``.values``, ``.compute()``, a ``float()`` of a lazy value), and the
+    yielded counter's ``count`` says how many started.
+
+    >>> with raise_if_dask_computes():
+    ...     dataset = analyzer.compute(ctx)  # building a graph computes nothing  # doctest: +SKIP
+    """
+    with _CountComputes(allowed) as counter:
+        yield counter
 
 
 def check_figure(figure: Any, *, panels: int | None = None) -> np.ndarray:
@@ -324,6 +345,66 @@ class AnalyzerTests(KitTests):
         second = run(name, store, registry=registry, **self.options)
         assert first.computed_steps, "the first run computed nothing"
         assert second.computed_steps == [], f"the second run recomputed steps {second.computed_steps}"
+
+    def append_checkpoint(self, path: Path) -> int:
+        """Append one checkpoint after the store's last, and return its step.
+
+        By default its tensors are the last checkpoint's, each floating-point one moved by
+        a little seeded noise, at the step one interval past the last. Override it for a
+        store whose checkpoints must come from training (e.g. a tied or constrained model).
+        """
+        store = ckptstore.open(path)
+        steps = [int(s) for s in store.steps]
+        step = steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1)
+        rng = np.random.default_rng(step)
+        moved = {}
+        for name, value in store.tensors(steps[-1]).items():
+            if np.issubdtype(value.dtype, np.floating):
+                scale = 0.01 * (float(np.abs(value).mean()) or 1.0)
+                value = (value + scale * rng.standard_normal(value.shape)).astype(value.dtype)
+            moved[name] = value
+        with ckptstore.open(path, mode="a") as writer:
+            writer.write(step, moved)
+        return step
+
+    def test_a_new_checkpoint_computes_only_itself(self, store: Path, registry: Registry) -> None:
+        """After a checkpoint is appended, a rerun computes only what it changes and equals a full recompute.
+
+        Per checkpoint: only the new step; per pair: only the new pair (its first step is the
+        old last); per run: everything again, since one value depends on every checkpoint. An
+        analyzer whose dependency recomputed steps it had stored (a per-run dependency, such as
+        ``hessian-basis``) is recomputed whole: its inputs changed.
+        """
+        cls = self.analyzer_class
+        before = self.expected_steps(store)
+        run(cls.name, store, registry=registry, **self.options)
+        new = self.append_checkpoint(store)
+        rerun = run(cls.name, store, registry=registry, **self.options)
+        changed = [d.name for d in rerun.dependencies if set(d.computed_steps) - {new}]
+        whole = cls.per == PER_RUN or bool(changed)
+        computed = (
+            self.expected_steps(store)
+            if whole
+            else [int(ckptstore.open(store).steps[-2])]
+            if cls.per == PER_PAIR
+            else [new]
+        )
+        assert rerun.computed_steps == computed, (
+            f"after appending step {new}, a per={cls.per!r} analyzer computed steps {rerun.computed_steps}, "
+            f"not {computed}"
+        )
+        if not whole:
+            assert rerun.reused_steps == before, f"reused {rerun.reused_steps}, not the stored {before}"
+        incremental = ckptstore.open(store).analysis(cls.name).load()
+        full = run(cls.name, store, registry=registry, force=True, **self.options).dataset
+        assert full is not None
+        assert set(incremental.data_vars) == set(full.data_vars), "the incremental result has other variables"
+        for name, variable in full.data_vars.items():
+            message = f"{name!r} after appending step {new} differs from a full recompute"
+            if np.issubdtype(variable.dtype, np.number):
+                np.testing.assert_allclose(incremental[name].values, variable.values, rtol=1e-6, err_msg=message)
+            else:
+                np.testing.assert_array_equal(incremental[name].values, variable.values, err_msg=message)
 
     def test_figures(self, store: Path, registry: Registry) -> None:
         """``plot`` draws the stored result: named matplotlib Figures, not blank, with labelled panels."""

@@ -17,13 +17,12 @@ import dask
 import numpy as np
 import pytest
 import torch
-from dask.callbacks import Callback
 
 import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, TaskSpec, load_registry
 from ckpt.plugins._engine import run
-from ckpt.plugins.testing import write_example_run
+from ckpt.plugins.testing import raise_if_dask_computes, write_example_run
 from tests.helpers import run_ckpt
 from tests.models import mlp, tiny_lm
 
@@ -95,25 +94,15 @@ def test_token_losses_follow_the_mask_in_row_major_order(tmp_path: Path) -> None
     np.testing.assert_allclose(result["loss"].sel(step=0).values, per_token.numpy()[example, position], rtol=1e-5)
 
 
-class ComputeCounter(Callback):
-    def __init__(self) -> None:
-        super().__init__()
-        self.computes = 0
-
-    def _start(self, dsk) -> None:
-        self.computes += 1
-
-
 def test_graphs_are_built_lazily(mlp_store: Path) -> None:
     analyzer = load_registry().analyzers["loss"]()
     store = ckptstore.open(mlp_store)
-    with ComputeCounter() as counter:
+    with raise_if_dask_computes():  # building the graph computes nothing
         dataset = analyzer.compute(AnalysisContext(store, store.steps, TaskSpec(str(mlp_store)), {}))
-    assert counter.computes == 0, "building the graph computed something"
     assert all(v.chunks is not None for v in dataset.data_vars.values())
-    with ComputeCounter() as counter:
+    with raise_if_dask_computes(allowed=1) as counter:
         dataset.compute(scheduler="sync")
-    assert counter.computes == 1
+    assert counter.count == 1
 
 
 class EagerNorm(Analyzer):
