@@ -43,7 +43,6 @@ import hashlib
 import json
 import math
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -269,26 +268,48 @@ def du(path: Path) -> int:
 
 def run(command: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
     """Run one ``ckpt`` command in its own process: wall and CPU seconds, peak memory, output."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
+        # os.wait4: this child's own resource use (getrusage's RUSAGE_CHILDREN keeps the largest of all)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     return {
         "command": " ".join(command[1:]),
-        "returncode": done.returncode,
+        "returncode": child.returncode,
         "wall_s": wall,
-        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-        "peak_rss_mb": after.ru_maxrss / 1024,  # the largest child so far (Linux: KiB)
-        "stdout": done.stdout,
-        "warnings": [line for line in done.stderr.splitlines() if line.startswith("Warning:")],
-        "stderr": done.stderr,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mb": usage.ru_maxrss / 1024,  # Linux: KiB
+        "stdout": stdout,
+        "warnings": [line for line in stderr.splitlines() if line.startswith("Warning:")],
+        "stderr": stderr,
     }
 
 
 def ckpt_command(*args: str) -> list[str]:
     script = Path(sys.executable).with_name("ckpt")
     return [str(script), *args] if script.exists() else [sys.executable, "-m", "ckpt.cli", *args]
+
+
+def timed_loss(
+    store: Path, work: Path, shape: str, examples: int, length: int, env: dict[str, str]
+) -> dict[str, Any] | None:
+    """``ckpt data add`` of random token ids, then ``ckpt analyze loss`` over every checkpoint, timed."""
+    if examples == 0:
+        return None
+    ids = np.random.default_rng(1).integers(0, SHAPES[shape]["vocab_size"], (examples, length))
+    np.save(work / "ids.npy", ids)
+    added = run(ckpt_command("data", "add", str(store), "eval", "--inputs", str(work / "ids.npy")), env)
+    if added["returncode"] != 0:
+        raise SystemExit(f"ckpt data add failed: {added['stderr']}")
+    analyzed = run(ckpt_command("analyze", "loss", str(store), "--no-progress"), env)
+    if analyzed["returncode"] != 0:
+        raise SystemExit(f"ckpt analyze loss failed: {analyzed['stderr']}")
+    return analyzed
 
 
 def compare(suite: Suite, duplicates: dict[str, Any], trajectory: dict[str, Any]) -> dict[str, Any]:
@@ -330,6 +351,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="70m")
     parser.add_argument("--checkpoints", type=int, default=len(pythia_steps()), help="branches (default: all 154)")
     parser.add_argument("--repo", default=REPO, help="the repository id the cache holds (default: %(default)s)")
+    parser.add_argument(
+        "--loss-examples", type=int, default=8, help="random sequences for a timed `ckpt analyze loss` (0: none)"
+    )
+    parser.add_argument("--loss-length", type=int, default=128, help="tokens per sequence (default: %(default)s)")
     parser.add_argument("--keep", action="store_true", help="keep the cache and the store")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -364,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         duplicate_steps(opened)
         duplicates_s = time.perf_counter() - start
         result = compare(suite, found["duplicates"], found["trajectory"])
+        loss = timed_loss(store, work, args.shape, args.loss_examples, args.loss_length, env)
         count = len(suite.steps)
         figures = {
             "shape": args.shape,
@@ -383,6 +409,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "verify_returncode": verified["returncode"],
             "info_s": info["wall_s"],
             "duplicates_in_process_s": duplicates_s,
+            "loss_examples": args.loss_examples,
+            "loss_length": args.loss_length,
+            "loss_s": loss["wall_s"] if loss else None,
+            "loss_peak_rss_mb": loss["peak_rss_mb"] if loss else None,
         }
         results = {
             "figures": figures,
@@ -420,6 +450,8 @@ def report(results: dict[str, Any]) -> None:
                   f"({figures['store_over_revision']:.2f} x its files)"),
         ("ckpt verify --trajectory", f"{figures['verify_trajectory_s']:.0f} s (exit {figures['verify_returncode']})"),
         ("ckpt info", f"{figures['info_s']:.1f} s"),
+        ("ckpt analyze loss", f"{figures['loss_s'] or 0:.0f} s, peak {figures['loss_peak_rss_mb'] or 0:.0f} MB "
+                              f"({figures['loss_examples']} x {figures['loss_length']} tokens)"),
         ("duplicate check", f"{figures['duplicates_in_process_s'] * 1000:.0f} ms in process, no tensor read"),
     ]  # fmt: skip
     width = max(len(name) for name, _ in rows)

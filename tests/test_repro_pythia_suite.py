@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 
 REPRO = Path(__file__).resolve().parents[1] / "repro"
 COUNT = 16
+ARGS = ["--shape", "tiny", "--checkpoints", str(COUNT), "--loss-examples", "4", "--loss-length", "16"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def script() -> ModuleType:
 @pytest.fixture(scope="module")
 def results(script: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("pythia-suite")
-    return script.main(["--out", str(out), "--shape", "tiny", "--checkpoints", str(COUNT)]), out
+    return script.main([*ARGS, "--out", str(out)]), out
 
 
 def test_pythia_steps_are_the_154_of_the_suite(script: ModuleType) -> None:
@@ -69,6 +70,7 @@ def test_the_cache_is_what_huggingface_hub_lists(script: ModuleType, tmp_path: P
     assert config["architectures"] == ["GPTNeoXForCausalLM"] and config["tie_word_embeddings"] is False
 
 
+@pytest.mark.slow  # four ckpt processes: about 20 s
 def test_the_planted_faults_are_the_ones_named(results: tuple[dict[str, Any], Path]) -> None:
     found, out = results
     comparison = found["comparison"]
@@ -85,6 +87,6 @@ def test_the_planted_faults_are_the_ones_named(results: tuple[dict[str, Any], Pa
     assert [s["step"] for s in found["trajectory"]["steps"]] == sorted(int(s[4:]) for s in found["commits"])
     figures = found["figures"]
     assert figures["checkpoints"] == COUNT and figures["verify_returncode"] == 0
-    assert figures["store_bytes"] > 0 and figures["import_s"] > 0
+    assert figures["store_bytes"] > 0 and figures["import_s"] > 0 and figures["loss_s"] > 0
     assert json.loads((out / "pythia-suite.json").read_text())["comparison"] == comparison
     assert not list(out.glob("pythia-suite-*")), "the cache and the store are deleted without --keep"
