@@ -1,7 +1,7 @@
 """A Hugging Face ``TrainerCallback`` that writes the run into a ckpt store while it trains.
 
->>> from ckpt.store.huggingface import CkptCallback                       # doctest: +SKIP
->>> trainer = Trainer(model, args, train_dataset=data,
+>>> from ckpt.store.huggingface import CkptCallback
+>>> trainer = Trainer(model, args, train_dataset=data,  # doctest: +SKIP
 ...                   callbacks=[CkptCallback("run.zarr", every=50, data={"eval": {"inputs": ids}})])
 
 The store records the model spec (rebuilt from the model's config with ``transformers``, as for an
