@@ -3,10 +3,7 @@
 Importing torch, transformers, dask, xarray and zarr creates about 750,000 objects that live
 as long as the process, and every full collection while they are being created walks all of
 them again; the interpreter's exit collects them once more. Neither finds garbage worth the
-time: in the import path of ``ckpt analyze loss`` (torch, transformers' GPT-2, dask.array,
-xarray, zarr; 2-core machine, three alternated runs) the imports took 5.0-7.8 s with the
-collector on and 3.9-4.4 s with it paused (the whole process: 6.4-9.2 s against 4.3-4.8 s),
-and exit took 1.3 s after the imports against 0.16 s with their objects frozen (``gc.freeze``).
+time, which is most of a command's start-up and exit (docs/performance.md, "Start-up and imports").
 
 So imports and model building (:meth:`ckpt.store.ModelSpec.build`: the factory's import and
 call) run with the collector paused (:func:`collection_paused`,

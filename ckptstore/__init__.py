@@ -54,8 +54,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt.store.upgrade import upgrade
     from ckpt.store.writer import Writer, create
 
-# The reader and writer import zarr and xarray (~0.5 s): loaded on first use (PEP 562), so that
-# `ckpt --help` and the plugin host's registration stay cheap.
+# The reader and writer import zarr and xarray, a visible share of start-up: loaded on first use
+# (PEP 562), so that `ckpt --help` and the plugin host's registration stay cheap (docs/performance.md,
+# "Start-up and imports").
 _LAZY = {
     "ModelSpec": "ckpt.store.reader",
     "Store": "ckpt.store.reader",

@@ -37,7 +37,7 @@ from ckpt.store import links
 
 ROOT_KEY = "zarr.json"
 
-try:  # the Rust codec pipeline: 2-3x faster chunk I/O where zarr reads and writes checkpoint arrays
+try:  # the Rust codec pipeline: faster chunk I/O where zarr reads and writes checkpoint arrays
     import zarrs  # noqa: F401
 
     _ZARRS = True
@@ -98,8 +98,8 @@ def open_zarr_store(
 def fast_io(array: Any) -> Any:
     """Give a checkpoint array (``zarr.Array`` or ``AsyncArray``) the zarrs codec pipeline, if local.
 
-    Measured on a 10.6M-parameter state_dict (bench/store.py): zarr's Python
-    pipeline wrote a checkpoint in ~0.10-0.17 s, zarrs in ~0.04-0.05 s. Whole
+    zarrs writes a checkpoint a few times faster than zarr's Python pipeline
+    (bench/store.py; docs/performance.md, "Checkpoint I/O"). Whole
     checkpoints of a local store are now read and written without zarr
     (:class:`WholeChunks`); zarrs serves the rest: ``Store.read_tensor``, the lazy
     ``Store.checkpoints``, compressed stores. The pipeline is set on our own arrays only: zarr's
@@ -197,10 +197,10 @@ class WholeChunks:
         once, beyond the committed rows, so a crash leaves a partial chunk only
         where the next writer trims it (as with the zarrs pipeline).
 
-        Why not zarr: writing the 76 chunks of an 11M-parameter bf16 checkpoint
-        with one ``setitem`` per array, gathered in one event-loop call, took
-        ~33 ms (zarrs pipeline) where one ``writev`` per file took ~12 ms, as long
-        as ``torch.save`` of the same tensors into one file (bench/store.py, "write bf16").
+        Why not zarr: one ``setitem`` per array, even gathered in one event-loop
+        call, is several times slower than one ``writev`` per file, which is as fast
+        as ``torch.save`` of the same tensors into one file (bench/store.py, "write
+        bf16"; docs/performance.md, "Checkpoint I/O").
         Creating the file is most of that cost: see ``Writer._write_rows``.
         """
         if array.dtype != self.dtype or not array.flags.c_contiguous or array.nbytes != self.nbytes:
@@ -232,22 +232,19 @@ def read_rows(arrays: dict[str, WholeChunks], row: int) -> dict[str, np.ndarray 
     damage (or returns the fill value, which the commit record's digest refuses).
     The arrays returned are views of one block of memory.
 
-    Why not zarr: reading the 76 tensors of an 11M-parameter checkpoint with one
-    ``getitem`` per array, gathered in one event-loop call, took ~21-25 ms
-    (zarrs pipeline; zarr's Python pipeline ~47 ms; ``threading.max_workers`` and
-    ``codec_pipeline.direct_io`` did not help) where ``torch.load`` of the same
-    tensors took ~18 ms: every array costs an event-loop task and a thread hop,
-    and zarrs reads each chunk into a buffer of its own before copying it out.
-    Why one block: in a fresh buffer per tensor the first touch of each 4 KiB
-    page faults (~10,000 faults per 42 MB checkpoint, ~2 us each on this VM, more
-    than the copy itself); numpy backs blocks of 4 MiB and more with huge pages,
-    ~600 faults. Measured on that checkpoint: a buffer per tensor ~19 ms, one
-    block ~9-15 ms (bench/store.py, "read every step").
+    Why not zarr: one ``getitem`` per array, even gathered in one event-loop
+    call, is slower than ``torch.load`` of the same tensors (``threading.max_workers``
+    and ``codec_pipeline.direct_io`` did not help): every array costs an event-loop
+    task and a thread hop, and zarrs reads each chunk into a buffer of its own before
+    copying it out. Why one block: in a fresh buffer per tensor the first touch of each
+    4 KiB page faults, which costs more than the copy itself; numpy backs blocks of
+    4 MiB and more with huge pages, an order of magnitude fewer faults (bench/store.py,
+    "read every step"; docs/performance.md, "Checkpoint I/O").
     """
     align = 64  # every array starts on a cache line, as numpy's own allocations do
     offsets, total = {}, 0
     # memory is taken only for chunk files whose size is what their recorded shape needs: a shape
-    # edited in the record must not size an allocation (a stat costs ~1 us against a read's ~100)
+    # edited in the record must not size an allocation (a stat is cheap beside the read)
     intact = {name: chunks for name, chunks in arrays.items() if chunks.size_of(row) == chunks.nbytes + 4}
     for name, chunks in intact.items():
         offsets[name] = total
@@ -275,7 +272,7 @@ def read_json(store: zarr.abc.store.Store, key: str, where: str = "the store") -
 
 def write_json(store: zarr.abc.store.Store, key: str, document: dict[str, Any]) -> None:
     """Write ``document`` at ``key`` in one put (atomic on every zarr store we use)."""
-    # compact: with indent, json falls back to its pure-Python encoder (5x slower on the root record)
+    # compact: with indent, json falls back to its pure-Python encoder (much slower on the root record)
     data = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
     sync(store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
 

@@ -147,9 +147,9 @@ def tensor_digest(array: np.ndarray) -> str:
     Computed from the array as stored (bfloat16 as its uint16 bits), at write time
     and again at read time, so that a chunk read as zarr's fill value (missing),
     copied from another step or tensor, or changed is told from the real one.
-    xxh3 rather than the stores' own crc32c: it hashes the array in place at
-    ~16 GB/s, where google-crc32c needs a bytes copy (40 MB: 2.5 ms against
-    8 ms + 52 ms for the copy; zlib.crc32 in place, 21 ms).
+    xxh3 rather than the stores' own crc32c: it hashes the array in place, where
+    google-crc32c needs a bytes copy and zlib.crc32 is several times slower
+    (docs/performance.md, "Checkpoint I/O").
     """
     import xxhash
 

@@ -470,7 +470,7 @@ class Store:
 
     def _array(self, name: str) -> zarr.Array:
         # opened once per refresh: opening costs a round trip to zarr's event loop
-        # thread, ~0.3 ms per tensor, as much as reading it (bench/store.py)
+        # thread, as much as reading the tensor (bench/store.py)
         array = self._arrays.get(name)
         if array is None:
             array = self._root[f"{CHECKPOINTS}/{name}"]

@@ -355,9 +355,8 @@ def load_result(dataset: xr.Dataset) -> xr.Dataset:
     """A stored result (Dask-backed, as :meth:`ckpt.store.Store.analysis` opens it) read into memory.
 
     On dask's threads, given as the scheduler itself: given none, or one by name, dask imports
-    ``distributed`` to look for a cluster's client first. On this 2-core machine ``ckpt show`` of a
-    small store took 2.15 s with that import and 1.4-1.5 s without, ``ckpt verify`` 1.8 s and
-    1.4-1.7 s (medians of 7 fresh processes). A scheduler the user configured is used as it is.
+    ``distributed`` to look for a cluster's client first, a large share of a short command's time
+    (docs/performance.md, "Start-up and imports"). A scheduler the user configured is used as it is.
     """
     with threads_unless_configured():
         return dataset.load()

@@ -442,8 +442,8 @@ class Writer:
 
         async def create_all() -> list[zarr.AsyncArray]:
             # Made in memory, then every zarr.json put in one batch: create_array on the store itself
-            # also checks and writes each array's parent groups, ~100-200 ms for 76 tensors against
-            # ~60 ms so (bench/store.py, "1st write"). The first write's cost is in every s/ckpt figure.
+            # also checks and writes each array's parent groups, which made the first write several times
+            # slower (docs/performance.md, "Checkpoint I/O"; bench/store.py, "1st write").
             scratch = zarr.storage.MemoryStore()
             made = await asyncio.gather(
                 *(
@@ -453,7 +453,7 @@ class Writer:
                         shape=(capacity, *array.shape),
                         chunks=(1, *array.shape),
                         # "." keeps every chunk of a tensor in one folder (c.<row>.0.0): creating
-                        # a folder per step cost ~40% of a checkpoint write (bench/store.py)
+                        # a folder per step was a large share of a checkpoint write (bench/store.py)
                         chunk_key_encoding={"name": "default", "separator": "."},
                         dtype=array.dtype,
                         fill_value=0,
@@ -511,12 +511,10 @@ class Writer:
         """Write row ``index`` of every array: checkpoint chunks straight to their files where they can be.
 
         The chunk files are written on the writer's threads while zarr writes the rest
-        (the ``step`` array) in this one. Why threads: creating a file costs ~0.07-0.65 ms
-        on this ext4 file system, depending on its journal's load (other processes deleting
-        or syncing files), and is most of a chunk's cost. With slow creates, the 76 files
-        of an 11M-parameter checkpoint took ~76 ms (bf16) and ~107 ms (fp32) one after the
-        other, ~49 ms and ~62-70 ms on 2-8 threads; with fast ones, ~12 ms one after the
-        other, ~13 ms on threads (bench/store.py, "write bf16" and "write fp32").
+        (the ``step`` array) in this one. Why threads: creating a file is most of a chunk's
+        cost and varies with the file system journal's load (other processes deleting or
+        syncing files); threads overlap slow creates and cost nothing when creates are fast
+        (docs/performance.md, "Checkpoint I/O"; bench/store.py, "write bf16" and "write fp32").
         """
         direct = [name for name in values if name in self._whole_chunks and arrays is self._ckpt_arrays]
         pending: dict[str, Future[bool]] = {}
@@ -813,7 +811,7 @@ class Writer:
             # Rows beyond the committed count were never written (a crash's rows
             # are trimmed at open), so rewriting each array's zarr.json with the
             # committed shape is enough; zarr's resize would try to delete every
-            # chunk of the spare capacity, one by one (~0.8 s for 76 tensors).
+            # chunk of the spare capacity, one by one.
             for path, node in self._nodes.items():
                 group, _, name = path.partition("/")
                 if group in (CHECKPOINTS, METRICS) and name and node.get("node_type") == "array":
