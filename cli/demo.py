@@ -33,12 +33,13 @@ PAPER_TABLE_3 = {"exact loss": "0.514", "Fisher": "0.664", "POLCA": "0.973 0.946
 """Top-3 carry homogeneities in Table 3 of the paper (its 9.5M-parameter run)."""
 
 DEMO_ANALYSES: dict[str, dict[str, Any]] = {
-    # A basis vector every 400 steps from 640 sampled problems: 6 vectors in about
-    # 40 s on 2 cores. 256 samples were 3x cheaper but lost the carry cluster (best
-    # POLCA homogeneity 0.51 instead of 0.95 on the seed-0 run); 1,250 (the paper)
-    # gave the same clusters as 640 in twice the time. First-order POLCA: at this
-    # preset's step size (lr 3e-3, a checkpoint every 40 steps) the paper's
-    # second-order approximation swamps the first-order terms (docs/sandboxes.md).
+    # A basis vector every 400 steps from 640 sampled problems: 6 vectors, the demo's
+    # largest cost (docs/performance.md, "Demo run time"). 256 samples were cheaper but
+    # lost the carry cluster (best POLCA homogeneity 0.51 instead of 0.95 on the seed-0
+    # run); 1,250 (the paper) gave the same clusters as 640 in twice the time.
+    # First-order POLCA: at this preset's step size (lr 3e-3, a checkpoint every 40
+    # steps) the paper's second-order approximation swamps the first-order terms
+    # (docs/sandboxes.md).
     "default": {"basis": {"every": 400, "samples": 640}, "second_order": "none"},
     # The paper's setting (for a GPU): small steps, where its approximation holds.
     "paper": {"basis": {"every": 200, "samples": 1250}, "second_order": "paper"},
@@ -218,7 +219,7 @@ def demo(
     of clusters on the exact loss, Fisher and POLCA (the shape of Table 3 of
     "Hidden Breakthroughs in Language Model Training"), and the POLCA clusters'
     place/carry make-up and breakthrough steps, and writes DIR/report.html with
-    every figure. Offline; about 5 minutes on a 2-core CPU.
+    every figure. Offline; a few minutes on a CPU.
 
     On the CPU it pins torch's kernels and thread count (portable kernels, MKL's
     reproducible mode, 2 threads), so that the weights do not depend on the
