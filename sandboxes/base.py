@@ -59,12 +59,10 @@ def _threads_for(model: torch.nn.Module, device: torch.device) -> Iterator[None]
     The sandboxes' models are tiny (a few hundred to a few ten thousand
     parameters): each op is far too small to split across threads, so torch's
     default of one thread per core only adds synchronisation, and on a loaded
-    machine every step waits for the slowest core. Measured on the 2-core CPU
-    with another job running (torch 2.13): sparse-modular-addition, batch 32,
-    7.2 ms/step on 2 threads vs 1.7 on 1; modular-addition, full batch,
-    107 ms/step vs 0.86. The ``addition`` default model (102k parameters, batch 128 x 11
-    tokens) is large enough to gain from both cores: its 2,000 steps took 76 s on one
-    thread against 48 s on two on a quiet machine, hence the 20k-parameter bound.
+    machine every step waits for the slowest core: one thread trained the small
+    sandboxes many times faster. The ``addition`` default model (102k parameters,
+    batch 128 x 11 tokens) is large enough to gain from more threads, hence the
+    20k-parameter bound (docs/performance.md, "Sandbox training").
     """
     previous = torch.get_num_threads()
     small = device.type == "cpu" and sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS

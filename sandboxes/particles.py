@@ -13,7 +13,7 @@ each labelled by its class ``(a + b) mod N``, under two forces:
   from the origin rather than by its position.
 
 The paper's force equations are not in our reference copy of it
-(``../shared/papers`` has a summary only) nor in the search corpora, so the
+(the project's reference notes have a summary only) nor in the search corpora, so the
 forces here are our derivation from that description, written as potentials so
 that "training" is plain gradient descent (overdamped particle motion,
 ``E <- E - dt * grad U``) and every run is an ordinary store:

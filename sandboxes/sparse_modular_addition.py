@@ -251,7 +251,7 @@ class SparseModularAddition(Task):
     }
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "paper": _paper,
-        # the paper's setting, shortened to fit ~a minute on a 2-core CPU; still a checkpoint every epoch
+        # the paper's setting, shortened to fit a quick CPU run; still a checkpoint every epoch
         "default": {**_paper, "epochs": 100},
     }
 
