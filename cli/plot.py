@@ -120,12 +120,20 @@ def _plot_one(store: Any, name: str, out: str, dpi: int, with_parent: bool) -> N
 @click.option(
     "--out", metavar="FILE", help="HTML file to write. Default: report.html beside STORE (a remote STORE: here)."
 )
-def report_command(store: str, out: str | None) -> None:
+@click.option(
+    "--no-trajectory",
+    is_flag=True,
+    help="Skip the distances between consecutive checkpoints (they read every checkpoint once); "
+    "duplicated checkpoints are still named, from the commit record.",
+)
+def report_command(store: str, out: str | None, no_trajectory: bool) -> None:
     """Write one self-contained HTML report of STORE (it opens offline, with no server).
 
     The report holds the run's metadata and metrics, every stored result's summary, figures and
-    provenance (stale results are marked), and a step slider over the 2-D embeddings (above 256
-    tokens, the most frequent ones: see ckpt animate).
+    provenance (stale results are marked), a step slider over the 2-D embeddings (above 256
+    tokens, the most frequent ones: see ckpt animate), and the trajectory: the L2 distance
+    between consecutive checkpoints and the cosine of consecutive updates, with duplicated and
+    possibly mislabeled checkpoints marked and listed (as ckpt verify --trajectory names them).
     """
     from ckpt.analyzers.figures.report import write_report
     from ckpt.store.results import threads_unless_configured
@@ -134,7 +142,7 @@ def report_command(store: str, out: str | None) -> None:
     out = out or ("report.html" if remote else str(Path(store).resolve().parent / "report.html"))
     _check_writable(out)
     with threads_unless_configured():
-        problems = write_report(store, out, registry())
+        problems = write_report(store, out, registry(), trajectory=not no_trajectory)
     for problem in problems:
         click.echo(f"Warning: {problem}", err=True)
     click.echo(f"wrote {out}")

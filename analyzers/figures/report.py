@@ -154,6 +154,66 @@ def _slider(store: Any) -> tuple[str, list[str]]:
     return section, []
 
 
+TRAJECTORY_ROWS = 40
+"""Flagged steps listed under the trajectory figure before "and N more" (``ckpt verify --trajectory`` lists all)."""
+
+
+def _trajectory(store: Any, distances: bool) -> tuple[str, list[str]]:
+    """The trajectory section (docs/figures.md, "The report"), and the problems met drawing it (also in the page).
+
+    Duplicates come from the commit record (no tensor read); with ``distances``, every floating
+    tensor of every checkpoint is read once for the figure and the possibly mislabeled steps.
+    """
+    from ckpt.analyzers.figures.trajectory import figure, findings, read_trajectory
+    from ckpt.errors import CkptError
+    from ckpt.store.trajectory import duplicate_steps, is_floating
+
+    heading = '<h2 id="trajectory">Trajectory</h2>'
+    steps = [int(s) for s in store.steps]
+    if len(steps) < 2:
+        held = f"one checkpoint (step {steps[0]})" if steps else "no checkpoints"
+        return f"{heading}<p>The store holds {_text(held)}: no trajectory to draw.</p>", []
+    duplicates = duplicate_steps(store)
+    body, problems, path = [heading], [], None
+    floating = sum(1 for info in store.schema.values() if is_floating(info.dtype))
+    if distances:
+        try:
+            path, lost = read_trajectory(store)
+        except CkptError as exc:
+            lost = [f"not drawn ({exc})"]
+        if lost:
+            shown = "; ".join(lost[:3]) + (f"; and {len(lost) - 3} more" if len(lost) > 3 else "")
+            problems.append(f"trajectory: {len(lost)} unreadable tensor(s), their distances not drawn: {shown}")
+        body.append(
+            f"<p>L2 distances between consecutive checkpoints: {len(steps)} checkpoints x {floating} "
+            "floating-point tensors, each read once (<code>ckpt report --no-trajectory</code> skips this "
+            "pass). Duplicates come from the digests of the commit record.</p>"
+        )
+        if path is not None:
+            body.append(_image(png_bytes(figure(path, duplicates)), "trajectory distances"))
+    else:
+        body.append(
+            f"<p>Distances not computed (<code>--no-trajectory</code>: they read {len(steps)} checkpoints x "
+            f"{floating} floating-point tensors); duplicates come from the digests of the commit record, "
+            "which costs no read.</p>"
+        )
+    if not duplicates.checked:
+        body.append(
+            "<p>Duplicates not checked: the store has no digests (format v1; <code>ckpt upgrade</code> adds them).</p>"
+        )
+    rows = findings(duplicates, path)
+    if rows:
+        more = len(rows) - TRAJECTORY_ROWS
+        body.append(_table([(f"step {step}", text) for step, text in rows[:TRAJECTORY_ROWS]]))
+        if more > 0:
+            body.append(f"<p>and {more} more steps (<code>ckpt verify --trajectory</code> lists every step)</p>")
+    elif duplicates.checked:
+        off = "" if path is None else ", and none jumps off the path its neighbours draw"
+        body.append(f"<p>No checkpoint duplicates another step's weights{off}.</p>")
+    body += [f'<p class="error">{_text(p)}</p>' for p in problems]
+    return "\n".join(body), problems
+
+
 def _readable(store: Any, registry: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """The stored results whose provenance may be read, by name; and why each other one may not.
 
@@ -259,7 +319,7 @@ def _side_by_side(store: Any, readable: dict[str, Any], registry: Any) -> tuple[
     return ("<h2>Side by side</h2>" + "".join(parts) if parts else ""), problems
 
 
-def write_report(where: str, out: str, registry: Any) -> list[str]:
+def write_report(where: str, out: str, registry: Any, *, trajectory: bool = True) -> list[str]:
     """Write the HTML report of the store at ``where`` to ``out``; return the problems met (also in the page).
 
     Parameters
@@ -270,6 +330,9 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
         Path of the HTML file (its folder must exist).
     registry
         The plugin registry whose analyzers draw the figures.
+    trajectory
+        Draw the distances between consecutive checkpoints (reads every floating tensor of every
+        checkpoint once); False keeps only the duplicates, which come from the commit record.
     """
     import ckpt.store as ckptstore
     from ckpt.plugins import data_hash, model_hash
@@ -290,7 +353,8 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
     problems += found
     metrics = _metrics_figure(store)
     slider, found = _slider(store)
-    problems = found + problems
+    path, drawn = _trajectory(store, trajectory)
+    problems = found + drawn + problems
     contents = "".join(f'<li><a href="#{_text(n)}">{_text(n)}</a></li>' for n in store.analyses)
     page = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
@@ -301,6 +365,7 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
         _table(_metadata(store)),
         _image(metrics, "metrics") if metrics else "<p>No metrics were recorded during training.</p>",
         slider,
+        path,
         f"<h2>Analyses</h2><ul>{contents}</ul>" if store.analyses else "<h2>Analyses</h2><p>None stored yet.</p>",
         together,
         *sections,
@@ -310,4 +375,4 @@ def write_report(where: str, out: str, registry: Any) -> list[str]:
     return problems
 
 
-__all__ = ["POLICY", "SLIDER_FRAMES", "SLIDER_SCRIPT", "STYLE", "write_report"]
+__all__ = ["POLICY", "SLIDER_FRAMES", "SLIDER_SCRIPT", "STYLE", "TRAJECTORY_ROWS", "write_report"]
