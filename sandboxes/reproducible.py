@@ -14,8 +14,8 @@ Comparing the final weights' hashes of short ``addition`` runs (docs/sandboxes.m
 - the thread count splits the sums, so it is pinned too.
 
 Across CPU vendors the pin holds against the instruction sets (once it pins MKL's
-dispatch as well), but AMD and Intel CPUs still give each other's pinned runs other
-weights; which kernel differs between them was not found. What stays different:
+dispatch as well), but an AMD and an Intel CPU still train different pinned weights;
+which kernel differs between them was not found. What stays different:
 AMD against Intel CPUs, x86-64 CPUs without
 AVX2 (MKL's pinned path needs it), other CPU architectures (ARM has neither these kernels nor MKL), other torch or MKL
 versions, and GPUs. The settings are read when torch
