@@ -15,12 +15,11 @@ the directions and the block's data as inputs, so one program serves every
 block and checkpoint of those shapes (:func:`ckpt.plugins.chunks` makes the
 blocks equal).
 
-Measured on the addition default model (bench/polca.py, 2 CPU threads, K=8,
-250 problems a block): first + second order 0.58 s a block eagerly, 0.48 s
-traced with CSE, 0.30 s compiled; first order 0.17, 0.13 and 0.12 s. The
-compile costs 30-50 s per program on this CPU (inductor's on-disk cache makes
-a second process's compile of the same program a few seconds), so it pays for
-runs of tens of checkpoints; see ``docs/analyzers.md`` ("What it costs").
+Compiled passes are the fastest, traced ones with CSE next, eager ones the
+slowest (bench/polca.py); the compile itself costs far more than one block
+(inductor's on-disk cache makes a second process's compile of the same program
+cheaper), so it pays for runs of tens of checkpoints; see ``docs/analyzers.md``
+("What it costs") and docs/performance.md ("Derivative passes").
 
 Tracing runs the model's Python once and refuses to read a value out of a
 traced tensor, so a model whose control flow depends on the values of its data

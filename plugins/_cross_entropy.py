@@ -1,17 +1,17 @@
 """Token cross-entropy whose gradient is cheap to differentiate again (Hessian-vector products).
 
 With ``F.cross_entropy``, a product of :class:`ckpt.plugins._derivatives.MeanLossHessian`
-differentiates the backward of ``log_softmax`` a second time: at GPT-2 small
-(8 sequences of 128 tokens, 50,257-token vocabulary) that node alone took 1.7 s
-of an 11 s product, in logits-sized multiplications and exponentials. The second
+differentiates the backward of ``log_softmax`` a second time: at GPT-2 small's
+vocabulary that node alone is a large share of a product, in logits-sized
+multiplications and exponentials (docs/performance.md, "Derivative passes"). The second
 derivative of the loss in the logits is known in closed form,
 
     ∂/∂z [g (softmax(z) - onehot(y))] along u = g (p ⊙ u - p (p · u)),  p = softmax(z),
 
 so :class:`TokenCrossEntropy` computes the gradient with one custom node whose own
 backward is that formula: a few passes over the logits instead of a chain of
-generic nodes. On [1016, 50257] float32 logits the logits' share of a product
-went from 0.46 s to 0.13 s, equal to 3e-9 (/tmp benchmark, this 2-core machine).
+generic nodes: the logits' share of a product falls to a fraction, equal to
+float32 rounding (docs/performance.md, "Derivative passes").
 
 Used only while :func:`differentiated_twice` is active (the kept Hessian graphs):
 the node has no forward-mode rule and no third derivative, which POLCA's JVPs

@@ -556,11 +556,10 @@ class MeanLossHessian:
     ``create_graph=True``), and every product differentiates those gradients
     again along v (reverse over reverse, PyHessian's scheme): a product costs
     one backward pass through the kept graphs instead of a forward, a backward
-    and their tangents. On the addition default model (256 problems, 2 CPU
-    threads) a product took 0.047 s against 0.088 s for
-    :func:`hessian_vector_product`; ``torch.func.linearize`` matched it
-    (0.044 s) but took 2 s per block to trace, more than a checkpoint's 25-50
-    products save (bench/polca.py). The kept graphs hold every block's
+    and their tangents, about half the time of :func:`hessian_vector_product`;
+    ``torch.func.linearize`` matched it but its trace per block costs more than
+    a checkpoint's products save (bench/polca.py; docs/performance.md,
+    "Derivative passes"). The kept graphs hold every block's
     activations and their derivatives at once: memory grows with the data,
     which ``--samples`` bounds. Reverse mode takes no forward-AD level, so
     operators of different threads run at the same time.
@@ -649,8 +648,8 @@ class MeanLossHessian:
         """``v -> H v`` on flat ``[D]`` vectors of ``space``, every product written into one kept buffer.
 
         The same buffer is returned by every call (what :func:`ckpt.plugins.top_eigenpairs` allows).
-        Why: a fresh ``[D]`` tensor per product is mapped and zeroed page by page. Flattening GPT-2
-        small's 148 tensors took 0.15-0.36 s fresh, 0.03-0.05 s into a kept buffer (this 2-core machine).
+        Why: a fresh ``[D]`` tensor per product is mapped and zeroed page by page, several times the
+        cost of flattening into a kept buffer (docs/performance.md, "Derivative passes").
         """
         import torch
 
@@ -698,7 +697,7 @@ def stored_basis(worker: Any, name: str, created: str) -> Any:
     """The stored basis result ``name`` (lazy), the one created at ``created`` (re-read when it was recomputed).
 
     Opened once per worker: opening a result reads its commit record and index coordinates, which
-    per call made POLCA on a 1.7M-parameter GPT-2 (12 checkpoints, 8 vectors) 30% slower.
+    per call made a small POLCA run markedly slower (docs/performance.md, "POLCA passes").
     """
 
     def opened() -> Any:

@@ -209,8 +209,8 @@ def compute_settings(
                 cluster_cls, kwargs = LocalCUDACluster, {"n_workers": workers, "threads_per_worker": 1}
         # distributed gives its workers MALLOC_TRIM_THRESHOLD_=65536, which also turns off
         # glibc's dynamic mmap threshold: every activation buffer above 128 KB is then
-        # mmapped and page-faulted anew. Measured on the loss analyzer (8192 examples,
-        # hidden 512): 58 ms per checkpoint with it, 28 ms without (bench/engine.py).
+        # mmapped and page-faulted anew, which doubled the loss analyzer's time per checkpoint
+        # (bench/engine.py; docs/performance.md, "Engine scheduling").
         spawn_environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {})}
         spawn_environ.pop("MALLOC_TRIM_THRESHOLD_", None)
         with warnings.catch_warnings(), dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_environ}):
@@ -233,12 +233,12 @@ def compute_settings(
     elif scheduler == "threads" and device != "cpu":
         # one thread computing, one reading the next checkpoint: a thread per core would hold as many
         # checkpoints on the GPU while they wait for its one computation slot, outside the memory budget
-        # (16 of GPT-2 small's 0.5 GB on the 16-core H100 machine; of a 1B model's 4 GB, 64 GB)
+        # (docs/performance.md, "Engine scheduling")
         count = concurrent_computations(device) + 1
     else:
         count = workers or os.cpu_count() or 1
     # the scheduler itself, not its name: given a name, dask imports distributed to look for a client
-    # first, 0.28 s of every run's start-up here (of a 15 s loss at bench/scale.py's M size)
+    # first, a visible share of every run's start-up (docs/performance.md, "Start-up and imports")
     settings: dict[str, Any] = {"scheduler": dask.threaded.get if scheduler == "threads" else dask.local.get_sync}
     if scheduler == "threads":
         settings["num_workers"] = count
@@ -572,12 +572,12 @@ def _compute(
             return list(context.resumed)
         # Blocks of steps, each committed when done, so that a killed run resumes
         # after its last block. Blocks grow until one takes ~COMMIT_SECONDS: a
-        # commit costs ~50-70 ms, so committing every block of a few steps
-        # tripled the engine's time against a plain loop (bench/engine.py).
+        # commit has a fixed cost, so committing every block of a few steps
+        # made the engine several times slower than a plain loop (bench/engine.py).
         # A block holds at least one step more than compute at once, so that one
-        # reads while another computes; not the thread count: on a 16-core GPU
-        # machine, blocks of 16 POLCA steps of the paper preset (8 s each, one at a
-        # time) lost two minutes of work to each kill.
+        # reads while another computes; not the thread count: with many cores,
+        # blocks of that many slow steps lost minutes of work to each kill
+        # (docs/performance.md, "Engine scheduling").
         least = _busy(engine, count) + 1
         size = engine["block_steps"] or max(least, 4)
         done = list(covered)
@@ -647,7 +647,7 @@ def _whole_sentences(text: str, limit: int) -> str:
 
     Why: torch's CUDA message says which process holds the device in its fourth and fifth sentences
     ("Process 971 has 77.07 GiB memory in use. Including non-PyTorch memory, this process has ...");
-    cut at 200 characters, the H200's message lost the second mid-word, and with it whether this run
+    cut at 200 characters, a real message lost the second mid-word, and with it whether this run
     or another process held the memory.
     """
     sentences = re.split(r"(?<=\.) ", text.strip())

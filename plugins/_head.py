@@ -15,10 +15,8 @@ W or dW per direction. Written as above, the logits' tangents are never made: r 
 product shared by every direction, r dW one per direction with a [tokens, d] result, and
 the rest is a dot product per token.
 
-Measured at GPT-2 small (random init, 16 sequences of 128 tokens, 4 random directions,
-this 2-core machine, two runs each, one process): the first-order pass took 47.7 and
-49.0 s through the head, 37.4 and 33.7 s with this; the first derivatives agree to
-5e-7 of their largest magnitude.
+At GPT-2 small the first-order pass is about a quarter faster this way (docs/performance.md,
+"Derivative passes"); the first derivatives agree to 5e-7 of their largest magnitude.
 
 Used only where both the model and the objective say how: the model is one of
 :data:`FUSED_CLASSES` (Hugging Face causal LMs whose forward is ``lm_head`` of the base

@@ -88,12 +88,9 @@ bit (log-softmax works row by row). With autograd the whole batch goes in one
 call: slices of the logits would each back-propagate a logits-sized gradient.
 
 Why 8 MiB: larger tensors were given back to the system when freed and mapped
-anew by the next call, page by page. Per-token cross-entropy of 32 x 127 logits
-on this 2-core machine, medians of 5: at vocabulary 50,257, 0.71 s in calls of
-two sequences (49 MiB, copied; the limit was 64 MiB), 0.10 s in calls of 16 MiB,
-0.086 s in calls of 8 MiB; at vocabulary 16,384, 0.19 s (eight sequences a call),
-0.22 s (two: ~50,000 page faults a pass) and 0.027 s (one: no page faults after
-the first pass). The same numbers bit for bit in each case.
+anew by the next call, page by page, which made per-token cross-entropy several
+times slower than calls whose tensors stay in the heap (docs/performance.md,
+"Derivative passes"). The same numbers bit for bit in each case.
 """
 
 
@@ -159,10 +156,9 @@ def _causal_lm(outputs: Any, targets: Any, mask: Any) -> Any:
     if torch.is_grad_enabled() and use_twice_differentiable():
         # The kept graphs of Hessian-vector products score all T positions: the model's own contiguous
         # [B·T, V] logits flatten to a view, where logits[:, :-1] flattened is a copy, and every product's
-        # backward pass put its gradient back in a zeroed [B, T, V] tensor and copied it twice more. At
-        # GPT-2 small (8 sequences of 128 tokens, alternated in one process) a product took a median 10.8 s
-        # instead of 11.8 s, equal to the bit. The last position's placeholder label (0) is dropped from
-        # the losses, so its gradient is zero.
+        # backward pass put its gradient back in a zeroed [B, T, V] tensor and copied it twice more
+        # (docs/performance.md, "Derivative passes"); the products are equal to the bit. The last position's
+        # placeholder label (0) is dropped from the losses, so its gradient is zero.
         following = torch.nn.functional.pad(labels.clamp(min=0), (0, 1))
         per_token = _per_token_cross_entropy(logits, following)[:, :-1]
     else:

@@ -108,12 +108,10 @@ def concurrent_computations(device: str) -> int:
 
     On the CPU, as many as the cores can run with torch's intra-op threads each
     (``cpu_count // torch.get_num_threads()``, at least 1): more would not be
-    faster, only hold more activations. Measured on a GPT-2 run (6 layers, d 512,
-    vocabulary 16,384; 32 sequences of 128 tokens) on 2 cores with torch's
-    default 2 threads (``bench/loss_memory.py --size M``): two checkpoints at once
-    peaked at 2,770 MiB for ``loss`` and 6,094 MiB for ``grad-norms``, against
-    1,565 and 3,480 for a plain PyTorch loop, and took 1.18x and 1.01x its time;
-    one at a time, 1.03x and 1.04x. Processes started with ``OMP_NUM_THREADS=1``
+    faster, only hold more activations: two checkpoints at once nearly
+    doubled ``loss``'s and ``grad-norms``' peak memory against a plain PyTorch loop
+    and took no less time (``bench/loss_memory.py --size M``; docs/performance.md,
+    "Concurrent computations"). Processes started with ``OMP_NUM_THREADS=1``
     keep one computation per core. On a GPU, one.
     """
     if device != "cpu":
@@ -148,9 +146,9 @@ def stop_tasks() -> None:
 
     Why: on Ctrl-C the main thread leaves ``compute()`` at once, but the thread pool's
     ``atexit`` shutdown then runs every task already queued. On a GPU, with one
-    computation at a time and a thread per core, that was 16 queued POLCA checkpoints
-    of the paper preset at about 8 s each: ``ckpt demo`` printed "Error: aborted" and
-    was still computing when it was killed 20 s later (H100, ../shared/GPU.md's run).
+    computation at a time and a thread per core, that was a queued POLCA checkpoint per
+    core: ``ckpt demo`` printed "Error: aborted" and went on computing until it was
+    killed (docs/performance.md, "Concurrent computations").
     """
     _stopping.set()
 
@@ -304,7 +302,7 @@ class Worker:
         ``alone``: first drop every other cached checkpoint, for a task that uses one checkpoint
         and fills the memory budget around it (hessian-basis). Two are cached for the tasks of
         pairs of checkpoints; a search at the next basis checkpoint never reads the previous one,
-        which held 0.46 GiB at GPT-2 small through every product of the search.
+        which otherwise stays in memory through every product of the search.
         """
         if alone:
             with self._lock:
@@ -427,8 +425,8 @@ class Worker:
         """``cache[key]``, made by one ``factory()`` call however many threads ask for it at once.
 
         Why: every thread of a run starts by asking for the same things (the basis, the first
-        checkpoints). Each used to make its own: on the 16-core GPU machine, 16 reads of the paper
-        preset's 1.9 GB POLCA basis, each then copied to the GPU. The others now wait for the first.
+        checkpoints). Each used to make its own: a read of the POLCA basis per thread, each then
+        copied to the GPU. The others now wait for the first.
         """
         with self._lock:
             if key in cache:

@@ -184,7 +184,7 @@ class LazyTask:
     """A task registered by name, imported only when it is trained or its options are shown.
 
     ``ckpt train --help`` and ``ckpt plugins`` list tasks by name and description;
-    importing every task module for that would import torch (~1 s). Register
+    importing every task module for that would import torch, the slowest import. Register
     ``LazyTask("addition", "pkg.tasks:Addition", "one line")`` and the class is
     imported and instantiated on first use.
 
