@@ -28,7 +28,7 @@ unlinked temporary file and read back one block of columns at a time
 (:class:`SpilledRows`): the same numbers, slower by the reads. Each product is
 orthogonalized against all kept vectors only where rounding has made it necessary
 (partial reorthogonalization, Simon's ω recurrence): at GPT-2 small that pass, made
-every product, was 4.5 s of an 11.8 s product.
+every product, was over a third of a product (docs/performance.md, "Lanczos vectors").
 """
 
 from __future__ import annotations
@@ -47,29 +47,22 @@ DOT_BLOCK_BYTES = 16 * 2**20
 large, so that a pass over D launches few kernels."""
 CPU_DOT_BLOCK_BYTES = 1 * 2**20
 """The same on the CPU, for the rows and two vectors (x as read and as updated): small enough that a block
-stays in this machine's 2 MiB L2 cache between its conversion to float64 and its use.
-Vector work of a search at D = 124M (a free diagonal operator, k 1, 13 vectors in memory, 41 products,
-this 2-core machine): 3.62 s a product with 4 MiB blocks of the float64 rows alone, 2.88 s with 1 MiB
-of rows and the two vectors. One pass, best of 3: two rows' dot products 0.44 s against 0.36 s,
-an update with the next pass's dot products 0.88 against 0.66 s (32,768 columns; 8,192 with 8 rows).
-An earlier measurement, sizing blocks by the float64 rows alone (12 vectors kept, 13 products, a second
-pass on most products): 4 MiB 1.14-1.19 s, 2 MiB 1.23-1.26, 1 MiB 1.45-1.48."""
+stays in a typical L2 cache between its conversion to float64 and its use; larger blocks made a search's
+vector work measurably slower (docs/performance.md, "Lanczos vectors")."""
 MIN_VECTORS_BEYOND_K = 4
 """A thick restart keeps k Ritz vectors and needs room to grow past them. With k + 2 vectors the top
 eigenpair of a 1.7M-parameter GPT-2 (tol 1e-6) had not converged after 100 products; k + 4 took 56,
 k + 6 43, k + 8 39, unbounded 35."""
 RITZ_VECTORS_BEYOND_K = 2
 """Ritz vectors a thick restart keeps beyond the k wanted (the room allowing). Why not half the room, as
-this module kept until 2026-11: a restart reads every kept Lanczos vector and rewrites those it keeps,
+this module kept before: a restart reads every kept Lanczos vector and rewrites those it keeps,
 and the product after it is orthogonalized against all of them, so keeping fewer makes restarts both
 rarer and cheaper, at almost no cost in products. Products at tol 1e-6 on the Hessians of a 1.3M-parameter
 GPT-2 at init, after 5 and after 20 AdamW steps, half the room against k + 2: k 1 with 9 vectors 35, 16,
 24 against 35, 16, 25; k 1 with 7 37, 16, 26 against 37, 16, 27; k 2 with 10 57, 28, 32 against 57, 31,
-32; k 4 with 12 71, 30, 36 against 71, 30, 37 (k + 1: up to 9 more; k + 3 no better than k + 2). Vector
-work of a search at D = 124M with 9 vectors spilled (k 1, a free diagonal operator, this 2-core machine):
-3.54 s a product (44 products, 9 restarts) against 2.57 s (46, 7). GPT-2 small's first basis checkpoint
-(``--samples 8``, 9 vectors spilled): 30 products either way, the same eigenvalue to 9 digits, 3.6 s of
-vector work a product against 2.2 s."""
+32; k 4 with 12 71, 30, 36 against 71, 30, 37 (k + 1: up to 9 more; k + 3 no better than k + 2). With
+vectors spilled, k + 2 cut a search's vector work per product by about a third, for the same eigenvalue
+to 9 digits (docs/performance.md, "Lanczos vectors")."""
 SPILLED_VECTORS = 3
 """Vectors of D a spilled search still holds in memory: the current Lanczos vector, the buffer each product
 is copied into (the residual, then the next vector, in place) and the product as ``hvp`` returns it."""
@@ -162,16 +155,15 @@ class SpilledRows:
     """Rows ``[capacity, D]`` in an unlinked temporary file, read and written by column blocks (CPU only).
 
     Why a file: at GPT-2 small a Lanczos vector is 0.5 GB, and the kept Hessian graphs of
-    ``--samples 8`` (7.3 GiB while a product runs) leave no room for k + 4 of them in this
-    machine's default budget. Read back by ``pread`` into one block buffer, not mapped, so
+    ``--samples 8`` (7.3 GiB while a product runs) leave no room for k + 4 of them in the
+    default budget of a modest machine. Read back by ``pread`` into one block buffer, not mapped, so
     that the rows are never in the process's memory: the operating system's page cache holds
     them while memory is free and drops them to disk when it is not. A block read from the page
-    cache costs about 0.15 s per GB (this 2-core machine); a product of GPT-2 small about 7 s.
+    cache is cheap beside a product (docs/performance.md, "Lanczos vectors").
     The file is unlinked as soon as it is made, so that a killed run leaves nothing behind.
 
     :meth:`write` of a whole row returns at once and writes in a background thread. Why: once a
-    few GB of a search's rows are dirty, the kernel throttles the writer to the disk's speed (a
-    0.5 GB row took 0.9 s at GPT-2 small, 0.1 s while the page cache absorbed it), and the next
+    few GB of a search's rows are dirty, the kernel throttles the writer to the disk's speed, and the next
     Hessian-vector product, the longest part of a step, has no use for the row. Every other call
     waits for that write first (:meth:`wait`).
     """
@@ -369,21 +361,20 @@ def _orthogonalize(
     read of each block of the rows, after it has updated that block of ``x``, also takes their dot
     products with ``x`` as stored, in float64, and they are the second pass's coefficients. Why not
     Daniel, Gragg, Kaufman and Stewart's test (a second pass when the first removed more than 1 - 1/√2
-    of the norm, ARPACK's), which this module used until 2026-11: it stands in for these overlaps where
+    of the norm, ARPACK's), which this module used before: it stands in for these overlaps where
     computing them is a pass of its own, and errs on the safe side; here they come free, and the first
     pass is computed in float64, far more accurately than ``x`` is stored. Measured
     on a 41-product search at D = 2M (a diagonal operator whose top eigenvectors lie on 50 coordinates,
     float32, k 1): DGKS asked for 42 second passes; after 89% of those first passes the overlaps were
     below ε ||x|| already. With the measured criterion 7 were made, the products and full passes
     stayed the same (41, 2), and the top eigenvalue 10 came out as 9.99999993 against 9.99999992.
-    At D = 124M the vector work fell from 4.15 to 3.62 s a product (13 vectors in memory) and from
-    5.19 to 4.18 s (spilled).
+    At D = 124M the vector work per product fell by an eighth in memory, a fifth spilled
+    (docs/performance.md, "Lanczos vectors").
 
     Why ``source``: the Lanczos loop orthogonalizes each Hessian-vector product into a buffer of
     its own; reading the product where it lies saves the copy, a pass over D. With the norm taken
     from the first pass's read and the next vector divided straight into its row, three passes
-    fewer a product: 1.49 s to 1.43 s of vector work at D = 124M (16 MiB blocks, same machine,
-    back to back; the block size mattered more, :data:`CPU_DOT_BLOCK_BYTES`).
+    fewer a product (a small gain; the block size mattered more, :data:`CPU_DOT_BLOCK_BYTES`).
 
     ``again_from``: the same rows, from where the second pass may read them (default ``sources``).
     Why: one of ``sources`` may be ``x`` itself, as it was before this call. The first pass reads
@@ -457,7 +448,7 @@ def _divide(x: Any, divisor: float, out: Any = None) -> Any:
 
     The same numbers as a whole float64 copy of ``x`` would give, without allocating one (1 GB at
     GPT-2 small), nor a new vector of ``x``'s own: a fresh 0.5 GB tensor is mapped and zeroed page by
-    page, 0.2 s of every product there. ``out``: the row where the result is kept, written in the
+    page, in every product. ``out``: the row where the result is kept, written in the
     same pass (dividing in place and copying after is a second pass over D).
     """
     import torch
@@ -531,7 +522,7 @@ def top_eigenpairs(
     spill, spill_dir
         Keep the Lanczos vectors in an unlinked temporary file (in ``spill_dir``,
         default the system's temporary directory) instead of memory
-        (:class:`SpilledRows`; CPU only): the same numbers, about 0.15 s per GB
+        (:class:`SpilledRows`; CPU only): the same numbers, at the cost of the bytes
         read back: none on most products (the two newest vectors are still in
         memory), the previous one for a second Gram-Schmidt pass, the kept ones
         on the product after a thick restart, all of them at a full pass or a
@@ -633,8 +624,8 @@ def top_eigenpairs(
     # from it straight into its row, and `current` is that row: `spare` is reused every product. Spilled,
     # `spare` becomes the next vector in place, and the vector it was made from the next `spare`. Either
     # way no vector of D is allocated per product: a fresh tensor per product and per division was
-    # mapped and zeroed page by page, 0.5 s of every product at GPT-2 small (124M parameters, this
-    # 2-core machine), and dividing in place then copying into the row was one more pass over D.
+    # mapped and zeroed page by page, a visible share of every product at GPT-2 small (docs/performance.md,
+    # "Lanczos vectors"), and dividing in place then copying into the row was one more pass over D.
     in_memory = isinstance(vectors, MemoryRows)
 
     def keep_row(index: int, vector: Any) -> Any:
@@ -655,11 +646,8 @@ def top_eigenpairs(
     estimates = theta = top = ritz = None
     # On the CPU the vector work runs on one torch thread, the products on the caller's. Why: its passes
     # are thousands of small parallel regions a product (a few per column block), and with two threads
-    # some processes ran them 2-5x slower than others, for their whole life; one thread never did.
-    # The three-term recurrence's pass at D = 124M (two kept vectors in memory, this 2-core machine,
-    # 8 processes each, interleaved): two threads 0.39-0.47 s in 6 of them, 0.85 and 1.87 s in 2; one
-    # thread 0.47-0.55 s in all 8. A search of 14 products with 9 vectors spilled (a cheap operator
-    # that sleeps 3 s, as a product would): 1.74-1.92 s of vector work a product against 2.83-3.12 s.
+    # some processes ran them several times slower than others, for their whole life; one thread never
+    # did (docs/performance.md, "Lanczos vectors").
     caller_threads = torch.get_num_threads()
     vector_threads = 1 if str(device) == "cpu" else caller_threads
 
@@ -673,7 +661,7 @@ def top_eigenpairs(
     try:
         torch.set_num_threads(vector_threads)
         # scipy's LAPACK between torch's kernels: OpenBLAS threads left spinning after its calls slowed
-        # the products 40x when ARPACK drove them (88 products: 371 s instead of 9 s, bench/polca.py)
+        # the products by more than an order of magnitude when ARPACK drove them (bench/polca.py)
         with threadpool_limits(limits=1, user_api="blas"):
             for products in range(1, limit + 1):
                 # current is in the complement already (started there, reorthogonalized against B
@@ -686,12 +674,11 @@ def top_eigenpairs(
                 # second pass where they left overlaps above r's rounding. Rounding then makes r lose
                 # orthogonality to the older vectors slowly, and Simon's recurrence says when: a pass over
                 # all of them only then (partial reorthogonalization). At GPT-2 small that pass, made
-                # every product, read 3.5 GB of spilled vectors and cost 4.5 s of a 11.8 s product.
+                # every product, read every spilled vector and cost over a third of the product.
                 # The current vector is taken from memory, not read back from the (maybe spilled) rows;
                 # spilled, so is the previous one: `spare` still holds it. The first pass reads each block
                 # of it before writing that block of r there; a second pass reads it from the file.
-                # At D = 124M that first pass took 0.385 s instead of 0.454 s (medians of 8, interleaved,
-                # the rows in the page cache): two reads of 0.5 GB fewer a product.
+                # Two reads of a vector of D fewer a product (docs/performance.md, "Lanczos vectors").
                 first = _first_coupled(projected, used)
                 current_row = (MemoryRows.of(current[None]), 1)
                 older = [(_Tail(vectors, first), used - 1 - first)]
