@@ -37,8 +37,8 @@ __all__ = [
 DEFAULT_SHARE = 0.5
 """Share of the RAM available when a run starts that it may use by default: the rest is left to the
 Python process itself (about 0.5 GiB of libraries), the page cache (the store's chunks), the Dask
-scheduler and whatever else runs. Half keeps GPT-2 small's analyses under 12 GiB on a 24 GiB machine
-(hessian-basis at 60% planned 12.8 GiB and peaked at 15.7 GiB before its graph estimate was corrected)."""
+scheduler and whatever else runs. A larger share let hessian-basis at GPT-2 small peak well above its plan
+before its graph estimate was corrected (docs/performance.md, "Memory and the allocator")."""
 GPU_SHARE = 0.8
 """Share of a CUDA device's free memory a run may use by default (the CUDA context and the caching
 allocator's fragmentation take the rest)."""
@@ -184,23 +184,22 @@ def release_freed_memory() -> None:
 
     Tensors below glibc's mmap threshold (which rises to 32 MB as large blocks are freed) live in
     its heap, and freeing them does not shrink the process: the next phase's large tensors are
-    mapped anew beside what the heap keeps. At GPT-2 small, the autograd graphs of 1, 2 and 3
-    examples, built and freed, left the process at 3.9 GiB; ``malloc_trim(0)`` brought it to 0.9
-    GiB. hessian-basis' second basis checkpoint started 3 GiB above its first for that reason,
-    and passed 12 GiB. A no-op where the C library is not glibc.
+    mapped anew beside what the heap keeps: at GPT-2 small ``malloc_trim(0)`` gave back most of
+    what freed autograd graphs left, without which hessian-basis' second basis checkpoint started
+    gigabytes above its first (docs/performance.md, "Memory and the allocator"). A no-op where the
+    C library is not glibc.
 
     glibc also gives each thread its own heap (arena) and keeps what a thread freed there for
     that thread's next allocations. Threads taking turns at the computation slot each kept the
-    activations of their last turn: ``grad-norms`` of a GPT-2 run (6 layers, d 512, vocabulary
-    16,384, 32 x 128 tokens) peaked at 4,397 MiB on 2 threads, 3,467 MiB with
-    ``MALLOC_ARENA_MAX=1`` (one heap) and 3,332 MiB on one thread, against 3,513 MiB for a plain
-    PyTorch loop. So each turn ends with this too (~10 ms, against seconds of computation).
+    activations of their last turn, and ``grad-norms`` on two threads peaked well above a plain
+    PyTorch loop, where one heap or one thread did not (docs/performance.md, "Memory and the
+    allocator"). So each turn ends with this too, which is cheap beside a turn's computation.
 
     Where this process has used CUDA, the blocks torch's caching allocator keeps free are given
     back to the device too (``torch.cuda.empty_cache``): freed blocks are split for later, smaller
-    tensors, and a block of the old size no longer fits in what is left. On an H200, hessian-basis
-    at GPT-2 small (a plan of ~56 GiB, 46 GiB of it one block of 100 Lanczos vectors) held 55 GB
-    at its first basis checkpoint and 103 GB from its third on. It is called where a phase ends
+    tensors, and a block of the old size no longer fits in what is left: without this, hessian-basis
+    on a GPU nearly doubled what it held from its third basis checkpoint on (docs/performance.md,
+    "Memory and the allocator"). It is called where a phase ends
     (a basis checkpoint, a run), not after each turn on a GPU, where freed blocks are what make the
     next turn's allocations cheap.
 
@@ -265,20 +264,18 @@ def freed_memory_kept_for_reuse() -> Iterator[None]:
     and shrinks its heap once the free top passes the trim threshold. A Hessian-vector product at
     GPT-2 small allocates and frees about 2 GB of such blocks (logits-sized tensors of 0.2 GB, the
     embedding's share of the product), so the kernel mapped and zeroed ~2 GB of fresh pages for every
-    product: 14.6-14.8M page faults and 112 s of system time in 30 products. With no mmap, one heap
-    (:func:`use_one_heap`) and no trimming, the freed blocks are reused: 3.2M faults, 49-50 s, and a
-    product 7-19% faster in alternated pairs (docs/analyzers.md, "hessian-basis").
+    product. With no mmap, one heap (:func:`use_one_heap`) and no trimming, the freed blocks are
+    reused: a fraction of the page faults and system time, and faster products (docs/analyzers.md,
+    "hessian-basis"; docs/performance.md, "Memory and the allocator").
 
     It is kept to the computations it was measured on: hessian-basis's whole run, where the engine
     holds it (:attr:`ckpt.plugins.Analyzer.keeps_freed_memory`), and each search within it. Process-wide,
-    it raised ``grad-norms``' peak memory at 27.4M parameters to 1.24-1.36x a plain PyTorch loop's,
-    against 1.08-1.10x kept to the search, because blocks of many sizes could no longer go back
-    between uses. Why the whole run and not each search alone, as until 2026-12: each basis
-    checkpoint builds its graphs and fills its Lanczos vectors in memory the last one freed, and
-    trimmed between them every page of it was faulted in afresh. At 27.4M parameters (4 basis
-    checkpoints, 109 products, this 2-core VM) that was 6.0M page faults and 58 s of system time
-    in a 335 s run; kept for the run, 1.9M, 25 s and 304 s, at about the same peak (7.66 against
-    7.60 GB). The searches after the first took 2.42-2.51 s a product against 2.72-2.91 s.
+    it raised ``grad-norms``' peak memory well above a plain PyTorch loop's, where kept to the search
+    it did not, because blocks of many sizes could no longer go back between uses. Why the whole run
+    and not each search alone, as before: each basis checkpoint builds its graphs and fills its Lanczos
+    vectors in memory the last one freed, and trimmed between them every page of it was faulted in
+    afresh; kept for the run, the page faults and system time fell by more than half at about the
+    same peak (docs/performance.md, "Memory and the allocator").
 
     Nested and concurrent uses hold the setting until the last one leaves, and the heap is not
     trimmed while one holds it (:func:`release_freed_memory`). When the last leaves, glibc's
