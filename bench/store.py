@@ -5,6 +5,7 @@ Run by hand (not a test), from the repository root::
     python bench/store.py                 # 20 checkpoints, 3 repetitions (~1-3 minutes)
     python bench/store.py --quick         # 2-checkpoint smoke run
     python bench/store.py --checkpoints 50 --repeat 5 --dir /fast/disk
+    python bench/store.py --hub-only      # only 7 and 8 (~30 s at the Pythia-70m shape)
 
 What it measures, all in one run, each ratio against a baseline measured in the same run:
 
@@ -42,13 +43,31 @@ What it measures, all in one run, each ratio against a baseline measured in the 
    ``duplicate_steps``, what ``ckpt import``/``info``/``verify`` add; the bytes the process reads
    meanwhile (``/proc/self/io`` rchar) show that no tensor is read. Baseline: the hash sweep users
    write by hand (read a checkpoint, hash each tensor), measured on 3 checkpoints and scaled to 154.
+7. Import from the Hub (issue 69): a local Hub cache laid out as huggingface_hub does
+   (``refs/``, ``snapshots/``, ``blobs/``; bench/hub_refs.py) holding ``--hub-revisions`` step branches
+   of a random GPTNeoX of Pythia-70m's shape (``--hub-size tiny`` for a small one), one fp16
+   ``model.safetensors`` each as pythia-70m has. Timed: one revision imported, offline, by
+   ``plan_import`` + ``run_import`` (what ``ckpt import hf://ORG/NAME DEST --revisions stepN`` runs),
+   against reading its safetensors file (``safetensors.torch.load_file``) and writing it with the
+   public writer, alternated, after a first call of each (reported apart). Disk: the bytes one more
+   imported checkpoint adds to the store (allocated blocks, as ``du``; and apparent bytes) over its
+   safetensors file's, with the store's files by kind and what its layout adds per chunk file.
+8. Byte-range references instead of copies (issue 69, item 6): bench/hub_refs.py's prototype keeps
+   per step and tensor only (blob in the cache, offset, length, dtype, shape, sha256, xxh3). Measured
+   against the import's copy: disk, the time to read one checkpoint with its digests checked, what a
+   verify must check, plain ``xr.open_zarr`` on the copy, and what becomes of a reference when a byte
+   of its blob changes, when the store is copied without the cache, and when huggingface_hub deletes
+   the revision from its cache (``hf cache delete``'s own call).
 
-Everything is written under one temporary directory, removed at the end.
+Everything is written under one temporary directory, removed at the end (the Hub cache included:
+HF_HUB_CACHE points into it and HF_HUB_OFFLINE=1, so nothing is downloaded and the user's cache is
+never touched).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -61,6 +80,7 @@ from torch import nn
 from zarr.storage import WrapperStore
 
 import ckpt.store as ckptstore
+from ckpt.errors import StoreError
 
 
 class Block(nn.Module):
@@ -376,17 +396,336 @@ def bench_duplicates(base: Path, steps: list[int], repeat: int) -> dict[str, obj
     }
 
 
+HUB_REPO = "EleutherAI/pythia-70m"
+"""The repository id the bench's local Hub cache holds (nothing is downloaded)."""
+
+
+def hub_steps(count: int) -> list[int]:
+    """``count`` of Pythia's steps, spread over the run (first and last included)."""
+    last = len(PYTHIA_STEPS) - 1
+    return sorted({PYTHIA_STEPS[round(i * last / max(1, count - 1))] for i in range(count)})
+
+
+def du(path: Path) -> int:
+    """Bytes allocated under ``path`` (blocks, as ``du`` counts them; links not followed)."""
+    return sum(os.lstat(p).st_blocks * 512 for p in ([path] if path.is_file() else path.rglob("*")) if not p.is_dir())
+
+
+def store_breakdown(path: Path) -> dict[str, dict[str, int]]:
+    """Files, apparent bytes and allocated bytes of a store, by kind: chunk files, zarr.json, the rest."""
+    kinds: dict[str, dict[str, int]] = {}
+    for p in path.rglob("*"):
+        if p.is_dir() or p.is_symlink():
+            continue
+        rel = p.relative_to(path).as_posix()
+        if rel.startswith("checkpoints/") and p.name.startswith("c."):
+            kind = "tensor chunks"
+        elif rel == "zarr.json":
+            kind = "root zarr.json (record, consolidated metadata)"
+        elif rel.startswith("checkpoints/") and p.name == "zarr.json":
+            kind = "checkpoints/*/zarr.json"
+        else:
+            kind = "other (step array, ...)"
+        stat = os.lstat(p)
+        entry = kinds.setdefault(kind, {"files": 0, "apparent": 0, "allocated": 0})
+        entry["files"] += 1
+        entry["apparent"] += stat.st_size
+        entry["allocated"] += stat.st_blocks * 512
+    return kinds
+
+
+def bench_hub_import(base: Path, shape: str, count: int, repeat: int) -> dict[str, object]:
+    """Import of one revision from the Hub cache vs reading its safetensors + writing them; disk per checkpoint.
+
+    HF_HUB_CACHE and HF_HUB_OFFLINE=1 are set by main() before huggingface_hub is imported.
+    """
+    import hub_refs
+    from huggingface_hub import constants
+    from safetensors.torch import load_file
+
+    from ckpt.store.hub import plan_import, run_import
+
+    root = base / "hf" / "hub"
+    if Path(constants.HF_HUB_CACHE) != root or not constants.HF_HUB_OFFLINE:  # never the user's own cache
+        raise SystemExit(f"huggingface_hub was imported before main() pointed it at {root}, offline")
+    steps = hub_steps(count)
+    began = time.perf_counter()
+    built = hub_refs.build_cache(root, HUB_REPO, shape, steps)
+    build_s = time.perf_counter() - began
+    folder, commits = built["folder"], built["commits"]
+    source = f"hf://{HUB_REPO}"
+
+    def imported(dest: Path, step: int) -> float:
+        t0 = time.perf_counter()
+        run_import(plan_import(source, dest, revisions=f"step{step}"))
+        return time.perf_counter() - t0
+
+    def written(dest: Path, step: int) -> float:
+        t0 = time.perf_counter()
+        tensors = load_file(folder / "snapshots" / commits[step] / "model.safetensors")
+        with ckptstore.create(dest, framework="torch") as writer:
+            writer.write(step, tensors)
+        return time.perf_counter() - t0
+
+    # first calls apart: the import builds the model on meta once per config for its key conversion
+    cold = {
+        "ckpt": imported(base / "cold-import.zarr", steps[0]),
+        "baseline": written(base / "cold-write.zarr", steps[0]),
+    }
+    times: dict[str, list[float]] = {"ckpt": [], "baseline": []}
+    for r in range(repeat):
+        for i, step in enumerate(steps):
+            for which in ("ckpt", "baseline") if (r + i) % 2 == 0 else ("baseline", "ckpt"):
+                dest = base / f"one-{which}.zarr"
+                times[which].append((imported if which == "ckpt" else written)(dest, step))
+                shutil.rmtree(dest)
+    # the store every revision is imported into, one at a time (as a rerun adds new branches)
+    store = base / "hub-import.zarr"
+    imported(store, steps[0])
+    first, first_apparent = du(store), sum(k["apparent"] for k in store_breakdown(store).values())
+    for step in steps[1:]:
+        imported(store, step)
+    whole = du(store)
+    kinds = store_breakdown(store)
+    whole_apparent = sum(k["apparent"] for k in kinds.values())
+    opened = ckptstore.open(store)
+    tensor_bytes = sum(t.nbytes for t in opened.schema.values())
+    # what the store's layout adds to each chunk file: the 4-byte crc32c, then rounding up to the block
+    block = os.statvfs(store).f_bsize
+    chunk_sizes = [t.nbytes for t in opened.schema.values()]
+    rounded = sum(-(-n // block) * block for n in chunk_sizes)
+    with_crc = sum(-(-(n + 4) // block) * block for n in chunk_sizes)
+    small = [n for n in chunk_sizes if n < 64 << 10]
+    packed = rounded - sum(-(-n // block) * block for n in small) + -(-sum(small) // block) * block
+    sizes = [built["sizes"][s] for s in steps]
+    return {
+        "shape": shape,
+        "steps": steps,
+        "tensors": built["tensors"],
+        "build_s": build_s,
+        "cold": cold,
+        "ckpt_s": statistics.median(times["ckpt"]),
+        "baseline_s": statistics.median(times["baseline"]),
+        "trials": len(times["ckpt"]),
+        "safetensors_bytes": statistics.mean(sizes),
+        "blob_allocated": statistics.mean(
+            du(Path(os.path.realpath(folder / "snapshots" / commits[s] / "model.safetensors"))) for s in steps
+        ),
+        "tensor_bytes": tensor_bytes,
+        "store_first": first,
+        "store_whole": whole,
+        "marginal": (whole - first) / max(1, len(steps) - 1),
+        "marginal_apparent": (whole_apparent - first_apparent) / max(1, len(steps) - 1),
+        "kinds": kinds,
+        "block": block,
+        "layout": {
+            "crc32c + blocks": with_crc,
+            "blocks, no crc32c": rounded,
+            "small tensors packed, no crc32c": packed,
+        },
+        "store": store,
+        "folder": folder,
+        "commits": commits,
+    }
+
+
+def bench_byte_ranges(base: Path, hub: dict[str, object], repeat: int) -> dict[str, object]:
+    """Issue 69 item 6: references into the Hub cache (bench/hub_refs.py) against the copy the import makes."""
+    import hub_refs
+    import numpy as np
+    import xarray as xr
+    from huggingface_hub import scan_cache_dir
+    from safetensors.numpy import load_file
+
+    folder, commits, store = Path(hub["folder"]), dict(hub["commits"]), Path(hub["store"])
+    table_path = base / "references.json"
+    t0 = time.perf_counter()
+    hub_refs.write_references(folder, commits, table_path)
+    table_s = time.perf_counter() - t0
+    table = json.loads(table_path.read_text())
+    s = ckptstore.open(store)
+    steps = [int(x) for x in s.steps]
+    reads: dict[str, list[float]] = {"store": [], "refs xxh3": [], "refs sha256": [], "safetensors": []}
+    order = list(reads)
+    for r in range(repeat):
+        for i, step in enumerate(steps):
+            k = (r + i) % len(order)
+            for which in order[k:] + order[:k]:
+                t0 = time.perf_counter()
+                if which == "store":
+                    s.tensors(step)
+                elif which == "safetensors":
+                    load_file(folder / "snapshots" / commits[step] / "model.safetensors")
+                else:
+                    hub_refs.read_references(folder, table, step, digest=which.split()[1])
+                reads[which].append(time.perf_counter() - t0)
+    # the same values: the store holds the import's names (lm_head.weight for embed_out.weight)
+    refs = hub_refs.read_references(folder, table, steps[-1])
+    held = s.tensors(steps[-1])
+    same = all(np.array_equal(held[n], refs[n]) for n in refs if n in held)
+    t0 = time.perf_counter()
+    problems = hub_refs.verify_references(folder, table)
+    verify_s = time.perf_counter() - t0
+    # plain xarray: the copy is a zarr v3 store, read without ckpt
+    try:
+        plain = xr.open_zarr(store, group="checkpoints", consolidated=False)
+        name = next(iter(plain.data_vars))
+        xarray_ok = bool(np.array_equal(plain[name].isel(step=-1).values, held[name]))
+    except Exception as exc:  # what a user would see: reported, not raised
+        xarray_ok = f"{type(exc).__name__}: {exc}"
+    # integrity, each case on the cache as a user's tools leave it
+    cases = {}
+    blob = folder / table["steps"][str(steps[-1])]["blob"]
+    with open(blob, "r+b") as f:  # one byte changed in place (a disk error, a tool writing into the cache)
+        f.seek(table["steps"][str(steps[-1])]["tensors"]["embed_out.weight"]["offset"] + 10)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    cases["a changed byte"] = _outcome(hub_refs, folder, table, steps[-1])
+    cases["  ... verify"] = "; ".join(hub_refs.verify_references(folder, table)) or "nothing found"
+    elsewhere = base / "cluster-cache" / folder.name
+    elsewhere.mkdir(parents=True)
+    cases["the store copied to a cluster (no cache there)"] = _outcome(hub_refs, elsewhere, table, steps[0])
+    info = scan_cache_dir(folder.parent)
+    info.delete_revisions(commits[steps[0]]).execute()  # what `hf cache delete` runs
+    cases["the revision deleted from the cache"] = _outcome(hub_refs, folder, table, steps[0])
+    return {
+        "table_bytes": table_path.stat().st_size,
+        "table_allocated": du(table_path),
+        "table_s": table_s,
+        "reads": {k: statistics.median(v) for k, v in reads.items()},
+        "same": same,
+        "verify_problems": problems,
+        "verify_s": verify_s,
+        "xarray": xarray_ok,
+        "cases": cases,
+        "checkpoints": len(steps),
+    }
+
+
+def _outcome(hub_refs: object, folder: Path, table: dict, step: int) -> str:
+    try:
+        hub_refs.read_references(folder, table, step)  # type: ignore[attr-defined]
+    except StoreError as exc:  # the library's own: MissingDataError, CorruptChunkError
+        return f"read refused: {exc}"
+    return "read returned values"
+
+
+def hub_rows(h: dict, b: dict | None) -> tuple[list[tuple[str, ...]], str]:
+    """The table rows and notes of bench_hub_import (and bench_byte_ranges, when run)."""
+    mb, n = h["safetensors_bytes"] / 1e6, len(h["steps"])
+    rows = []
+    cells = (
+        f"read+write {h['baseline_s']:.3f}",
+        f"{h['ckpt_s']:.3f}",
+        f"{h['ckpt_s'] / h['baseline_s']:.2f}x",
+        "<= 1.2x",
+    )
+    rows.append((f"hub import one revision s ({mb:.1f} MB fp16)", *cells))
+    cold = h["cold"]
+    cells = (f"{cold['baseline']:.3f}", f"{cold['ckpt']:.3f}", f"{cold['ckpt'] / cold['baseline']:.2f}x")
+    rows.append(("  the first in the process s", *cells))
+    marginal, st = h["marginal"], h["safetensors_bytes"]
+    cells = (f"safetensors {st / 1e6:.3f} MB", f"{marginal / 1e6:.3f} MB", f"{marginal / st:.4f}x", "<= 1.0")
+    rows.append(("disk per imported checkpoint (du, marginal)", *cells))
+    whole = h["store_whole"] / n
+    rows.append((f"  store du / {n} checkpoints", "", f"{whole / 1e6:.3f} MB", f"{whole / st:.4f}x"))
+    apparent = h["marginal_apparent"]
+    rows.append(("  apparent bytes (marginal)", "", f"{apparent / 1e6:.3f} MB", f"{apparent / st:.5f}x"))
+    notes = [
+        f"hub: {n} revisions ({', '.join(map(str, h['steps']))}) of a {h['shape']}-shaped GPTNeoX, "
+        f"{h['tensors']} tensors, one fp16 model.safetensors each ({st:.0f} bytes, {h['blob_allocated']:.0f} "
+        f"allocated; built in {h['build_s']:.0f} s); store codec: crc32c only, no compression (the default)."
+    ]
+    notes.append(
+        "  import: plan_import + run_import (what `ckpt import hf://... --revisions stepN` runs), "
+        "HF_HUB_OFFLINE=1, into a fresh store; baseline: safetensors.torch.load_file + create/write/close;"
+    )
+    notes.append(f"  median of {h['trials']} alternated trials after a first call of each (above).")
+    notes.append(
+        f"  store by kind, {n} checkpoints (files, apparent bytes, allocated bytes; tensors "
+        f"{h['tensor_bytes']} bytes a checkpoint):"
+    )
+    for kind, k in sorted(h["kinds"].items()):
+        notes.append(f"    {kind}: {k['files']} files, {k['apparent']} B, {k['allocated']} B allocated")
+    notes.append(
+        f"  tensor chunk files of one checkpoint in {h['block']}-byte blocks, against {h['tensor_bytes']} "
+        "tensor bytes: " + "; ".join(f"{k} {v} ({v / h['tensor_bytes']:.4f}x)" for k, v in h["layout"].items())
+    )
+    if b is not None:
+        reads = b["reads"]
+        base_cell = f"store {reads['store']:.3f}"
+        for which in ("refs xxh3", "refs sha256", "safetensors"):
+            what = "safetensors load_file (no digest)" if which == "safetensors" else which
+            cells = (base_cell, f"{reads[which]:.3f}", f"{reads[which] / reads['store']:.2f}x")
+            rows.append((f"read one checkpoint s, {what}", *cells))
+        per = b["table_bytes"] / b["checkpoints"]
+        cells = (f"copy {marginal / 1e6:.3f} MB", f"{per / 1e3:.1f} kB + the blob kept", f"{per / marginal:.5f}x")
+        rows.append(("references: disk per checkpoint", *cells))
+        rows.append(
+            (
+                "  with the cache kept (refs + blob)",
+                f"copy + blob {(marginal + h['blob_allocated']) / 1e6:.1f} MB",
+                f"{(per + h['blob_allocated']) / 1e6:.1f} MB",
+                f"{(per + h['blob_allocated']) / (marginal + h['blob_allocated']):.2f}x",
+            )
+        )
+        rows.append(
+            (
+                "  default import (cache freed)",
+                f"copy {marginal / 1e6:.1f} MB",
+                f"{(per + h['blob_allocated']) / 1e6:.1f} MB (cache must stay)",
+                f"{(per + h['blob_allocated']) / marginal:.2f}x",
+            )
+        )
+        notes.append(
+            f"references: table written in {b['table_s']:.2f} s (every byte digested once); same values as "
+            f"the store: {b['same']}; verify (blob sha256 = name, range digests) {b['verify_s']:.2f} s, "
+            f"found: {b['verify_problems'] or 'nothing'}; xr.open_zarr on the copy: {b['xarray']}"
+        )
+        for case, outcome in b["cases"].items():
+            notes.append(f"  {case}: {outcome}")
+    return rows, "\n".join(notes)
+
+
+def print_rows(rows: list[tuple[str, ...]], notes: str = "") -> None:
+    """The table (measure, baseline, ckpt, ratio, target), then ``notes``."""
+    rows = [(*row, "", "", "", "")[:5] for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    print()
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if notes:
+        print(notes)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoints", type=int, default=20, help="checkpoints per run (T)")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each measurement")
     parser.add_argument("--dir", default=None, help="where to write (default: a fresh temp dir)")
     parser.add_argument("--quick", action="store_true", help="2-checkpoint, 1-repetition smoke run")
+    parser.add_argument("--hub-size", choices=("70m", "tiny"), default="70m", help="shape of the Hub cache's model")
+    parser.add_argument("--hub-revisions", type=int, default=3, help="revisions in the Hub cache (7-8)")
+    parser.add_argument("--hub-only", action="store_true", help="only the Hub import and byte-range parts (7-8)")
     args = parser.parse_args()
     if args.quick:
         args.checkpoints, args.repeat = 2, 1
     n = args.checkpoints
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
+    # huggingface_hub reads these when imported: a local cache, offline (nothing downloads)
+    os.environ |= {"HF_HOME": str(base / "hf"), "HF_HUB_CACHE": str(base / "hf" / "hub"), "HF_HUB_OFFLINE": "1"}
+    os.environ |= {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    os.environ.pop("HF_TOKEN", None)
+    if args.hub_only:
+        try:
+            hub = bench_hub_import(base, args.hub_size, args.hub_revisions, args.repeat)
+            ranges = bench_byte_ranges(base, hub, args.repeat)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        rows, notes = hub_rows(hub, ranges)
+        print_rows([("measure", "baseline", "ckpt", "ratio", "target"), *rows], notes)
+        return
     try:
         fp32 = state_dicts(n, torch.float32)
         n_params = sum(t.numel() for t in fp32[0].values())
@@ -403,6 +742,8 @@ def main() -> None:
         plain_read, checked_read = bench_finite_check(store, n, args.repeat)
         results = bench_results(base, args.repeat)
         duplicates = bench_duplicates(base, PYTHIA_STEPS[: 12 if args.quick else None], args.repeat)
+        hub = bench_hub_import(base, "tiny" if args.quick else args.hub_size, args.hub_revisions, args.repeat)
+        ranges = bench_byte_ranges(base, hub, args.repeat)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -440,11 +781,8 @@ def main() -> None:
     rows.append(("  the same, no tensor chunk in the store s", "", f"{d['record_s']:.3f}", "", "same answer"))
     cells = (f"tensors {d['tensor_bytes'] / 1e9:.1f} GB", f"{d['read_bytes'] / 1e6:.2f} MB", "", "no tensor")
     rows.append(("  bytes read by open + duplicate check", *cells))
-    rows = [(*row, "", "")[:5] for row in rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    print()
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    extra, hub_notes = hub_rows(hub, ranges)
+    print_rows(rows + extra, hub_notes)
     print(f"""
 write: median over {args.repeat} runs of (seconds of the {n} writes) / {n}; ratio = ckpt MB/s / torch.save MB/s.
   Neither side fsyncs: page-cache effects are included for both alike (os.sync() runs between runs, untimed).
