@@ -282,7 +282,8 @@ def _update_norms(worker: Worker, step: int, names: list[str]) -> np.ndarray:
 
 UPDATE_BLOCK = 1 << 18
 """Entries per block of an update norm: 2 MiB of float64, cache-sized. Whole-tensor float64 copies (four
-of 309 MB for GPT-2 small's embedding) took 1.04 s a checkpoint at L; blocks of this size 0.09 s."""
+of 309 MB for GPT-2 small's embedding) were an order of magnitude slower (docs/performance.md, "Gradient
+norms memory")."""
 
 
 def _squared_distance(after: Any, before: Any) -> float:
@@ -353,8 +354,8 @@ def _gradient_squares(
             primal = {k: v.detach().requires_grad_() for k, v in trainable_tensors(params, space, dtype).items()}
             parts = list(chunks(len(group), chunk_size))
             # one pass needs no accumulator: its gradient is already the sum over its examples. Several
-            # are summed in float64, in place (no float64 copy of each gradient). At GPT-2 small the
-            # accumulator alone was 0.93 GiB of grad-norms' 1.39x of a plain backward loop's memory.
+            # are summed in float64, in place (no float64 copy of each gradient): at GPT-2 small the
+            # accumulator is most of what grad-norms holds beyond a plain backward loop.
             total: dict[str, Any] = (
                 {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in primal.items()}
                 if len(parts) > 1
@@ -384,7 +385,7 @@ def _gradient_squares(
             rows_squares.append([_squared_norm(total[k], count) if k in total else 0.0 for k in trainable])
             batch_losses.append(loss_sum / count)
         # dropped inside the slot, so that its release of freed memory runs after them, before the next
-        # thread computes (once, beside a 16 GB job, grad-norms peaked at 1.34x a plain loop, not 0.9x)
+        # thread computes (otherwise, beside another large job, grad-norms peaked well above a plain loop)
         primal = total = None
     return np.array(rows_squares, dtype=np.float64), float(np.mean(batch_losses))
 

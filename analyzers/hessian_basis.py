@@ -99,20 +99,19 @@ PREFERRED_EXTRA_VECTORS = 8
 """Room beyond k that keeps thick restarts cheap. Products at tol 1e-6, unbounded against bounded: top-1 of
 a 1.7M-parameter GPT-2 35 against 39 with 9 vectors, 43 with 7, 56 with 5; top-4 of the bench model 49
 against 51 with 24 vectors and 58 with 12 (bench/lanczos.py). Spilled vectors cost disk, not memory, but more
-of them is not faster either: GPT-2 small's first basis checkpoint (--samples 8 --tol 1e-2, this 2-core
-machine) took 16 products with 9 spilled vectors or with 25, and the search's vector work per product was
-1.82 s with 9 (two thick restarts, 0.35 s of it) and 2.37 s with 25 (no restart; its passes over all kept
-vectors read more of them)."""
+of them is not faster either: GPT-2 small's first basis checkpoint (--samples 8 --tol 1e-2) took 16 products
+with 9 spilled vectors or with 25, and more vector work per product with 25 (no restart, but its passes over
+all kept vectors read more of them; docs/performance.md, "Hessian basis")."""
 GRAPH_PEAK = 2.3
-"""A product differentiates the kept graphs again, and its backward pass holds about as much again.
-Measured on GPT-2 small, --samples 8 (3.2 GiB of graphs by :func:`ckpt.plugins.graph_bytes`): 6.1 GiB
-RSS once the graphs were built, 9.2 GiB during a product, with 1.8 GiB of model, weights and vectors
-besides: 7.4 GiB, 2.3x the graphs."""
+"""A product differentiates the kept graphs again, and its backward pass holds about as much again: the
+ratio of what a product holds to the graphs' bytes (:func:`ckpt.plugins.graph_bytes`), measured at GPT-2
+small, --samples 8 (docs/performance.md, "Hessian basis")."""
 REBUILT_PEAK = 2.3
 """A rebuilt block holds its graph and the product's backward buffers at once (the same measurement)."""
 GRAPH_AT_REST = 1.35
-"""Kept graphs between their products, from the same measurement: 6.1 GiB RSS once built, less the 1.8 GiB
-besides, is 1.35x the 3.2 GiB of graphs. What they hold while a product rebuilds the blocks that did not fit."""
+"""Kept graphs between their products, from the same measurement: what the process holds once they are
+built, less the model, weights and vectors, to the graphs' bytes. What they hold while a product rebuilds
+the blocks that did not fit."""
 BASIS_BLOCK_BYTES = DOT_BLOCK_BYTES
 """What an earlier basis spilled to a file holds in memory: one block of its columns as read, at most one
 block of float64 scratch (:class:`ckpt.plugins.SpilledRows`)."""
@@ -120,14 +119,12 @@ FIXED_VECTORS = 2
 """Vectors of D held beside the search: the checkpoint's tensors (cached by the worker; θ's leaves share
 them) and the product being made, tensor by tensor. Its flat copy and the residual copied from it are
 the search's (:func:`ckpt.plugins.lanczos_bytes`). This counted them too (5 vectors) until the result's
-tensors stopped copying each basis checkpoint's vectors: the 0.92 GiB at GPT-2 small hid that uncounted
-copy, which outgrew it from the third basis checkpoint on. In bench/scale.py's L run (four basis
-checkpoints) the fourth peaked at 11.96 GiB RSS against a plan of 11.3 GiB, about 0.5 GiB of it
-libraries the plan leaves out; held once, at 10.44 GiB against a plan of 10.9 GiB, and the first at
-9.2 GiB against 10.7 GiB. It was 3 while the worker also kept the previous basis checkpoint's tensors,
-which no search reads (:meth:`ckpt.plugins.Worker.params` with ``alone``): at GPT-2 small that vector
-made the later basis checkpoints rebuild graphs per product (the last three of bench/scale.py's L run
-on 2026-11-27; with a 10.7 GiB budget, the fourth)."""
+tensors stopped copying each basis checkpoint's vectors: the extra vectors at GPT-2 small hid that
+uncounted copy, which outgrew them from the third basis checkpoint on; counted once, bench/scale.py's L run
+stays within its plan (docs/performance.md, "Hessian basis"). It was 3 while the worker also kept the
+previous basis checkpoint's tensors, which no search reads (:meth:`ckpt.plugins.Worker.params` with
+``alone``): at GPT-2 small that vector made the later basis checkpoints of bench/scale.py's L run rebuild
+graphs per product."""
 
 
 def plan_memory(
@@ -149,23 +146,23 @@ def plan_memory(
     In order of speed: kept graphs with the Lanczos vectors in memory (as many as fit; fewer
     vectors cost more products, in thick restarts, so on the CPU at least k + 8, and on a GPU,
     which cannot spill, at least k + 4); kept graphs with the vectors spilled to
-    a temporary file (a product reads them back, about 0.15 s per GB, where rebuilding a block's
-    graph costs a forward and a backward pass more per product); with the vectors spilled, the
+    a temporary file (a product reads them back from the page cache, cheaper than rebuilding a block's
+    graph, a forward and a backward pass more per product); with the vectors spilled, the
     graphs of as many examples as fit kept and the rest rebuilt per product; then blocks rebuilt
     per product, as large as fit, with the vectors in memory (as many as above), then spilled.
 
     Why the third: each basis checkpoint adds its vectors to what the search holds, so a budget
     that keeps every graph at the first checkpoints stops doing so at a later one, by a few
-    vectors of D. At GPT-2 small (``--samples 8``, default budget on a 24 GiB machine) the third
-    and fourth checkpoints fell to rebuilding every block, 22.7 s a product against 11.7 s with
-    the graphs kept.
+    vectors of D. At GPT-2 small (``--samples 8``, the default budget of a modest machine) the third
+    and fourth checkpoints fell to rebuilding every block, doubling a product's time
+    (docs/performance.md, "Hessian basis").
 
     With ``can_spill_basis``, where the earlier basis vectors in memory would leave fewer graphs
     kept, they are put in a temporary file instead and read back by blocks of columns at every
-    projection (0.15 s per GB from the page cache), if that keeps more graphs. At GPT-2 small
+    projection (from the page cache), if that keeps more graphs. At GPT-2 small
     (``-k 5 --samples 8``) the basis checkpoint after the first, with 5 earlier vectors (2.3 GiB)
-    in memory, kept the graphs of 7 of 8 examples: a product alone took 11.5 s against 8.6 s at
-    the first.
+    in memory, kept the graphs of 7 of 8 examples, and its products were markedly slower than the
+    first's (docs/performance.md, "Hessian basis").
 
     Parameters
     ----------
@@ -555,8 +552,8 @@ def _release_graphs(hessian: MeanLossHessian) -> None:
     """Free the search's kept graphs once it has converged, before its eigenvectors are formed and committed.
 
     Why: the k eigenvectors (k·D·s) were formed, and the piece written to the journal, beside the graphs.
-    At GPT-2 small with ``-k 5 --samples 8`` that run peaked at 15.5 GiB RSS against plans of 9.3 and
-    10.9 GiB: the plans count the graphs or the eigenvectors, not both (:func:`plan_memory`).
+    At GPT-2 small with ``-k 5 --samples 8`` that run peaked far above its plans (docs/performance.md,
+    "Hessian basis"): the plans count the graphs or the eigenvectors, not both (:func:`plan_memory`).
     """
     hessian.release()
     release_freed_memory()  # the heap's freed pages back to the system, so that the eigenvectors take their place
@@ -568,11 +565,11 @@ def earlier_basis(previous: Sequence[Mapping[str, Any]], device: str, precision:
     Where they can be used as they are (the CPU, the same dtype), one view per piece: a
     concatenated copy would hold them twice (0.5 GB each at GPT-2 small). Where they are
     copied anyway (to a GPU, or to another dtype), into one ``[earlier, D]`` tensor: each
-    column block of a Lanczos pass then copies one source, not one per piece. On an H100
-    the paper preset's searches slowed from 0.13 s a product at the first basis checkpoints
-    to 0.5-0.8 s at the last, with 40-50 earlier pieces: about 50 small copies for every
-    16 MiB block, some 15,000 kernel launches a pass. (On a CPU one strided source was not
-    faster: 1.0 s against 0.51 s for a pass over 50 + 15 rows of 9.5M, so views stay.)
+    column block of a Lanczos pass then copies one source, not one per piece. On a GPU one
+    view per piece made the paper preset's searches several times slower by the last basis
+    checkpoints, with 40-50 earlier pieces: about 50 small copies for every 16 MiB block,
+    some 15,000 kernel launches a pass. (On a CPU one strided source was slower, so views
+    stay; docs/performance.md, "Hessian basis".)
     """
     import torch
 
@@ -720,10 +717,10 @@ def _lazy_tensors(pieces: Sequence[Any], space: ParamSpace, k: int, dtype: np.dt
 
     Why not slices of one dask array of the vectors: dask copies a slice that is at most half of its
     chunk (``dask.array.chunk.getitem``), so every piece was held twice, once for the later searches'
-    deflation and once in the copies of its tensors, until the run ended. At GPT-2 small that is
-    0.46 GiB more at every basis checkpoint. Held once, the four basis checkpoints of bench/scale.py's
-    L run (``--samples 8 --tol 1e-2``, default budget) peaked at 10.44 GiB RSS instead of 11.96 GiB,
-    with the same products and residuals.
+    deflation and once in the copies of its tensors, until the run ended: a piece's vectors more at
+    every basis checkpoint. Held once, the four basis
+    checkpoints of bench/scale.py's L run (``--samples 8 --tol 1e-2``, default budget) peaked lower,
+    with the same products and residuals (docs/performance.md, "Hessian basis").
     """
     import dask
     import dask.array as da
@@ -787,8 +784,8 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
     description = "Basis of top Hessian eigenvectors grown over the run (POLCA's Algorithm 1)."
     per = PER_RUN
     # each basis checkpoint's graphs and Lanczos vectors are built in the pages the one before freed, not in
-    # fresh ones faulted in page by page (ckpt.plugins.freed_memory_kept_for_reuse): at M the searches after
-    # the first took 2.3-2.5 s a product against 2.7-2.9 s
+    # fresh ones faulted in page by page (ckpt.plugins.freed_memory_kept_for_reuse), which makes the searches
+    # after the first faster (docs/performance.md, "Memory and the allocator")
     keeps_freed_memory = True
 
     split = Option(str, "eval", "Split for the Hessian when --hessian-split is not given and no train split exists.")
@@ -863,8 +860,8 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
         if ctx.journal is not None:  # the pieces' vectors are in the journal, read back once the last is found
             # and copied into the result by the engine, a stored chunk at a time. The `read` below is only what
             # a caller outside the engine computes: read back whole, then copied once more by Dask as it hands it
-            # over (dask.array.core.finalize copies a single-chunk result). The engine used it until 2026-11-28:
-            # bench/scale.py's L run with -k 5 at two basis checkpoints peaked there, at 10.98 GiB RSS.
+            # over (dask.array.core.finalize copies a single-chunk result). The engine used it before, and
+            # bench/scale.py's L run with -k 5 peaked there (docs/performance.md, "Hessian basis").
             ctx.write_from_journal(space.names, keys)
             read = ctx.delayed(journal_tensors, ctx.journal, keys, pieces, space=space, dtype=self.dtype)
             total = len(steps) * k

@@ -87,7 +87,7 @@ class PassCost:
     on a tiny GPT-2). What made it linear: embedding lookups are row gathers in these
     passes (see ``ckpt.plugins._derivatives._gathered_embedding``); the copy of the whole
     table's directions that the embedding's batching rule made was a block that hid the
-    body's growth from the four small passes (0.13x to 1.97x of the real peak at GPT-2 small).
+    body's growth from the four small passes (the fit missed the real peak at GPT-2 small both ways).
     """
 
     constant: float
@@ -143,11 +143,9 @@ CPU_TOKEN_VECTORS = 2048
 
 Why: a pass's tangents are [vectors, tokens, width] tensors, and on the CPU those larger than glibc's
 largest mmap threshold (32 MiB) are mapped afresh and zeroed page by page each time: a pass over 32
-sequences of 128 tokens spent half its time in the kernel. First-order passes over 32 sequences of 128
-tokens along 4 vectors, in passes of b sequences (GPT-2 configurations of bench/scale.py, random init,
-this 2-core machine, seconds): S (d 256) b = 32: 5.1-6.2, 16: 4.2, 8: 2.9, 4: 3.0-3.6, 2: 3.6; M (d 512)
-32: 21.5-23.3, 16: 17.3, 8: 15.9-16.1, 4: 13.0; L (d 768) 32: 105-114, 16: 68-80, 8: 61-67, 4: 61.5;
-second order at M, 32: 114-118, 4: 66-67. b = 4 is 2,048 tokens × vectors."""
+sequences of 128 tokens spent half its time in the kernel. Passes of 2,048 tokens × vectors (4 sequences
+along 4 vectors) were the fastest or close to it at every GPT-2 size of bench/scale.py, first and second
+order (docs/performance.md, "POLCA passes")."""
 PREFERRED_EXAMPLES = 8
 """Examples per pass below which fewer vectors per pass are chosen first: every vector pass repeats the
 primal, but a pass over very few examples (a single row each, for a per-example model) runs at a
@@ -242,8 +240,8 @@ def plan_basis(
 
     The whole basis (K·D·s, read once per worker and kept for every checkpoint) while holding it
     leaves passes as large as reading would: a basis read a pass of vectors at a time costs a read
-    of K·D·s per checkpoint (0.15-0.18 GB/s on a 2-core machine, every chunk decompressed and
-    checked), where at GPT-2 small a checkpoint's passes along 4 vectors took about a minute. Read,
+    of K·D·s per checkpoint (every chunk decompressed and checked), small beside a checkpoint's
+    passes at GPT-2 small (docs/performance.md, "POLCA passes"). Read,
     only one pass's vectors (v·D·s) are held beside it, so the basis no longer bounds the passes:
     at GPT-2 small 20 vectors are 9.2 GiB, most of the default budget.
 
