@@ -22,8 +22,6 @@ from ckpt.analyzers.figures.report import POLICY
 from tests.helpers import run_ckpt
 from tests.test_trajectory import train, write
 
-pytestmark = pytest.mark.slow  # several ckpt processes and a browser
-
 STEPS = [0, 1, 2, 4, 8, *range(12, 120, 6)]
 """Log-spaced early, then every 6 steps, as Pythia's suites are saved (0, 1, 2, 4, ..., then every 1000)."""
 FINAL = STEPS[-1]
@@ -97,6 +95,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return planted_store(tmp_path_factory.mktemp("trajectory") / "run.zarr")
 
 
+@pytest.mark.slow  # ckpt processes (and a browser)
 def test_the_section_draws_the_trajectory_and_names_the_planted_checkpoints(store: Path, tmp_path: Path) -> None:
     from tests.browser import open_report
 
@@ -128,6 +127,7 @@ def test_the_section_draws_the_trajectory_and_names_the_planted_checkpoints(stor
     assert f'content="{POLICY}"' in page and "<script" not in shown
 
 
+@pytest.mark.slow  # ckpt processes (and a browser)
 def test_no_trajectory_skips_the_distances_and_still_names_duplicates_without_reads(
     store: Path, tmp_path: Path
 ) -> None:
@@ -153,6 +153,7 @@ def test_no_trajectory_skips_the_distances_and_still_names_duplicates_without_re
     assert seen.console_errors == []
 
 
+@pytest.mark.slow  # ckpt processes (and a browser)
 def test_an_unreadable_tensor_is_shown_in_the_page_not_a_crash(store: Path, tmp_path: Path) -> None:
     import shutil
 
@@ -171,6 +172,7 @@ def test_an_unreadable_tensor_is_shown_in_the_page_not_a_crash(store: Path, tmp_
     assert f"step {MISLABELED}" in findings(page), "and still checked"
 
 
+@pytest.mark.slow  # ckpt processes (and a browser)
 def test_a_store_of_one_checkpoint_gets_a_note(tmp_path: Path) -> None:
     path = write(tmp_path / "one.zarr", {7: train(1)[0]})
     assert len(ckpt.open(path).steps) == 1
@@ -178,3 +180,24 @@ def test_a_store_of_one_checkpoint_gets_a_note(tmp_path: Path) -> None:
     assert warnings == []
     assert "<p>The store holds one checkpoint (step 7): no trajectory to draw.</p>" in section(page)
     assert "trajectory distances" not in page
+
+
+PYTHIA_STEPS = [0, *(2**i for i in range(10)), *range(1000, 143001, 1000)]
+"""The 154 steps of every Pythia suite."""
+
+
+def test_pythia_steps_are_drawn_on_a_symlog_axis_and_even_steps_on_a_linear_one() -> None:
+    """Pythia's are not log-spaced all along (143 of 154 gaps are 1000), but its first ten would overlap at 0."""
+    from ckpt.analyzers.figures import log_spaced
+    from ckpt.analyzers.figures.trajectory import figure
+    from ckpt.store.trajectory import Duplicates, Trajectory
+
+    def drawn(steps: list[int]) -> set[str]:
+        n = len(steps)
+        distance = np.r_[np.nan, 1.0 / np.arange(1, n)]
+        path = Trajectory(np.array(steps), distance, np.full(n, 0.5), np.full(n, 1.5), ["w"])
+        return {axes.get_xscale() for axes in figure(path, Duplicates(final=steps[-1])).axes}
+
+    assert not log_spaced(PYTHIA_STEPS)
+    assert drawn(PYTHIA_STEPS) == {"symlog"}
+    assert drawn(list(range(0, 143001, 1000))) == {"linear"}

@@ -177,10 +177,11 @@ def _trajectory(store: Any, distances: bool) -> tuple[str, list[str]]:
     body, problems, path = [heading], [], None
     floating = sum(1 for info in store.schema.values() if is_floating(info.dtype))
     if distances:
+        lost: list[str] = []
         try:
             path, lost = read_trajectory(store)
-        except CkptError as exc:
-            lost = [f"not drawn ({exc})"]
+        except CkptError as exc:  # a damaged tensor is a gap (read_trajectory); anything else ends the pass
+            problems.append(f"trajectory: distances not drawn ({exc})")
         if lost:
             shown = "; ".join(lost[:3]) + (f"; and {len(lost) - 3} more" if len(lost) > 3 else "")
             problems.append(f"trajectory: {len(lost)} unreadable tensor(s), their distances not drawn: {shown}")
