@@ -269,10 +269,15 @@ def du(path: Path) -> int:
 def run(command: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
     """Run one ``ckpt`` command in its own process: wall and CPU seconds, peak memory, output."""
     start = time.perf_counter()
+    peak = 0
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
-        # os.wait4: this child's own resource use (getrusage's RUSAGE_CHILDREN keeps the largest of all)
-        _, status, usage = os.wait4(child.pid, 0)
+        while True:  # os.wait4: this child's own CPU time; WNOHANG: read its memory meanwhile
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, high_water(child.pid))
+            time.sleep(0.1)
         child.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - start
         out.seek(0)
@@ -283,11 +288,25 @@ def run(command: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
         "returncode": child.returncode,
         "wall_s": wall,
         "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_rss_mb": usage.ru_maxrss / 1024,  # Linux: KiB
+        "peak_rss_mb": peak / 1e6,
         "stdout": stdout,
         "warnings": [line for line in stderr.splitlines() if line.startswith("Warning:")],
         "stderr": stderr,
     }
+
+
+def high_water(pid: int) -> int:
+    """The peak resident bytes of process ``pid`` so far (``VmHWM``; 0 once it is gone).
+
+    Not ``ru_maxrss``: Linux carries the parent's peak into a forked child across ``exec``, so
+    every command would report at least this script's own peak.
+    """
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    line = next((x for x in status.splitlines() if x.startswith("VmHWM:")), "VmHWM: 0 kB")
+    return int(line.split()[1]) * 1024
 
 
 def ckpt_command(*args: str) -> list[str]:
