@@ -10,6 +10,10 @@ Each pattern is written to miss what is legitimate text: a unit in a design valu
 help ("``--max-memory 4GiB``", "1 MiB blocks", "in seconds"), dtypes ("float64"), format and
 version numbers, shapes ("100 x 30"), digit places ("the 10s digit"). The exceptions are in the
 patterns themselves, each with its reason; there is no list of exempted lines.
+
+The pointers themselves are checked too: every ``docs/X.md, "Section"`` (or ``§4.3.1``) that library
+code or ``pyproject.toml`` cites names a heading (or a paragraph's bold lead) of that page, so that a
+renamed section leaves no dangling pointer.
 """
 
 from __future__ import annotations
@@ -198,3 +202,151 @@ def test_the_patterns_flag_measurements() -> None:
 def test_the_patterns_pass_legitimate_text() -> None:
     flagged = {text: [n for n, p in PATTERNS.items() if p.search(text)] for text in PASSED}
     assert not {text: names for text, names in flagged.items() if names}
+
+
+# A pointer into a doc page: ``docs/X.md, "Section"``, ``docs/X.md, 'Section'``, ``docs/X.md ("Section")``
+# (the quote closes with the one that opened it, so a name may hold the other), or by number:
+# ``docs/X.md §4.3.1``, ``docs/X.md section 1.4``; the path may be in backticks. Whitespace is
+# collapsed first, so a name may wrap.
+CITATION = re.compile(
+    r"\bdocs/(?P<page>[\w./-]+?\.md)`*(?:,\s*|\s*\(\s*)(?P<quote>[\"'])(?P<name>[^\"'\n]+?)(?P=quote)"
+    r"|\bdocs/(?P<npage>[\w./-]+?\.md)`*,?\s*(?:§\s*|section\s+)(?P<number>\d+(?:\.\d+)*)"
+)
+HEADING = re.compile(r"^#{1,6}\s+(?P<text>.+?)\s*#*\s*$")
+# A paragraph's bold lead is a section too ("**Trust.** A store is data"), not a bullet's.
+BOLD_LEAD = re.compile(r"^\*\*(?P<text>[^*]+?)[.:]?\*\*")
+SECTION_NUMBER = re.compile(r"^(?P<number>\d+(?:\.\d+)*)\.?\s+")
+
+
+def prose_fragments(path: Path) -> list[str]:
+    """The texts of ``path`` a citation can sit in, whitespace collapsed.
+
+    A ``.py`` file gives its comments (all of them, one text, so a citation may wrap onto the next comment
+    line) and each string constant (docstrings and messages; ``ast`` joins implicitly concatenated parts,
+    f-strings' literal parts included). Any other file gives its whole text, comment markers removed.
+    """
+    source = path.read_text()
+    if path.suffix != ".py":
+        return [" ".join(" ".join(re.sub(r"^\s*#+", "", line) for line in source.splitlines()).split())]
+    comments = " ".join(
+        token.string.lstrip("#")
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    )
+    strings = [
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+    return [" ".join(text.split()) for text in [comments, *strings]]
+
+
+def citations(texts: list[str]) -> list[tuple[str, str]]:
+    """``(page, section)`` for each pointer in ``texts``; a numbered section is given as ``§4.3.1``."""
+    found = []
+    for text in texts:
+        for match in CITATION.finditer(text):
+            if match["page"]:
+                found.append((match["page"], match["name"].strip()))
+            else:
+                found.append((match["npage"], "§" + match["number"]))
+    return found
+
+
+def section_names(markdown: str) -> set[str]:
+    """The names a pointer may use for the sections of ``markdown``.
+
+    A heading's text (backticks dropped), that text without its leading number ("4.4 One writer at a time"
+    answers "One writer at a time"), its title before a colon ("Validation: what a reader checks" answers
+    "Validation"), its number as ``§4.4``; and each paragraph's bold lead.
+    """
+    names: set[str] = set()
+    in_code = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code:
+            continue
+        if heading := HEADING.match(line):
+            text = heading["text"].replace("`", "")
+            names.add(text)
+            if number := SECTION_NUMBER.match(text):
+                names.add("§" + number["number"])
+                text = text[number.end() :]
+                names.add(text)
+            names.add(text.split(":")[0].strip())
+        elif lead := BOLD_LEAD.match(line):
+            names.add(lead["text"].replace("`", ""))
+    return names
+
+
+def dangling(cited: list[tuple[str, str, str]], pages: dict[str, str | None]) -> list[str]:
+    """``where: docs/page, "section"`` for each citation ``(where, page, section)`` naming no section.
+
+    ``pages`` maps a page to its text (None: the page does not exist).
+    """
+    names = {page: section_names(text) for page, text in pages.items() if text is not None}
+    return [
+        f'{where}: docs/{page}, "{section}"' + ("" if page in names else " (no such page)")
+        for where, page, section in cited
+        if section not in names.get(page, set())
+    ]
+
+
+def library_citations() -> list[tuple[str, str, str]]:
+    """``(file, page, section)`` for every pointer into docs/ from library code and pyproject.toml."""
+    found = []
+    for path in [*library_files(), ROOT / "pyproject.toml"]:
+        where = str(path.relative_to(ROOT))
+        found += [(where, page, section) for page, section in citations(prose_fragments(path))]
+    return found
+
+
+def test_every_section_library_code_cites_exists() -> None:
+    cited = library_citations()
+    assert any(page == "performance.md" for _, page, _ in cited), "the scan found no pointer at all"
+    pages = {
+        page: (ROOT / "docs" / page).read_text() if (ROOT / "docs" / page).is_file() else None for _, page, _ in cited
+    }
+    missing = dangling(cited, pages)
+    assert not missing, (
+        f"{len(missing)} pointers from library code name a section their doc page lacks (a renamed or "
+        "removed heading?); name an existing section or restore the heading:\n" + "\n".join(missing)
+    )
+
+
+def test_citation_forms_are_found_and_checked(tmp_path: Path) -> None:
+    module = tmp_path / "cited.py"
+    module.write_text(
+        '"""Blocks of 4 MiB (docs/performance.md, "Lanczos\n    vectors")."""\n'
+        "# the reader's limit (docs/store-format.md, 'One writer at a time'); see also\n"
+        '# ``docs/analyzers.md`` ("What it costs") and docs/store-format.md §4.3.1\n'
+        'MESSAGE = f"{1} kept (docs/existing-runs.md, " "\'Checking a trajectory\')"\n'
+    )
+    cited = [("cited.py", page, section) for page, section in citations(prose_fragments(module))]
+    assert sorted(cited) == sorted(
+        [
+            ("cited.py", "performance.md", "Lanczos vectors"),
+            ("cited.py", "store-format.md", "One writer at a time"),
+            ("cited.py", "analyzers.md", "What it costs"),
+            ("cited.py", "store-format.md", "§4.3.1"),
+            ("cited.py", "existing-runs.md", "Checking a trajectory"),
+        ]
+    )
+    pages: dict[str, str | None] = {
+        "performance.md": "# Notes\n\n## Lanczos vectors\n",
+        "store-format.md": "## 4. Commit protocol\n\n### 4.3.1 Atomic create\n\n### 4.4 One writer at a time\n",
+        "analyzers.md": "## `polca`\n\n**What it costs.** Everything below.\n",
+        "existing-runs.md": "## Checking a trajectory\n",
+    }
+    assert dangling(cited, pages) == []
+    # a renamed heading, a heading only inside a code block, a bold word in a bullet, a missing page
+    pages["performance.md"] = "# Notes\n\n## Lanczos vectors, spilled\n\n```\n## Lanczos vectors\n```\n"
+    pages["analyzers.md"] = "## `polca`\n\n- **What it costs.** Everything below.\n"
+    pages["existing-runs.md"] = None
+    assert sorted(dangling(cited, pages)) == [
+        'cited.py: docs/analyzers.md, "What it costs"',
+        'cited.py: docs/existing-runs.md, "Checking a trajectory" (no such page)',
+        'cited.py: docs/performance.md, "Lanczos vectors"',
+    ]
