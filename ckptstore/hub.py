@@ -44,6 +44,13 @@ from ckpt.store.importers import (
     hf_model_config,
 )
 from ckpt.store.publish import occupied
+from ckpt.store.selection import (
+    SELECTION_ATTR,
+    TensorSelection,
+    check_same_selection,
+    select_steps,
+    step_bounds,
+)
 
 SCHEME = "hf://"
 """The prefix of a Hub source: ``hf://ORG/NAME`` (``hf://ORG/NAME@REVISION`` for one revision)."""
@@ -99,7 +106,9 @@ class HubPlan:
     rewritten: tuple[str, ...] = ()
     """Steps the store holds from a commit their branch no longer points at (a re-uploaded checkpoint)."""
     picked: bool = False
-    """The revisions were named (``--revisions`` or ``@REVISION``): branches left out were left out on purpose."""
+    """The revisions were named (``--revisions``, ``--steps`` or ``@REVISION``): branches left out on purpose."""
+    selection: TensorSelection | None = None
+    """The tensors to import (``--tensors``); None: every tensor."""
 
 
 @dataclass
@@ -266,11 +275,9 @@ def _span(revisions: Sequence[Revision]) -> str:
 
 def _matches(item: str, revisions: Sequence[Revision], listing: HubListing) -> list[Revision]:
     """The revisions one ``--revisions`` item names: a step, a step range (``A-B``, ``A-``), main, a name or glob."""
-    if item.isdecimal():
-        return [r for r in revisions if r.step == int(item)]
-    bounds = re.fullmatch(r"(\d+)?-(\d+)?", item)
-    if bounds is not None and any(bounds.groups()):
-        low, high = int(bounds[1] or 0), None if bounds[2] is None else int(bounds[2])
+    bounds = step_bounds(item)  # the parser of --steps too (ckpt.store.selection)
+    if bounds is not None:
+        low, high = bounds
         return [r for r in revisions if low <= r.step and (high is None or r.step <= high)]
     if item == MAIN:  # the step branch of main's commit, or main itself with --main-step
         return [r for r in revisions if r.commit == listing.main_commit]
@@ -282,6 +289,7 @@ def select(
     revisions: str | None = None,
     every: int | None = None,
     log_spaced: int | None = None,
+    steps: str | None = None,
 ) -> tuple[Revision, ...]:
     """The revisions of ``listing`` that an import takes.
 
@@ -293,6 +301,9 @@ def select(
         Comma-separated items, each a branch name (``step1000``, ``main``), a glob
         (``step*000``), a step (``1000``) or an inclusive step range (``1000-5000``, ``100000-``);
         an item that matches no revision is an error. Default: every revision with a step.
+    steps
+        Then only these steps: comma-separated steps and step ranges, as for a local folder's
+        ``--steps`` (:func:`ckpt.store.selection.select_steps`); an item matching none is an error.
     every
         Then only steps that are multiples of ``every``.
     log_spaced
@@ -321,6 +332,9 @@ def select(
                 raise ImportFormatError(f"{msg}; its revisions: {_span(listing.revisions)}{skipped}")
             picked.update((r.step, r) for r in found)
         chosen = [picked[s] for s in sorted(picked)]
+    if steps is not None:
+        kept = set(select_steps(steps, [r.step for r in chosen], f"revision of hf://{listing.repo}"))
+        chosen = [r for r in chosen if r.step in kept]
     if every is not None:
         chosen = [r for r in chosen if r.step % every == 0]
     if log_spaced is not None and len(chosen) > log_spaced:
@@ -335,8 +349,8 @@ def select(
     return tuple(chosen)
 
 
-def _held(dest: str, source: str) -> tuple[list[int], dict[int, str], str | None]:
-    """The steps an earlier import of ``source`` into ``dest`` holds, their commits, and the run's objective."""
+def _held(dest: str, source: str) -> tuple[list[int], dict[int, str], str | None, TensorSelection | None]:
+    """The steps an earlier import of ``source`` into ``dest`` holds, their commits, the objective, the selection."""
     from ckpt.store import open as open_store
 
     store = open_store(dest)
@@ -351,7 +365,7 @@ def _held(dest: str, source: str) -> tuple[list[int], dict[int, str], str | None
     for entry in store.history:  # the last event of a step names the commit its checkpoint came from
         if entry.get("event") == "import" and entry.get("source") == source and isinstance(entry.get("step"), int):
             commits[entry["step"]] = str(entry.get("commit"))
-    return steps, commits, store.objective
+    return steps, commits, store.objective, TensorSelection.of_store(attrs, dest)
 
 
 def plan_import(
@@ -366,13 +380,16 @@ def plan_import(
     objective: str | None = None,
     keep_cache: bool = False,
     overwrite: bool = False,
+    steps: str | None = None,
+    tensors: Sequence[str] | None = None,
 ) -> HubPlan:
     """List and select the revisions of ``src`` and compare them with ``dest``, before any download.
 
     See :func:`list_revisions` and :func:`select` for the options; ``src`` may name one revision
     (``hf://ORG/NAME@step1000``), which is ``revisions``. An existing ``dest`` must be an earlier
     import of ``src`` (its steps are kept and only the selected revisions it lacks are new), unless
-    ``overwrite``.
+    ``overwrite``, with the same ``tensors``: ``fnmatch`` globs over the names after the key
+    conversion (``--tensors``), the only tensors imported (:mod:`ckpt.store.selection`).
 
     Raises
     ------
@@ -387,13 +404,15 @@ def plan_import(
         revisions = pinned
     source = f"{SCHEME}{repo}"
     listing = list_revisions(repo, step_pattern, main_step)
-    chosen = select(listing, revisions, every, log_spaced)
+    chosen = select(listing, revisions, every, log_spaced, steps)
+    globs = tuple(dict.fromkeys(tensors)) if tensors else None
     where, local = str(dest), _zarr.local_path(dest)
     exists = occupied(where, local, None)
     held: list[int] = []
     commits: dict[int, str] = {}
     if exists and not overwrite:
-        held, commits, stored_objective = _held(where, source)
+        held, commits, stored_objective, stored_selection = _held(where, source)
+        check_same_selection(stored_selection, globs, where)
         objective = objective or stored_objective
     last = held[-1] if held else -1
     new = tuple(r for r in chosen if r.step not in set(held))
@@ -420,7 +439,8 @@ def plan_import(
         keep_cache,
         objective,
         rewritten,
-        picked=revisions is not None,
+        picked=revisions is not None or steps is not None,
+        selection=TensorSelection(globs) if globs else None,
     )
 
 
@@ -643,8 +663,11 @@ def run_import(plan: HubPlan, progress: Callable[[int, Revision, int], None] | N
                     recorded = model_config  # a new store: its model is the first revision's
                 _check_config(revision, model_config, recorded)
                 tensors = _load(plan, revision, source, recorded)
+                measured = None
+                if plan.selection is not None:
+                    tensors, measured = plan.selection.apply(tensors, f"revision {revision.name} of {plan.source}")
                 # created once the first revision has loaded: a refused one leaves no store behind
-                writer = writer or _open_writer(plan, config, model_config)
+                writer = writer or _open_writer(plan, config, model_config, measured)
                 entry = history_entry(
                     "import", source=plan.source, revision=revision.name, commit=revision.commit, step=revision.step
                 )
@@ -692,8 +715,13 @@ def _load(plan: HubPlan, revision: Revision, source: CheckpointSource, config: d
         raise ImportFormatError(f"revision {revision.name} of {plan.source}: {exc}") from None
 
 
-def _open_writer(plan: HubPlan, config: Mapping[str, Any], model_config: dict[str, Any]) -> Any:
-    """The writer of ``plan.dest``: the existing store opened to append, or a new one recording the HF model."""
+def _open_writer(
+    plan: HubPlan, config: Mapping[str, Any], model_config: dict[str, Any], selection: TensorSelection | None
+) -> Any:
+    """The writer of ``plan.dest``: the existing store opened to append, or a new one recording the HF model.
+
+    A new store records ``selection`` (measured on its first revision), when the import selects tensors.
+    """
     import ckpt.store as ckptstore
     from ckpt.store.writer import create
 
@@ -702,7 +730,9 @@ def _open_writer(plan: HubPlan, config: Mapping[str, Any], model_config: dict[st
     named = config.get("architectures")
     architecture = str(named[0]) if isinstance(named, list) and named else ""
     objective = plan.objective or ("causal-lm" if architecture.endswith(HF_CAUSAL_LM) else None)
-    attrs = {"imported_from": plan.source, "import_format": IMPORT_FORMAT}
+    attrs: dict[str, Any] = {"imported_from": plan.source, "import_format": IMPORT_FORMAT}
+    if selection is not None:
+        attrs[SELECTION_ATTR] = selection.to_json()
     return create(
         plan.dest,
         model=HF_FACTORY,

@@ -14,7 +14,7 @@ import pickle
 import re
 import warnings
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from ckpt.store import _zarr
 from ckpt.store.format import ROOT_ATTR
 from ckpt.store.publish import lock_replaceable, occupied, publish, publish_url, remove_store, staging_path, staging_url
 from ckpt.store.reader import INCOMPLETE
+from ckpt.store.selection import SELECTION_ATTR, TensorSelection, check_same_selection, select_steps
 from ckpt.store.writer import create
 
 FORMATS = ("torch", "safetensors", "hf")
@@ -500,6 +501,15 @@ def _loader(
     return load
 
 
+def _selecting(
+    load: Callable[[CheckpointSource], dict[str, Any]], selection: TensorSelection | None
+) -> Callable[[CheckpointSource], dict[str, Any]]:
+    """``load``, keeping only the tensors ``selection`` names (after the key conversion): ``--tensors``."""
+    if selection is None:
+        return load
+    return lambda source: selection.apply(load(source), str(source.path))[0]
+
+
 def _append(
     src: str | os.PathLike[str],
     where: str,
@@ -510,6 +520,7 @@ def _append(
     skipped: list[str],
     progress: Callable[[int, int, int], None] | None,
     storage_options: dict[str, Any] | None,
+    globs: tuple[str, ...] | None,
 ) -> ImportReport:
     """Append the checkpoints of ``src`` newer than the store's last one, after checking it is the same run.
 
@@ -530,6 +541,7 @@ def _append(
         what = f"an import of {origin} ({stored_format})" if origin else "not an import"
         msg = f"{where} already exists and is {what}, not of {src} ({fmt}); pass --overwrite to replace it"
         raise StoreExistsError(f"{msg}, or choose another destination")
+    check_same_selection(TensorSelection.of_store(attrs, where), globs, where)
     held = [int(s) for s in store.steps]
     last = held[-1] if held else -1
     by_step = {s.step: s for s in sources}
@@ -594,6 +606,8 @@ def import_checkpoints(
     overwrite: bool = False,
     progress: Callable[[int, int, int], None] | None = None,
     storage_options: dict[str, Any] | None = None,
+    tensors: Sequence[str] | None = None,
+    steps: str | None = None,
 ) -> ImportReport:
     """Import a folder of checkpoints into a new store, holding one checkpoint in memory at a time.
 
@@ -615,6 +629,13 @@ def import_checkpoints(
         Called as ``progress(done, total, step)`` after each checkpoint is written.
     storage_options
         fsspec options for a URL ``dest`` (credentials ...).
+    tensors
+        ``fnmatch`` globs (``--tensors``): only the tensors whose names, after the key conversion,
+        match one are imported; the store records the selection (:mod:`ckpt.store.selection`). A
+        glob that matches no tensor is an error.
+    steps
+        Steps and inclusive step ranges (``--steps``: ``0,1000-5000,100000-``): only those
+        checkpoints are imported (:func:`ckpt.store.selection.select_steps`).
 
     Returns
     -------
@@ -633,6 +654,11 @@ def import_checkpoints(
     """
     fmt = detect_format(src) if format == "auto" else format
     sources = discover(src, fmt, step_pattern)
+    if steps is not None:
+        chosen = set(select_steps(steps, [s.step for s in sources], f"checkpoint of {src}"))
+        sources = [s for s in sources if s.step in chosen]
+    globs = tuple(dict.fromkeys(tensors)) if tensors else None
+    selection = TensorSelection(globs) if globs else None
     if key is not None and fmt == "safetensors":
         raise ImportFormatError("key= (--key) applies to torch files; safetensors files hold tensors directly")
     where, local = str(dest), _zarr.local_path(dest)
@@ -650,7 +676,7 @@ def import_checkpoints(
                 objective = "causal-lm"
     if model == HF_FACTORY and config is not None:  # a config.json given with --config: only its architecture
         config = hf_model_config(config)
-    load = _loader(fmt, key, model, config)
+    load = _selecting(_loader(fmt, key, model, config), selection)
     skipped = skipped_files(src, fmt)
     # Locally the store is built beside dest and moved into place when complete: a killed import
     # leaves dest as it was (absent, or the old store), never a store with part of the run. An object
@@ -662,7 +688,11 @@ def import_checkpoints(
     interrupted = local is None and exists and _interrupted_import(where, options)
     if exists and not overwrite and not interrupted:
         # a run that is still training: append what the store does not have yet
-        return _append(src, where, fmt, sources, load, logged, skipped, progress, options)
+        return _append(src, where, fmt, sources, load, logged, skipped, progress, options, globs)
+    first = None
+    if selection is not None:  # the first checkpoint gives the selection's record (and errors) before any store
+        loaded, measured = selection.apply(_loader(fmt, key, model, config)(sources[0]), str(sources[0].path))
+        first, attrs[SELECTION_ATTR] = loaded, measured.to_json()
     old_lock = lock_replaceable(where, local, options) if exists else None
     if local is not None:
         build = str(staging_path(local))
@@ -680,11 +710,11 @@ def import_checkpoints(
             storage_options=options,
             _incomplete=f"import from {src}",
         )
-        bytes_read, tensors, current = 0, 0, sources[0]
+        bytes_read, count, current = 0, 0, sources[0]
         try:
             for done, current in enumerate(sources, 1):
-                loaded = load(current)
-                tensors = len(loaded)
+                loaded, first = first if first is not None else load(current), None
+                count = len(loaded)
                 bytes_read += sum(f.stat().st_size for f in current.files)
                 writer.write(current.step, loaded, metrics=logged.get(current.step))
                 del loaded  # before the next load: memory holds one checkpoint
@@ -709,7 +739,7 @@ def import_checkpoints(
     finally:
         if old_lock is not None:
             old_lock.release()
-    return ImportReport(where, fmt, [s.step for s in sources], tensors, bytes_read, tuple(skipped))
+    return ImportReport(where, fmt, [s.step for s in sources], count, bytes_read, tuple(skipped))
 
 
 # -- what the Hub import (ckpt.store.hub) shares with this one: a revision is a Trainer folder -----------
@@ -719,6 +749,8 @@ compile_step_pattern = _compile
 """Validate a ``--step-pattern``: the compiled pattern and its step group (an ``ImportFormatError`` if bad)."""
 checkpoint_loader = _loader
 """``checkpoint_loader(format, key, model, config)``: the loader of one checkpoint, with the key conversion."""
+select_tensors = _selecting
+"""``select_tensors(load, selection)``: the loader keeping only a ``--tensors`` selection's tensors."""
 
 
 __all__ = [
@@ -737,5 +769,6 @@ __all__ = [
     "hf_model_config",
     "import_checkpoints",
     "load_checkpoint",
+    "select_tensors",
     "skipped_files",
 ]

@@ -15,6 +15,11 @@
 A factory whose code cannot run on ``meta`` (it reads a value it computed, ``.item()``) is built
 for real at step 2, counted, and compared after. Whatever a factory raises is one
 :class:`~ckpt.errors.ModelConfigError` naming it and the store.
+
+A store imported with ``--tensors`` (:mod:`ckpt.store.selection`) holds some of the model's tensors:
+:func:`check_model` compares only those (each a tensor of the model, of its shape and kind of dtype),
+bounded by the whole checkpoint's recorded size; :func:`build_model` still needs every parameter,
+and says which ones the selection left out.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 from ckpt.errors import ModelConfigError
 from ckpt.store.factory_config import check_config
+from ckpt.store.selection import TensorSelection, missing_message
 
 __all__ = [
     "BUFFER_FACTOR",
@@ -126,17 +132,52 @@ def _shown(items: list[str]) -> str:
     return ", ".join(items[:5]) + (f" (and {len(items) - 5} more)" if len(items) > 5 else "")
 
 
-def compare(model: Any, stored: Mapping[str, tuple[int, ...]], budget: int, name: str, where: str) -> None:
-    """Raise :class:`ModelConfigError` unless ``model`` (on any device) is the model of these checkpoints."""
-    missing = unstored_parameters(model, stored)
+def _kind(dtype: Any) -> str:
+    """float, complex, bool or int: what a stored dtype and the model's must agree on (widths may differ)."""
+    text = str(dtype).removeprefix("torch.")
+    return next((k for k in ("complex", "float", "bool") if k in text), "int")
+
+
+def compare(
+    model: Any,
+    stored: Mapping[str, tuple[int, ...]],
+    budget: int,
+    name: str,
+    where: str,
+    selection: TensorSelection | None = None,
+    whole: bool = True,
+    dtypes: Mapping[str, str] | None = None,
+) -> None:
+    """Raise :class:`ModelConfigError` unless ``model`` (on any device) is the model of these checkpoints.
+
+    ``selection``: the checkpoints are that subset of the model's tensors. Then each stored tensor
+    must be one of the model's, of its kind of dtype (``dtypes``: stored name -> logical dtype);
+    ``whole`` False compares only them, True (a model to evaluate) still needs every parameter.
+    """
+    missing = unstored_parameters(model, stored) if whole or selection is None else []
     if missing:
-        msg = (
-            f"the model of {where} has {len(missing)} parameter(s) its checkpoints do not hold: "
-            f"{_shown([repr(m) for m in missing])}; write checkpoints with every parameter (the model's "
-            "state_dict), or record the model these checkpoints belong to (ckpt set-model)"
-        )
-        raise ModelConfigError(msg)
+        raise ModelConfigError(missing_message(len(missing), _shown([repr(m) for m in missing]), where, selection))
     tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    if selection is not None:
+        own = dict(tensors)
+        lacks = [key for key in stored if key not in own]
+        if lacks:
+            msg = (
+                f"{name} builds, from the model config of {where}, a model without {len(lacks)} of the tensors "
+                f"{where} holds ({selection.option}): {_shown([repr(k) for k in lacks])}; record the config these "
+                "checkpoints were written with (ckpt set-model)"
+            )
+            raise ModelConfigError(msg)
+        kinds = [
+            f"{key!r} is {dtypes[key]} (the model's is {str(own[key].dtype).removeprefix('torch.')})"
+            for key in stored
+            if dtypes and key in dtypes and _kind(dtypes[key]) != _kind(own[key].dtype)
+        ]
+        if kinds:
+            msg = (
+                f"{name} builds, from the model config of {where}, a model its checkpoints do not fit: {_shown(kinds)}"
+            )
+            raise ModelConfigError(f"{msg}; record the config these checkpoints were written with (ckpt set-model)")
     wrong = [
         f"{key!r} of shape {list(tensor.shape)} (stored {list(stored[key])})"
         for key, tensor in tensors
@@ -178,6 +219,7 @@ def build_model(
     name: str,
     where: str,
     checkpoint: Mapping[str, tuple[tuple[int, ...], int]] | None = None,
+    selection: TensorSelection | None = None,
 ) -> Any:
     """``factory(**config)``, once the config fits the factory's schema and, built on ``meta``, the checkpoint.
 
@@ -190,8 +232,10 @@ def build_model(
     name, where
         The factory's ``module:function`` name and the store, for messages.
     checkpoint
-        Tensor name -> (shape, bytes) of one stored checkpoint; None (a model built to be trained,
-        not read from a store): only the schema is checked.
+        Tensor name -> (shape, bytes) of one stored checkpoint, or (shape, bytes, logical dtype);
+        None (a model built to be trained, not read from a store): only the schema is checked.
+    selection
+        The store's tensor selection (``ckpt import --tensors``): the checkpoint is that subset.
 
     Returns
     -------
@@ -206,7 +250,7 @@ def build_model(
     check_config(factory, config, name, where)
     if checkpoint is None:
         return _called(factory, config, name, where)
-    return _built(factory, config, name, where, checkpoint, for_real=True)
+    return _built(factory, config, name, where, checkpoint, selection, for_real=True)
 
 
 def check_model(
@@ -215,11 +259,13 @@ def check_model(
     name: str,
     where: str,
     checkpoint: Mapping[str, tuple[tuple[int, ...], int]],
+    selection: TensorSelection | None = None,
 ) -> bool:
     """Steps 1-3 of :func:`build_model`, allocating nothing: whether the model could be checked on ``meta``.
 
     ``ckpt verify`` checks a store's model spec this way. A factory whose code cannot run on
-    ``meta`` returns False (checking it would mean building it).
+    ``meta`` returns False (checking it would mean building it). For a store with a tensor
+    ``selection``, only the stored tensors are compared.
 
     Raises
     ------
@@ -227,7 +273,7 @@ def check_model(
         As :func:`build_model`.
     """
     check_config(factory, config, name, where)
-    return _built(factory, config, name, where, checkpoint, for_real=False) is not None
+    return _built(factory, config, name, where, checkpoint, selection, for_real=False) is not None
 
 
 def _built(
@@ -235,15 +281,21 @@ def _built(
     config: Mapping[str, Any],
     name: str,
     where: str,
-    checkpoint: Mapping[str, tuple[tuple[int, ...], int]],
+    checkpoint: Mapping[str, tuple[Any, ...]],
+    selection: TensorSelection | None,
     *,
     for_real: bool,
 ) -> Any:
     import torch
 
-    shapes = {key: tuple(shape) for key, (shape, _) in checkpoint.items()}
+    shapes = {key: tuple(entry[0]) for key, entry in checkpoint.items()}
+    dtypes = {key: str(entry[2]) for key, entry in checkpoint.items() if len(entry) > 2}
     stored_elements = sum(math.prod(shape) for shape in shapes.values())
-    budget = buffer_budget(sum(nbytes for _, nbytes in checkpoint.values()))
+    stored_bytes = sum(int(entry[1]) for entry in checkpoint.values())
+    if selection is not None:  # a subset: the model may be as large as the checkpoint it was taken from
+        stored_elements = max(stored_elements, selection.elements or 0)
+        stored_bytes = max(stored_bytes, selection.nbytes or 0)
+    budget = buffer_budget(stored_bytes)
     limit = 2 * stored_elements + PARAMETER_SLACK
 
     def describe(what: str) -> str:
@@ -263,13 +315,14 @@ def _built(
         if counter.exceeded or exc.__cause__ is None:  # a limit, or the factory refusing its config
             raise
         on_meta = None  # code that cannot run on meta: built for real, counted, then compared
+    compared = {"selection": selection, "whole": for_real, "dtypes": dtypes}
     if on_meta is not None:
-        compare(on_meta, shapes, budget, name, where)
+        compare(on_meta, shapes, budget, name, where, **compared)
         if not for_real:
             return on_meta
         del on_meta
     if not for_real:
         return None
     model = counted_build(_Counter(limit, budget, describe), None)
-    compare(model, shapes, budget, name, where)
+    compare(model, shapes, budget, name, where, **compared)
     return model

@@ -53,6 +53,7 @@ from ckpt.store.format import (
 from ckpt.store.lineage import Parent, read_parent
 from ckpt.store.model_build import build_model, check_model
 from ckpt.store.record import check_claimed_bytes, is_compressed, row_bound, validate_meta
+from ckpt.store.selection import TensorSelection
 from ckpt.store.trust import check_trusted, trust_reason
 
 
@@ -69,8 +70,11 @@ class ModelSpec:
     checkpoint: Mapping[str, tuple[tuple[int, ...], int]] | None = field(default=None, compare=False, repr=False)
     """Tensor name -> (shape, bytes) of one of the store's checkpoints: the model built must fit it.
 
-    :attr:`Store.model` sets it; None (a spec made to train a model) checks the config's schema only.
+    :attr:`Store.model` sets it (with each tensor's logical dtype, a third entry); None (a spec made to
+    train a model) checks the config's schema only.
     """
+    selection: TensorSelection | None = field(default=None, compare=False, repr=False)
+    """The store's tensor selection (``ckpt import --tensors``): ``checkpoint`` is that subset of the model's."""
 
     def build(self) -> Any:
         """Import the factory and call it with the config; returns the model.
@@ -97,7 +101,7 @@ class ModelSpec:
         with collection_paused():  # imports its library (transformers: seconds); see ckpt.collector
             factory = self._import()
             name, where = current_factory(self.factory), self.source or "the model spec"
-            return build_model(factory, self.config, name, where, self.checkpoint)
+            return build_model(factory, self.config, name, where, self.checkpoint, self.selection)
 
     def check(self) -> bool:
         """Check the spec as :meth:`build` does, allocating nothing: whether it could be checked.
@@ -118,7 +122,7 @@ class ModelSpec:
         with collection_paused():
             factory = self._import()
             name, where = current_factory(self.factory), self.source or "the model spec"
-            return check_model(factory, self.config, name, where, self.checkpoint)
+            return check_model(factory, self.config, name, where, self.checkpoint, self.selection)
 
     def _import(self) -> Callable[..., Any]:
         module_name, _, attr = current_factory(self.factory).partition(":")
@@ -380,9 +384,13 @@ class Store:
         spec = self.metadata.get("model")
         if spec is None:
             return None
-        checkpoint = {name: (info.shape, info.nbytes) for name, info in self._schema.items()}
+        checkpoint = {name: (info.shape, info.nbytes, info.dtype) for name, info in self._schema.items()}
         return ModelSpec(
-            spec["factory"], dict(spec.get("config") or {}), source=str(self._where), checkpoint=checkpoint
+            spec["factory"],
+            dict(spec.get("config") or {}),
+            source=str(self._where),
+            checkpoint=checkpoint,
+            selection=TensorSelection.of_store(self.attrs, str(self._where)),
         )
 
     @property

@@ -382,7 +382,8 @@ class Worker:
                 msg = f"{self._store.path} records no model spec; create it with model='package.module:factory'"
                 raise AnalysisError(msg)
             stored = set(self._store.schema)
-            model = weightless_model(spec.build, stored, self.device, dtype, source=str(self._store.path))
+            where = str(self._store.path)
+            model = weightless_model(spec.build, stored, self.device, dtype, source=where, selection=spec.selection)
             model = model.to(self.device).eval()
             if dtype is not None:
                 model = model.to(dtype)

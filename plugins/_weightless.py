@@ -25,6 +25,7 @@ from typing import Any
 
 from ckpt.errors import AnalysisError
 from ckpt.store.model_build import unstored_parameters
+from ckpt.store.selection import TensorSelection, missing_message
 
 __all__ = ["built_on_meta", "unstored_parameters", "weightless_model"]
 
@@ -86,7 +87,12 @@ def built_on_meta(build: Callable[[], Any]) -> Any:
 
 
 def weightless_model(
-    build: Callable[[], Any], stored: set[str], device: str, dtype: Any = None, source: str = ""
+    build: Callable[[], Any],
+    stored: set[str],
+    device: str,
+    dtype: Any = None,
+    source: str = "",
+    selection: TensorSelection | None = None,
 ) -> Any:
     """``build()``'s module with every parameter a memoryless stand-in of its shape on ``device``.
 
@@ -106,6 +112,8 @@ def weightless_model(
         Where the stand-ins live, and the floating-point dtype to give them (None: the parameter's).
     source
         The store, named in the error.
+    selection
+        The store's tensor selection (``ckpt import --tensors``), which the error then names.
 
     Raises
     ------
@@ -120,12 +128,7 @@ def weightless_model(
         shown = ", ".join(repr(name) for name in missing[:5]) + (
             f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         )
-        msg = (
-            f"the model of {source or 'the store'} has {len(missing)} parameter(s) its checkpoints do not hold: "
-            f"{shown}; write checkpoints with every parameter (the model's state_dict), or record the model "
-            "these checkpoints belong to (ckpt set-model)"
-        )
-        raise AnalysisError(msg)
+        raise AnalysisError(missing_message(len(missing), shown, source or "the store", selection))
     standins: dict[int, Any] = {}  # one stand-in per parameter object: tied parameters stay tied
     for module in model.modules():
         for name, parameter in module._parameters.items():
