@@ -67,10 +67,9 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     span = f"steps {ckpts['first']} .. {ckpts['last']}" if ckpts["count"] else "none yet"
     row("checkpoints", f"{ckpts['count']} ({span})")
     tensors = info["tensors"]
-    row(
-        "tensors",
-        f"{len(tensors)}, {info['parameters']:,} parameters, {_size(info['bytes_per_checkpoint'])} per checkpoint",
-    )
+    selection = info.get("selection")
+    count = f"{len(tensors)}" if selection is None else f"{len(tensors)} of {selection['of']} ({selection['option']})"
+    row("tensors", f"{count}, {info['parameters']:,} parameters, {_size(info['bytes_per_checkpoint'])} per checkpoint")
     if tensors and show_tensors:
         width = max(len(t["name"]) for t in tensors[:show_tensors])
         for t in tensors[:show_tensors]:
@@ -132,6 +131,7 @@ def info(store: str, as_json: bool, tensors: str, no_finite_check: bool) -> None
     summary = opened.info()
     summary["duplicates"] = warn_duplicates(opened, store).to_json()  # the record's digests: nothing read
     summary["nonfinite"] = None if no_finite_check else nonfinite_in(opened)
+    summary["selection"] = selection_summary(opened, store)
     if opened.parent is not None:  # opened again: whether it still holds what this run started from
         status = parent_status(opened.parent)
         summary["parent_status"] = {"state": status.state, "detail": status.detail}
@@ -139,6 +139,20 @@ def info(store: str, as_json: bool, tensors: str, no_finite_check: bool) -> None
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(_format_info(summary, len(summary["tensors"]) if tensors == "all" else int(tensors)))
+
+
+def selection_summary(s: Any, store: str) -> dict[str, Any] | None:
+    """What ``ckpt info`` says of a store imported with ``--tensors``: the globs, N of M tensors; None otherwise."""
+    from ckpt.store.selection import TensorSelection
+
+    selection = TensorSelection.of_store(s.attrs, store)
+    if selection is None:
+        return None
+    return selection.to_json() | {
+        "tensors": len(s.tensor_names),
+        "option": f"selected by {selection.option}",
+        "subset": True,  # the checkpoints hold these of the model's tensors, not all of them
+    }
 
 
 def _warn_nonfinite(store: str, found: list[str]) -> None:
@@ -297,6 +311,7 @@ def verify(
     unverifiable = None if bad else s.unverifiable_summary()
     if as_json:
         found = {"store": store, "checkpoints": len(s.steps), "tensors": len(s.tensor_names), "problems": bad}
+        found["selection"] = selection_summary(s, store)
         found |= {"unverifiable": unverifiable, "nonfinite": nonfinite, "duplicates": duplicates.to_json()}
         click.echo(json.dumps(found | {"trajectory": None if path is None else path.to_json()}, indent=2))
     if bad:
@@ -308,9 +323,11 @@ def verify(
     if unverifiable is None:
         if as_json:
             return
+        selection = selection_summary(s, store)
+        subset = "" if selection is None else f" (of {selection['of']}, {selection['option']})"
         click.echo(
-            f"{store}: {len(s.steps)} checkpoints x {len(s.tensor_names)} tensors, {len(s.splits)} data splits, "
-            f"the metrics and {len(s.analyses)} analyses OK"
+            f"{store}: {len(s.steps)} checkpoints x {len(s.tensor_names)} tensors{subset}, {len(s.splits)} data "
+            f"splits, the metrics and {len(s.analyses)} analyses OK"
             + (f" (the model spec was not checked: {spec_unchecked})" if spec_unchecked else "")
         )
         return

@@ -45,6 +45,22 @@ def parse_config(text: str | None) -> dict | None:
 @click.option("--key", metavar="KEY", help="Entry of each saved dict that holds the state_dict (e.g. 'model').")
 @click.option("--overwrite", is_flag=True, help="Replace DEST if it exists.")
 @click.option(
+    "--tensors",
+    "tensor_globs",
+    multiple=True,
+    metavar="GLOB",
+    help="Import only the tensors whose names (after transformers' key conversion, as the model has them) match "
+    "GLOB, e.g. 'gpt_neox.embed_in.*' or '*embed*'; repeatable or comma-separated. The store records the "
+    "selection; analyzers that need more name what it lacks.",
+)
+@click.option(
+    "--steps",
+    "step_spec",
+    metavar="SPEC",
+    help="Import only these steps: comma-separated steps and inclusive ranges, e.g. 0,1000-5000,100000- "
+    "(a folder or hf://).",
+)
+@click.option(
     "--revisions",
     metavar="SPEC",
     help="hf:// only: comma-separated branch names, globs (step*000), steps or step ranges (1000-5000, "
@@ -81,6 +97,8 @@ def import_command(
     step_pattern: str | None,
     key: str | None,
     overwrite: bool,
+    tensor_globs: tuple[str, ...],
+    step_spec: str | None,
     **hub_options: Any,
 ) -> None:
     """Import existing checkpoints SRC (a folder, or a Hub repository hf://ORG/NAME) into a store DEST.
@@ -94,6 +112,9 @@ def import_command(
     download cache, and with HF_HUB_OFFLINE=1 the revisions in the local cache. Each revision is
     committed as it completes: a rerun imports only the selected revisions DEST lacks (after a
     kill, or when new branches appear). `ckpt info --json` lists each step's revision and commit.
+
+    --tensors and --steps import a subset, from a folder or the Hub: `ckpt info` shows the selection,
+    `ckpt verify` compares the stored tensors with the model, and a rerun must ask for the same tensors.
     Checkpoints identical to another step's, wholly or in some tensors, are named in a `Warning:`
     line (from the digests recorded while importing).
     """
@@ -103,13 +124,16 @@ def import_command(
     from ckpt.cli.analyze import registry
     from ckpt.cli.trajectory import warn_duplicates
     from ckpt.store.importers import FORMATS, discover, import_checkpoints
+    from ckpt.store.selection import parse_globs, select_steps
 
+    tensors = parse_globs(tensor_globs or None)
     if src.startswith("hf://"):
         options = {"fmt": fmt, "model": model, "config": config, "key": key}
         given = [f"--{name}" for name, value in options.items() if value not in (None, "auto")]
         if given:
             raise click.UsageError(f"{given[0].replace('fmt', 'format')} does not apply to a Hub repository SRC")
-        import_hub(src, dest, objective=objective, step_pattern=step_pattern, overwrite=overwrite, **hub_options)
+        options = {"objective": objective, "step_pattern": step_pattern, "overwrite": overwrite}
+        import_hub(src, dest, **options, steps=step_spec, tensors=tensors, **hub_options)
         return
     given = [f"--{name.replace('_', '-')}" for name, value in hub_options.items() if value not in (None, False)]
     if given:
@@ -122,11 +146,16 @@ def import_command(
     options = {"model": model, "config": parsed_config, "objective": objective, "step_pattern": step_pattern}
     options.update(key=key, overwrite=overwrite)
     if fmt != "auto" and fmt not in FORMATS:  # a plugin's importer
+        if tensors or step_spec is not None:
+            raise click.UsageError(f"--{'tensors' if tensors else 'steps'} applies to the built-in formats, not {fmt}")
         report = importers[fmt].run(src, dest, **options)
         click.echo(f"imported {src} into {dest} ({fmt})")
         warn_duplicates(ckptstore.open(dest), dest)
         return
     total = len(discover(src, fmt, step_pattern))
+    if step_spec is not None:  # the bar counts what is imported
+        total = len(select_steps(step_spec, [c.step for c in discover(src, fmt, step_pattern)], f"checkpoint of {src}"))
+    options.update(tensors=tensors, steps=step_spec)
     with tqdm(total=total, unit="ckpt", desc="importing", leave=False, disable=None) as bar:
         report = import_checkpoints(src, dest, format=fmt, progress=lambda done, total, step: bar.update(1), **options)
     steps = report.steps
@@ -147,8 +176,17 @@ def import_command(
         return
     click.echo(
         f"imported {len(steps)} {report.format} checkpoints (steps {steps[0]} .. {steps[-1]}), "
-        f"{report.tensors} tensors each, into {report.dest}"
+        f"{report.tensors} tensors each{_selected(report.dest)}, into {report.dest}"
     )
+
+
+def _selected(dest: str) -> str:
+    """`` (of M, selected by --tensors ...)`` for a store imported with ``--tensors``, else nothing."""
+    import ckpt.store as ckptstore
+    from ckpt.store.selection import TensorSelection
+
+    selection = TensorSelection.of_store(ckptstore.open(dest).attrs, dest)
+    return "" if selection is None else f" (of {selection.of}, selected by {selection.option})"
 
 
 def import_hub(src: str, dest: str, **options: Any) -> None:
@@ -191,7 +229,7 @@ def import_hub(src: str, dest: str, **options: Any) -> None:
     span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]} .. {steps[-1]}"
     click.echo(
         f"imported {len(steps)} revision(s) of {plan.source} ({span}, "
-        f"{_bytes(report.bytes_read)} read), {report.tensors} tensors each, into {dest}"
+        f"{_bytes(report.bytes_read)} read), {report.tensors} tensors each{_selected(dest)}, into {dest}"
     )
 
 
