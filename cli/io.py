@@ -112,11 +112,11 @@ def import_command(
     download cache, and with HF_HUB_OFFLINE=1 the revisions in the local cache. Each revision is
     committed as it completes: a rerun imports only the selected revisions DEST lacks (after a
     kill, or when new branches appear). `ckpt info --json` lists each step's revision and commit.
+    Checkpoints identical to another step's, wholly or in some tensors, are named in a `Warning:`
+    line (from the digests recorded while importing).
 
     --tensors and --steps import a subset, from a folder or the Hub: `ckpt info` shows the selection,
     `ckpt verify` compares the stored tensors with the model, and a rerun must ask for the same tensors.
-    Checkpoints identical to another step's, wholly or in some tensors, are named in a `Warning:`
-    line (from the digests recorded while importing).
     """
     from tqdm import tqdm
 
