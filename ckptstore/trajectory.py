@@ -201,7 +201,10 @@ def duplicate_steps(store: Any) -> Duplicates:
         if x in group_of:  # identical to another step: named with its group
             continue
         source = max(taken[x], key=lambda s: (taken[x][s], s == steps[-1], -abs(s - x), -s))
-        partial.append(PartialDuplicate(x, source, tuple(which[(x, source)]), len(changing)))
+        named = source
+        if source in group_of and steps[-1] in groups[group_of[source]]:
+            named = steps[-1]  # a copy of the final checkpoint's values: say so, not which copy of it
+        partial.append(PartialDuplicate(x, named, tuple(which[(x, source)]), len(changing)))
     return Duplicates(groups, steps[-1] if steps else None, tuple(partial))
 
 

@@ -122,6 +122,20 @@ def test_a_shard_of_the_final_checkpoint_is_named(tmp_path: Path) -> None:
     )
 
 
+def test_a_shard_of_the_final_checkpoint_served_under_several_steps_is_named_as_the_finals(tmp_path: Path) -> None:
+    """Pythia 205 and 206 at once: steps 12-16 serve the final model, step 6 its first shard."""
+    states = train(20)
+    chosen = {step: states[step] for step in range(0, 20, 2)}
+    for step in (12, 14, 16):
+        chosen[step] = chosen[18]
+    chosen[6] = {**states[6], **{k: chosen[18][k] for k in ("hidden.weight", "hidden.bias", "head.weight")}}
+    found = duplicate_steps(ckpt.open(write(tmp_path / "run.zarr", chosen)))
+    assert found.groups == ((12, 14, 16, 18),)
+    # the copies of the final's values run longest at 12-16: still named as the final checkpoint's
+    assert [(p.step, p.source, len(p.tensors)) for p in found.partial] == [(6, 18, 3)]
+    assert "identical to the final checkpoint (step 18)" in found.partial[0].describe(found.final)
+
+
 def test_import_verify_and_info_name_duplicates(tmp_path: Path) -> None:
     """A Trainer run whose checkpoint-6 holds checkpoint-2's weights: named by import, verify and info."""
     states = train(12)
