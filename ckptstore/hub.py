@@ -338,9 +338,9 @@ def select(
     if every is not None:
         chosen = [r for r in chosen if r.step % every == 0]
     if log_spaced is not None and len(chosen) > log_spaced:
-        steps = np.log1p(np.asarray([r.step for r in chosen], dtype=np.float64))
-        targets = np.linspace(steps[0], steps[-1], log_spaced)
-        nearest = sorted({int(np.argmin(np.abs(steps - t))) for t in targets})
+        logs = np.log1p(np.asarray([r.step for r in chosen], dtype=np.float64))
+        targets = np.linspace(logs[0], logs[-1], log_spaced)
+        nearest = sorted({int(np.argmin(np.abs(logs - t))) for t in targets})
         chosen = [chosen[i] for i in nearest]
     if not chosen:
         raise ImportFormatError(

@@ -315,14 +315,13 @@ def _built(
         if counter.exceeded or exc.__cause__ is None:  # a limit, or the factory refusing its config
             raise
         on_meta = None  # code that cannot run on meta: built for real, counted, then compared
-    compared = {"selection": selection, "whole": for_real, "dtypes": dtypes}
     if on_meta is not None:
-        compare(on_meta, shapes, budget, name, where, **compared)
+        compare(on_meta, shapes, budget, name, where, selection, whole=for_real, dtypes=dtypes)
         if not for_real:
             return on_meta
         del on_meta
     if not for_real:
         return None
     model = counted_build(_Counter(limit, budget, describe), None)
-    compare(model, shapes, budget, name, where, **compared)
+    compare(model, shapes, budget, name, where, selection, whole=for_real, dtypes=dtypes)
     return model

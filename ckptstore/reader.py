@@ -67,7 +67,7 @@ class ModelSpec:
     """Keyword arguments of the factory (JSON-serialisable)."""
     source: str = field(default="", compare=False)
     """The store the spec was read from (named in errors)."""
-    checkpoint: Mapping[str, tuple[tuple[int, ...], int]] | None = field(default=None, compare=False, repr=False)
+    checkpoint: Mapping[str, tuple[Any, ...]] | None = field(default=None, compare=False, repr=False)
     """Tensor name -> (shape, bytes) of one of the store's checkpoints: the model built must fit it.
 
     :attr:`Store.model` sets it (with each tensor's logical dtype, a third entry); None (a spec made to
