@@ -143,7 +143,7 @@ class WholeChunks:
             return None
         # the grid as the spec writes it: zarr's class for it moved (RegularChunkGrid in 3.1,
         # RegularChunkGridMetadata from 3.2 on), its JSON did not
-        grid = metadata.chunk_grid.to_dict()
+        grid: dict[str, Any] = metadata.chunk_grid.to_dict()  # JSON, of the shape the spec gives
         if grid.get("name") != "regular" or tuple(grid["configuration"]["chunk_shape"]) != (1, *metadata.shape[1:]):
             return None
         codecs = tuple(metadata.codecs)
@@ -179,7 +179,8 @@ class WholeChunks:
         try:
             with open(os.open(self._file(row), os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as file:
                 size = os.fstat(file.fileno()).st_size
-                if size != self.nbytes + 4 or file.readinto(buffer) != size:
+                # numpy declares ndarray a Buffer only for Python >= 3.12; it is one on 3.11 too
+                if size != self.nbytes + 4 or file.readinto(buffer) != size:  # type: ignore[arg-type]
                     return None
         except OSError:
             return None
@@ -206,7 +207,7 @@ class WholeChunks:
         if array.dtype != self.dtype or not array.flags.c_contiguous or array.nbytes != self.nbytes:
             return False
         checksum = google_crc32c.value(array).to_bytes(4, "little")  # numpy arrays are hashed in place
-        data = memoryview(array.reshape(-1)).cast("B")
+        data = memoryview(array.reshape(-1)).cast("B")  # type: ignore[arg-type]  # a Buffer on 3.11 too (above)
         path = self._file(row)
         if path.parent != self.folder:  # a chunk key encoding with "/" separators
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -341,6 +342,28 @@ def open_root_group(store: zarr.abc.store.Store, where: str = "the store") -> za
     except (ValueError, TypeError, KeyError, LookupError, NotImplementedError, zarr.errors.BaseZarrError) as exc:
         msg = f"zarr cannot read the commit record of {where} ({type(exc).__name__}: {exc}); restore it from a copy"
         raise CorruptRecordError(msg) from None
+
+
+def array_at(group: zarr.Group, path: str, where: str = "the store") -> zarr.Array:
+    """The array at ``path`` below ``group``: a group there is a :class:`~ckpt.errors.CorruptRecordError`."""
+    from ckpt.errors import CorruptRecordError
+
+    node = group[path]
+    if not isinstance(node, zarr.Array):
+        msg = f"{path!r} in the commit record of {where} is a group where an array belongs; restore it from a copy"
+        raise CorruptRecordError(msg)
+    return node
+
+
+def group_at(group: zarr.Group, path: str, where: str = "the store") -> zarr.Group:
+    """The group at ``path`` below ``group``: an array there is a :class:`~ckpt.errors.CorruptRecordError`."""
+    from ckpt.errors import CorruptRecordError
+
+    node = group[path]
+    if not isinstance(node, zarr.Group):
+        msg = f"{path!r} in the commit record of {where} is an array where a group belongs; restore it from a copy"
+        raise CorruptRecordError(msg)
+    return node
 
 
 def stored_bytes(store: zarr.abc.store.Store, key: str) -> int | None:

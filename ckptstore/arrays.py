@@ -156,7 +156,8 @@ def tensor_digest(array: np.ndarray) -> str:
     data = np.ascontiguousarray(array)
     if data.dtype.byteorder == ">" or (data.dtype.byteorder == "=" and np.little_endian is False):
         data = data.astype(data.dtype.newbyteorder("<"))
-    return xxhash.xxh3_64_hexdigest(memoryview(data).cast("B") if data.size else b"")
+    # numpy declares ndarray a Buffer only for Python >= 3.12; it is one on 3.11 too
+    return xxhash.xxh3_64_hexdigest(memoryview(data).cast("B") if data.size else b"")  # type: ignore[arg-type]
 
 
 def column_digest(name: str, values: list[Any]) -> str:

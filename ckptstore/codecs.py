@@ -104,7 +104,8 @@ class BoundedZstdCodec(ZstdCodec):
 
     def _decode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
         limit = decoded_limit(chunk_spec)
-        problem = frame_problem(memoryview(chunk_bytes.as_numpy_array()).cast("B"), limit)
+        # numpy declares ndarray a Buffer only for Python >= 3.12; it is one on 3.11 too
+        problem = frame_problem(memoryview(chunk_bytes.as_numpy_array()).cast("B"), limit)  # type: ignore[arg-type]
         if problem is not None:
             msg = f"its zstd frame {problem}; decoding it was refused"
             raise CorruptChunkError(msg)

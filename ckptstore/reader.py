@@ -268,11 +268,11 @@ class Store:
         root = _zarr.open_root_group(self._zstore, self._where)  # the record is validated first
         consolidated = root.metadata.consolidated_metadata
         self._root = root
-        self._attrs = dict(root.attrs.asdict())
+        self._attrs: dict[str, Any] = dict(root.attrs.asdict())  # JSON from the store: check_format vets it
         check_format(self._attrs, self._where)
         check_complete(self._attrs, self._where)
         flattened = consolidated.flattened_metadata if consolidated else {}
-        self._nodes = {key: node.to_dict() for key, node in flattened.items()}
+        self._nodes: dict[str, dict[str, Any]] = {key: node.to_dict() for key, node in flattened.items()}
         self._load_index()
         self._whole_chunks: dict[str, _zarr.WholeChunks] = {}  # what Store.tensors reads without zarr
         for name in self._schema:
@@ -284,7 +284,9 @@ class Store:
     def _load_index(self) -> None:
         self._arrays: dict[str, zarr.Array] = {}
         step_path = f"{CHECKPOINTS}/{STEP}"
-        steps = self._read_whole(step_path, "the checkpoints' step array") if step_path in self._nodes else []
+        steps: np.ndarray | list[int] = (
+            self._read_whole(step_path, "the checkpoints' step array") if step_path in self._nodes else []
+        )
         self._steps = np.asarray(steps, dtype=np.int64)
         self._step_index = {int(s): i for i, s in enumerate(self._steps)}
         prefix = f"{CHECKPOINTS}/"
@@ -318,7 +320,7 @@ class Store:
         """A committed array read whole, once its claimed size is bounded by the bytes it has stored."""
         check_claimed_bytes(self._nodes[path], _zarr.prefix_bytes(self._zstore, path), what, self._where)
         with _zarr.translated_read_errors(what):
-            return np.asarray(self._root[path][...])
+            return np.asarray(_zarr.array_at(self._root, path, self._where)[...])
 
     def _check_rows(self, names: Iterable[str], indices: Iterable[int]) -> None:
         """Raise CorruptChunkError unless each row's chunks hold the bytes its shape needs (before any read).
@@ -335,7 +337,8 @@ class Store:
             for index in indices:
                 keys = [array.metadata.encode_chunk_key((index, *position)) for position in np.ndindex(*grid)]
                 sizes = [_zarr.stored_bytes(self._zstore, f"{path}/{key}") for key in keys]
-                problem = row_bound(node, None if None in sizes else sum(sizes))
+                known = [size for size in sizes if size is not None]
+                problem = row_bound(node, sum(known) if len(known) == len(sizes) else None)
                 if problem is not None:
                     msg = (
                         f"tensor {name!r} at step {int(self._steps[index])} of {self._where} cannot be read: "
@@ -481,7 +484,7 @@ class Store:
         # thread, as much as reading the tensor (bench/store.py)
         array = self._arrays.get(name)
         if array is None:
-            array = self._root[f"{CHECKPOINTS}/{name}"]
+            array = _zarr.array_at(self._root, f"{CHECKPOINTS}/{name}", self._where)
             # zarrs decodes zstd in Rust, to whatever size a frame says: a compressed array is read by
             # zarr's own pipeline, whose zstd codec is bounded by the chunk's shape (ckpt.store.codecs)
             if not is_compressed(self._nodes[f"{CHECKPOINTS}/{name}"]):
@@ -549,9 +552,10 @@ class Store:
         """Row ``index`` of the arrays of ``names``, read by zarr in one event-loop call."""
         arrays = [self._array(n)._async_array for n in names]
 
-        async def read_all() -> list[np.ndarray]:
-            return await asyncio.gather(*(a.getitem(index) for a in arrays))
+        async def read_all() -> list[Any]:
+            return list(await asyncio.gather(*(a.getitem(index) for a in arrays)))
 
+        values: list[Any] | None
         with _zarr.translated_read_errors(f"a tensor of step {step} ({len(names)} tensors read)"):
             try:
                 values = sync(read_all())
@@ -584,12 +588,12 @@ class Store:
         """One tensor across checkpoints, stacked on a leading step axis (all steps by default)."""
         (name,) = self._check_names([name])
         array = self._array(name)
-        indices = slice(None) if steps is None else [self._index_of(s) for s in steps]
-        self._check_rows([name], range(len(self._steps)) if steps is None else indices)
+        rows = range(len(self._steps)) if steps is None else [self._index_of(s) for s in steps]
+        self._check_rows([name], rows)
         where = f"tensor {name!r} (steps {'all' if steps is None else list(steps)})"
         with _zarr.translated_read_errors(where):
-            values = array[indices] if isinstance(indices, slice) else array.get_orthogonal_selection(indices)
-        values = np.asarray(values)
+            selected = array[:] if steps is None else array.get_orthogonal_selection(np.asarray(rows, dtype=np.int64))
+            values = np.asarray(selected)
         for row, step in zip(values, self._steps if steps is None else steps, strict=True):
             self._verify(name, int(step), row)
         return decode_numpy(values, self._schema[name].dtype)

@@ -238,7 +238,7 @@ def _uncommitted(zstore: Any, nodes: dict[str, dict[str, Any]]) -> list[str]:
         warnings.simplefilter("ignore")  # foreign files are not ours to judge
         for name in (CHECKPOINTS, METRICS, DATA):
             if name in root:
-                stray += [f"{name}/{path}" for path, _ in root[name].members(max_depth=None)]
+                stray += [f"{name}/{path}" for path, _ in _zarr.group_at(root, name).members(max_depth=None)]
     stray = sorted(p for p in stray if p not in nodes)
     return [p for p in stray if not any(p.startswith(q + "/") for q in stray)]
 

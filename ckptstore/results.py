@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,7 @@ def store_lock(path: str | os.PathLike[str], *, exclusive: bool) -> _zarr.FileLo
     key = None if local is None else local.resolve()
     if local is None or (not exclusive and key in _REPLACING):
         return _zarr.FileLock(None)
+    lock: _zarr.FileLock
     if exclusive:
         lock = _ExclusiveStoreLock(local, key)
         busy = (
@@ -274,7 +275,7 @@ def _write(
     _zarr.commit(zstore, where, attributes=None, nodes=nodes, owns=owned)
 
 
-def _checksummed(dataset: xr.Dataset) -> dict[str, dict[str, Any]]:
+def _checksummed(dataset: xr.Dataset) -> dict[Hashable, dict[str, Any]]:
     """Encodings that end every chunk of every variable with a crc32c, like the rest of the store."""
     from zarr.codecs import Crc32cCodec, ZstdCodec
 

@@ -232,11 +232,16 @@ def _copies(column: list[str]) -> list[tuple[int, int]]:
         main = max(spans, key=lambda r: (len(r), r[0]))
         for span in spans:
             if span is not main:
-                pairs += [(i, min(main, key=lambda j, i=i: abs(j - i))) for i in span]
+                pairs += [(i, _nearest(main, i)) for i in span]
     return pairs
 
 
 # -- distances along the path -------------------------------------------------------------
+
+
+def _nearest(span: list[int], i: int) -> int:
+    """The position of ``span`` nearest ``i`` (the first of two as near)."""
+    return min(span, key=lambda j: abs(j - i))
 
 
 def is_floating(dtype: str) -> bool:

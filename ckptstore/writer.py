@@ -242,7 +242,7 @@ class Writer:
                 raise CorruptChunkError(msg)
 
     def _read_steps(self, group: str, count: int) -> list[int]:
-        return [int(s) for s in sync(self._ckpt_or_metric(group, STEP).getitem(slice(0, count)))]
+        return [int(s) for s in np.asarray(sync(self._ckpt_or_metric(group, STEP).getitem(slice(0, count))))]
 
     def _ckpt_or_metric(self, group: str, name: str) -> zarr.AsyncArray:
         return (self._ckpt_arrays if group == CHECKPOINTS else self._metric_arrays)[name]
@@ -261,7 +261,7 @@ class Writer:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # foreign files are not ours to judge
             for name in (CHECKPOINTS, METRICS, DATA):
-                members = root[name].members(max_depth=None)
+                members = _zarr.group_at(root, name, self._where).members(max_depth=None)
                 stray += [f"{name}/{path}" for path, _ in members if f"{name}/{path}" not in committed]
         stray.sort()
         removed = [p for p in stray if not any(p.startswith(q + "/") for q in stray)]
@@ -957,7 +957,7 @@ def _read_back_digest(group: zarr.Group, variables: Mapping[str, tuple[np.ndarra
     """The content hash of a split's arrays as written to ``group``, read as the reader reads them."""
     stored = {}
     for name, (_, dims) in variables.items():
-        values = np.asarray(group[name][...])
+        values = np.asarray(_zarr.array_at(group, name)[...])
         stored[name] = (values.astype(object) if values.dtype.kind in "OTU" else values, dims)
     return data_digest(stored)
 
