@@ -75,7 +75,7 @@ def digest_variable(
     """
     shape, chunks = tuple(node["shape"]), node_chunks(node)
     known = (previous or {}).get("attributes", {}).get(CHUNK_DIGESTS)
-    if known is None or appended_along is None:
+    if previous is None or known is None or appended_along is None:
         first, digests, axis = 0, {}, None
     else:
         axis = appended_along

@@ -162,7 +162,7 @@ def _problem(field: Field, value: Any) -> str | None:
     exact = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}[field.kind]
     if not isinstance(value, exact) or (field.kind is not bool and isinstance(value, bool)):
         return f"is {value!r} ({type(value).__name__}) where {field.kind.__name__} is expected"
-    if field.kind in (int, float):
+    if isinstance(value, int | float):  # field.kind is int or float: str and bool were returned above
         if not math.isfinite(value):
             return f"is {value!r}, not a finite number"
         if field.minimum is not None and value < field.minimum:

@@ -121,6 +121,7 @@ def check_name(name: object, what: str) -> str | None:
     problem = name_problem(name, what)
     if problem is not None:
         return problem
+    assert isinstance(name, str)  # name_problem refuses every other type
     if name.startswith("__"):
         return f"{what} name {name!r} starts with '__', which zarr reserves"
     if name in _RESERVED_NAMES:

@@ -116,6 +116,7 @@ class CkptCallback(TrainerCallback):
         if step <= self.written:
             return
         self._flush(step)  # the logs of earlier steps first: metric steps strictly increase
+        assert self.writer is not None  # opened by on_train_begin, before any step is saved
         self.writer.write(step, untied_state(model))
         self.written = step
 
@@ -123,6 +124,7 @@ class CkptCallback(TrainerCallback):
         for step in sorted(s for s in self.pending if s < before):
             metrics = self.pending.pop(step)
             if metrics:
+                assert self.writer is not None  # metrics are logged between on_train_begin and its close
                 self.writer.log(step, metrics)
 
 

@@ -99,6 +99,7 @@ class CkptCallback(lightning.pytorch.Callback):
             for name, value in trainer.callback_metrics.items()
             if getattr(value, "numel", lambda: 1)() == 1
         }
+        assert self.writer is not None  # opened by on_fit_start, before any step is saved
         self.writer.write(step, pl_module.state_dict(), metrics=metrics or None)
         self.written = step
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NoReturn, TypeGuard
 
 import numpy as np
 
@@ -107,6 +108,7 @@ def parse_record(raw: bytes, where: str, key: str = "zarr.json") -> dict[str, An
             "hold: it was not written by ckpt; restore the store from a copy"
         )
         raise CorruptRecordError(msg)
+    problem: str | None
     try:
         document = json.loads(raw)
     except RecursionError:
@@ -130,6 +132,7 @@ def _depth(document: Any) -> int:
     deepest, pending = 0, [(document, 1)]
     while pending:
         value, depth = pending.pop()
+        values: Iterable[Any]
         if isinstance(value, dict):
             values = value.values()
         elif isinstance(value, list):
@@ -143,7 +146,7 @@ def _depth(document: Any) -> int:
     return deepest
 
 
-def _fail(where: str, field: str, found: Any, expected: str) -> None:
+def _fail(where: str, field: str, found: Any, expected: str) -> NoReturn:
     shown = repr(found)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
     msg = (
@@ -153,7 +156,7 @@ def _fail(where: str, field: str, found: Any, expected: str) -> None:
     raise CorruptRecordError(msg)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
