@@ -48,6 +48,7 @@ from ckpt.store.selection import (
     SELECTION_ATTR,
     TensorSelection,
     check_same_selection,
+    parse_globs,
     select_steps,
     step_bounds,
 )
@@ -381,7 +382,7 @@ def plan_import(
     keep_cache: bool = False,
     overwrite: bool = False,
     steps: str | None = None,
-    tensors: Sequence[str] | None = None,
+    tensors: str | Sequence[str] | None = None,
 ) -> HubPlan:
     """List and select the revisions of ``src`` and compare them with ``dest``, before any download.
 
@@ -405,7 +406,7 @@ def plan_import(
     source = f"{SCHEME}{repo}"
     listing = list_revisions(repo, step_pattern, main_step)
     chosen = select(listing, revisions, every, log_spaced, steps)
-    globs = tuple(dict.fromkeys(tensors)) if tensors else None
+    globs = parse_globs(tensors)
     where, local = str(dest), _zarr.local_path(dest)
     exists = occupied(where, local, None)
     held: list[int] = []

@@ -24,7 +24,7 @@ from ckpt.store import _zarr
 from ckpt.store.format import ROOT_ATTR
 from ckpt.store.publish import lock_replaceable, occupied, publish, publish_url, remove_store, staging_path, staging_url
 from ckpt.store.reader import INCOMPLETE
-from ckpt.store.selection import SELECTION_ATTR, TensorSelection, check_same_selection, select_steps
+from ckpt.store.selection import SELECTION_ATTR, TensorSelection, check_same_selection, parse_globs, select_steps
 from ckpt.store.writer import create
 
 FORMATS = ("torch", "safetensors", "hf")
@@ -606,7 +606,7 @@ def import_checkpoints(
     overwrite: bool = False,
     progress: Callable[[int, int, int], None] | None = None,
     storage_options: dict[str, Any] | None = None,
-    tensors: Sequence[str] | None = None,
+    tensors: str | Sequence[str] | None = None,
     steps: str | None = None,
 ) -> ImportReport:
     """Import a folder of checkpoints into a new store, holding one checkpoint in memory at a time.
@@ -657,7 +657,7 @@ def import_checkpoints(
     if steps is not None:
         chosen = set(select_steps(steps, [s.step for s in sources], f"checkpoint of {src}"))
         sources = [s for s in sources if s.step in chosen]
-    globs = tuple(dict.fromkeys(tensors)) if tensors else None
+    globs = parse_globs(tensors)
     selection = TensorSelection(globs) if globs else None
     if key is not None and fmt == "safetensors":
         raise ImportFormatError("key= (--key) applies to torch files; safetensors files hold tensors directly")

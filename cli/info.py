@@ -68,7 +68,11 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     row("checkpoints", f"{ckpts['count']} ({span})")
     tensors = info["tensors"]
     selection = info.get("selection")
-    count = f"{len(tensors)}" if selection is None else f"{len(tensors)} of {selection['of']} ({selection['option']})"
+    count = (
+        f"{len(tensors)}"
+        if selection is None
+        else f"{len(tensors)} of {selection['of']} (selected by {selection['option']})"
+    )
     row("tensors", f"{count}, {info['parameters']:,} parameters, {_size(info['bytes_per_checkpoint'])} per checkpoint")
     if tensors and show_tensors:
         width = max(len(t["name"]) for t in tensors[:show_tensors])
@@ -150,7 +154,7 @@ def selection_summary(s: Any, store: str) -> dict[str, Any] | None:
         return None
     return selection.to_json() | {
         "tensors": len(s.tensor_names),
-        "option": f"selected by {selection.option}",
+        "option": selection.option,
         "subset": True,  # the checkpoints hold these of the model's tensors, not all of them
     }
 
@@ -324,7 +328,7 @@ def verify(
         if as_json:
             return
         selection = selection_summary(s, store)
-        subset = "" if selection is None else f" (of {selection['of']}, {selection['option']})"
+        subset = "" if selection is None else f" (of {selection['of']}, selected by {selection['option']})"
         click.echo(
             f"{store}: {len(s.steps)} checkpoints x {len(s.tensor_names)} tensors{subset}, {len(s.splits)} data "
             f"splits, the metrics and {len(s.analyses)} analyses OK"
