@@ -15,6 +15,8 @@ Depends on :mod:`ckpt.store` only.
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckpt.errors import AnalysisError, PluginError, PluginWarning, TaskError
@@ -91,6 +93,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ckpt.plugins._engine import data_hash, model_hash, run, stored_identity
     from ckpt.plugins._lineage import join_lineage, stored_result
+    from ckpt.store import Store
 
 # The engine imports dask, xarray and zarr: its names load on first use (PEP 562), so that
 # importing ckpt.plugins (every plugin does) and `ckpt --help` stay cheap.
@@ -114,7 +117,7 @@ def __getattr__(name: str) -> Any:
     return getattr(module, name)
 
 
-def analyze(name: str, store: Any, **kwargs: Any) -> xr.Dataset:
+def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Dataset:
     """Run analyzer ``name`` on ``store`` and return its complete result (see :func:`ckpt.plugins._engine.analyze`).
 
     Parameters
@@ -136,7 +139,9 @@ def analyze(name: str, store: Any, **kwargs: Any) -> xr.Dataset:
     return _analyze(name, store, **kwargs)
 
 
-def analyze_runs(name: str, stores: Any, *, lineage: bool = False, **kwargs: Any) -> xr.Dataset:
+def analyze_runs(
+    name: str, stores: Sequence[str | os.PathLike[str]], *, lineage: bool = False, **kwargs: Any
+) -> xr.Dataset:
     """Run ``name`` on several stores: one Dataset with a ``run`` dim (see :func:`ckpt.plugins._engine.analyze_runs`).
 
     Parameters
@@ -161,7 +166,7 @@ def analyze_runs(name: str, stores: Any, *, lineage: bool = False, **kwargs: Any
     return _analyze_runs(name, stores, lineage=lineage, **kwargs)
 
 
-def stored_provenance(store: Any, name: str) -> dict[str, Any] | None:
+def stored_provenance(store: Store, name: str) -> dict[str, Any] | None:
     """The provenance record of a stored result of ``store``, or None when there is none."""
     from ckpt.plugins._engine import stored_provenance as _stored_provenance
 

@@ -33,6 +33,7 @@ A complete analyzer::
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
     from ckpt.plugins._context import AnalysisContext
+    from ckpt.store import Store
 
 PER_CHECKPOINT = "checkpoint"
 """``Analyzer.per``: one result row per checkpoint."""
@@ -103,10 +105,10 @@ class Option:
     maximum: float | None = None
     name: str = ""
 
-    def __set_name__(self, owner: type, name: str) -> None:
+    def __set_name__(self, owner: builtins.type, name: str) -> None:  # builtins: `type` is a field here
         self.name = name
 
-    def __get__(self, instance: Any, owner: type) -> Any:
+    def __get__(self, instance: Any, owner: builtins.type) -> Any:
         if instance is None:
             return self
         return instance.options[self.name]
@@ -198,7 +200,7 @@ class Analyzer:
         """Options to run each required analyzer with (default: their defaults)."""
         return {}
 
-    def data_splits(self, store: Any) -> Sequence[str] | None:
+    def data_splits(self, store: Store) -> Sequence[str] | None:
         """The data splits this result is computed from: only their content decides whether it is reused.
 
         ``None`` (the default): every split, so any change of the store's data recomputes it. A
@@ -208,7 +210,7 @@ class Analyzer:
         """
         return None
 
-    def preflight(self, store: Any) -> None:
+    def preflight(self, store: Store) -> None:
         """Check the options against ``store`` before anything, dependencies included, is computed.
 
         Raise :class:`AnalysisError` for a user mistake that would otherwise surface
@@ -231,7 +233,7 @@ class Analyzer:
             lines.append(f"  {name:<16} ({dims})  {stats}")
         return "\n".join(lines)
 
-    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+    def plot(self, result: xr.Dataset, store: Store) -> dict[str, Figure]:
         """Figures of a stored result of this analyzer, by short name (default: none).
 
         ``ckpt plot``, ``ckpt report`` and notebooks call it with the result as stored
@@ -255,7 +257,7 @@ class Analyzer:
         """
         return {}
 
-    def plot_together(self, results: dict[str, xr.Dataset], store: Any) -> dict[str, Figure]:
+    def plot_together(self, results: dict[str, xr.Dataset], store: Store) -> dict[str, Figure]:
         """Figures comparing several stored results of this analyzer (kept apart with ``--as``); default: none.
 
         ``ckpt report`` calls it when a store holds more than one result of the analyzer, with

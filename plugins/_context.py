@@ -21,6 +21,8 @@ from ckpt.plugins._runtime import TaskSpec, datapoint_index, worker_for
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
 
+    from ckpt.store import Store
+
 Output = tuple[tuple[str, ...], Any]
 """An output variable: (dims after ``step``, numpy dtype)."""
 
@@ -83,7 +85,7 @@ class AnalysisContext:
 
     def __init__(
         self,
-        store: Any,
+        store: Store,
         steps: Sequence[int],
         spec: TaskSpec,
         results: Mapping[str, xr.Dataset],

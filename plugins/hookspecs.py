@@ -17,9 +17,15 @@ the first one is kept.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt.plugins._analyzer import Analyzer
+    from ckpt.plugins._importers import Importer
+    from ckpt.plugins._objectives import Objective
+    from ckpt.plugins._task import LazyTask, Task
 
 PROJECT = "ckpt"
 """pluggy project name; also the entry-point group plugins are discovered in."""
@@ -29,7 +35,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
+def ckpt_register_analyzers(register: Callable[[type[Analyzer]], None]) -> None:
     """Register analyzer classes.
 
     Parameters
@@ -48,7 +54,7 @@ def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
 
 
 @hookspec
-def ckpt_register_objectives(register: Callable[[str, Any], None]) -> None:
+def ckpt_register_objectives(register: Callable[[str, Objective], None]) -> None:
     """Register per-datapoint loss functions (objectives).
 
     Parameters
@@ -68,7 +74,7 @@ def ckpt_register_objectives(register: Callable[[str, Any], None]) -> None:
 
 
 @hookspec
-def ckpt_register_importers(register: Callable[[str, Any], None]) -> None:
+def ckpt_register_importers(register: Callable[[str, Importer], None]) -> None:
     """Register importers of existing runs, for ``ckpt import --format NAME``.
 
     Parameters
@@ -88,7 +94,7 @@ def ckpt_register_importers(register: Callable[[str, Any], None]) -> None:
 
 
 @hookspec
-def ckpt_register_tasks(register: Callable[[str, Any], None]) -> None:
+def ckpt_register_tasks(register: Callable[[str, Task | LazyTask], None]) -> None:
     """Register training tasks (sandboxes) for ``ckpt train TASK``.
 
     Parameters
