@@ -39,6 +39,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ckpt.errors import AnalysisError
@@ -349,7 +350,7 @@ def iter_activations(
             _, found = capture(
                 model,
                 names,
-                lambda chunk=chunk: functional_call(model, params, (chunk,)),
+                partial(functional_call, model, params, (chunk,)),
                 outputs=outputs,
                 inputs=inputs,
             )

@@ -184,7 +184,9 @@ class _Program:
             problem = f"the model cannot be traced ({_first_line(exc)})"
         if not problem:
             try:
-                merged = CSEPass()(traced).graph_module
+                cse = CSEPass()(traced)
+                assert cse is not None  # CSEPass.call returns a PassResult (the base class allows None)
+                merged = cse.graph_module
                 merged.graph._codegen = traced.graph._codegen  # the pytree calling convention of the trace
                 merged.recompile()
                 compiled = torch.compile(merged, dynamic=False)

@@ -32,13 +32,16 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ckpt.errors import AnalysisError
 from ckpt.plugins._runtime import cast_floating, read_here
 from ckpt.plugins._weightless import built_on_meta
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt.store import Store
 
 # torch's forward-mode AD levels are process-global, not per thread: two threads running
 # jvp at once fail ("Trying to access a forward AD level with an invalid index", seen
@@ -96,7 +99,7 @@ class ParamSpace:
         return out
 
 
-def parameter_space(store: Any, model: Any = None) -> ParamSpace:
+def parameter_space(store: Store, model: Any = None) -> ParamSpace:
     """The floating-point checkpoint tensors that are parameters of the store's model.
 
     Buffers (running statistics, masks) are held fixed: they are not
@@ -289,23 +292,26 @@ def eager_directional_derivatives(
     """``directional_derivatives`` uncompiled: ``vmap`` over nested ``jvp`` (see ``ckpt.plugins._compiled``)."""
     from torch.func import jvp, vmap
 
+    # the ignores below are torch's annotations: jvp's admits 3 items (has_aux's) where it returns 2,
+    # and vmap's omits the None that out_dims takes (an output not batched)
+
     if order == 1:
 
         def along(direction: Mapping[str, Any]) -> tuple[Any, Any]:
-            return jvp(f, (primal,), (direction,))
+            return jvp(f, (primal,), (direction,))  # type: ignore[return-value]
 
-        loss, first = vmap(along, out_dims=(None, 0))(directions)
+        loss, first = vmap(along, out_dims=(None, 0))(directions)  # type: ignore[arg-type]
         return loss, first, None
 
     def along2(direction: Mapping[str, Any]) -> tuple[Any, Any, Any]:
         def slope(params: Mapping[str, Any]) -> tuple[Any, Any]:
-            loss, first = jvp(f, (params,), (direction,))
+            loss, first = jvp(f, (params,), (direction,))  # type: ignore[misc]
             return first, loss
 
-        (first, loss), (second, _) = jvp(slope, (primal,), (direction,))
+        (first, loss), (second, _) = jvp(slope, (primal,), (direction,))  # type: ignore[misc]
         return loss, first, second
 
-    loss, first, second = vmap(along2, out_dims=(None, 0, 0))(directions)
+    loss, first, second = vmap(along2, out_dims=(None, 0, 0))(directions)  # type: ignore[arg-type]
     return loss, first, second
 
 
@@ -466,7 +472,7 @@ def composite_norms(*, replace: bool = True, gather: bool = False) -> Any:
     import torch
     from torch.overrides import TorchFunctionMode
 
-    replacements = (
+    replacements: dict[Callable[..., Any], Callable[..., Any]] = (
         {
             torch.nn.functional.layer_norm: _layer_norm,
             torch.nn.functional.batch_norm: _batch_norm,
@@ -543,7 +549,8 @@ def hessian_vector_product(
             return f(params).sum() * weight
 
         with forward_mode(composite=False):
-            _, hv = jvp(grad(scalar), (primal,), (vector,))
+            # jvp's annotation admits 3 items (has_aux's); it returns 2
+            _, hv = jvp(grad(scalar), (primal,), (vector,))  # type: ignore[misc]
         total = dict(hv) if total is None else {k: total[k] + hv[k] for k in total}
     assert total is not None
     return total

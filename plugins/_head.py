@@ -198,7 +198,9 @@ def _first_order(
     from torch.func import jvp, vmap
 
     hidden = _hidden(f, split, f.batch)
-    h, dh = vmap(lambda direction: jvp(hidden, (primal,), (direction,)), out_dims=(None, 0))(directions)
+    # torch's annotations: jvp's admits 3 items (has_aux's) where it returns 2; vmap's omits None in out_dims
+    batched = vmap(lambda direction: jvp(hidden, (primal,), (direction,)), out_dims=(None, 0))  # type: ignore[arg-type]
+    h, dh = batched(directions)  # type: ignore[misc]
     index, labels = _rows(f, f.batch)
     rows, tangents = h.flatten(0, 1)[index], dh.flatten(1, 2)[:, index]  # [X, d], [K, X, d]
     (w, c), (dw, dc) = head, head_directions

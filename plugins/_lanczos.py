@@ -148,7 +148,7 @@ class MemoryRows:
 
     def close(self) -> None:
         """Free the rows."""
-        self.data = None
+        self.data = self.data.new_empty((0, self.data.shape[1]))  # no rows: their memory is freed
 
 
 class SpilledRows:
@@ -230,7 +230,8 @@ class SpilledRows:
     def _write(self, row: int, column: int, data: np.ndarray) -> None:
         import os
 
-        view = memoryview(np.ascontiguousarray(data, self.numpy_dtype)).cast("B")
+        # numpy declares ndarray a Buffer only for Python >= 3.12; it is one on 3.11 too
+        view = memoryview(np.ascontiguousarray(data, self.numpy_dtype)).cast("B")  # type: ignore[arg-type]
         if os.pwrite(self.file.fileno(), view, self._offset(row, column)) != view.nbytes:
             msg = "a Lanczos vector could not be spilled to the temporary directory (disk full?): raise --max-memory"
             raise AnalysisError(msg)
@@ -577,7 +578,7 @@ def top_eigenpairs(
 
     dtype = dtype or torch.float32
     blocks = [] if basis is None else [basis] if hasattr(basis, "shape") else list(basis)
-    projection = [
+    projection: list[tuple[SpilledRows | MemoryRows, int]] = [
         (block, block.capacity)
         if isinstance(block, SpilledRows)
         else (MemoryRows.of(block.to(device=device)), len(block))
@@ -630,7 +631,7 @@ def top_eigenpairs(
 
     def keep_row(index: int, vector: Any) -> Any:
         """Row ``index`` = ``vector``; returns what the next product reads: the row itself when in memory."""
-        if not in_memory:
+        if not isinstance(vectors, MemoryRows):
             vectors.write(index, vector)
             return vector
         row = vectors.data[index]
@@ -729,7 +730,7 @@ def top_eigenpairs(
                 previous = current
                 if invariant:
                     current = random_unit(used)
-                elif in_memory and used < room:
+                elif isinstance(vectors, MemoryRows) and used < room:
                     current = _divide(r, beta, out=vectors.data[used])  # the next row, written in this pass
                 else:
                     current = _divide(r, beta)

@@ -307,7 +307,7 @@ def freed_memory_kept_for_reuse() -> Iterator[None]:
             release_freed_memory()
 
 
-def _mallopt() -> Callable[[int, int], int] | None:
+def _mallopt() -> Callable[..., int] | None:
     """Glibc's ``mallopt``, or None where there is none or the user set glibc's allocator in the environment."""
     import os
 
@@ -317,7 +317,7 @@ def _mallopt() -> Callable[[int, int], int] | None:
 
 
 @functools.cache
-def _glibc_function(name: str) -> Callable[[int], int] | Callable[[int, int], int] | None:
+def _glibc_function(name: str) -> Callable[..., int] | None:
     """The C function ``name`` among the process's own symbols, looked up once (None where it is not there)."""
     import ctypes
 

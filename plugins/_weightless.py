@@ -62,7 +62,8 @@ def _parameters_on_meta() -> Iterator[None]:
     with _patch_lock:
         if _patch_users == 0:
             _original_register = torch.nn.Module.register_parameter
-            torch.nn.Module.register_parameter = _register_on_meta  # type: ignore[method-assign]
+            # replaced on the class on purpose (see above): mypy rightly refuses it elsewhere
+            torch.nn.Module.register_parameter = _register_on_meta  # type: ignore[method-assign, assignment]
         _patch_users += 1
     outer = getattr(_building, "active", False)  # a factory may itself build through here
     _building.active = True
@@ -73,7 +74,7 @@ def _parameters_on_meta() -> Iterator[None]:
         with _patch_lock:
             _patch_users -= 1
             if _patch_users == 0:
-                torch.nn.Module.register_parameter = _original_register  # type: ignore[method-assign]
+                torch.nn.Module.register_parameter = _original_register  # type: ignore[method-assign, assignment]
                 _original_register = None
 
 
