@@ -384,7 +384,12 @@ def run(
         stored_result = _stored_result(opened, target)
         stored = None if stored_result is None else stored_result.ckpt.provenance
         covered: list[int] = []
-        if stored is not None and not force and stored_identity(stored, opened, model) == _identity(provenance):
+        if (
+            stored_result is not None
+            and stored is not None
+            and not force
+            and stored_identity(stored, opened, model) == _identity(provenance)
+        ):
             covered = [int(s) for s in stored.get("steps", [])]
             if analyzer.per == PER_RUN and covered != wanted:
                 covered = []
@@ -579,7 +584,7 @@ def _compute(
         # blocks of that many slow steps lost minutes of work to each kill
         # (docs/performance.md, "Engine scheduling").
         least = _busy(engine, count) + 1
-        size = engine["block_steps"] or max(least, 4)
+        size: int = engine["block_steps"] or max(least, 4)
         done = list(covered)
         carry = _stored_totals(analyzer, target, where, engine["storage_options"]) if covered else None
         start = 0
@@ -605,8 +610,8 @@ def _compute(
                 bar.update(len(steps))
                 start += len(steps)
                 if not engine["block_steps"]:
-                    per_step = (time.perf_counter() - began) / len(steps)
-                    size = max(least, min(4 * size, round(COMMIT_SECONDS / max(per_step, 1e-6))))
+                    seconds = (time.perf_counter() - began) / len(steps)  # per step of this block
+                    size = max(least, min(4 * size, round(COMMIT_SECONDS / max(seconds, 1e-6))))
     return []
 
 

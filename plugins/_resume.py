@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,8 @@ from ckpt.store.format import PARTIAL_SUFFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
+
+    from ckpt.store import Store
 
 _COMMITTING = threading.Lock()
 """Serialises one process's commits of independent pieces (threads; and stores with no directory lock)."""
@@ -72,12 +74,12 @@ class Journal:
         """The journal's result name, ``<name>.partial``."""
         return f"{self.name}{PARTIAL_SUFFIX}"
 
-    def _open(self) -> Any:
+    def _open(self) -> Store:
         import ckpt.store as ckptstore
 
         return ckptstore.open(self.where, storage_options=self.storage_options)
 
-    def _opened(self, store: Any) -> tuple[xr.Dataset, dict[str, Any]] | None:
+    def _opened(self, store: Store) -> tuple[xr.Dataset, dict[str, Any]] | None:
         """The journal (lazy) and its record, or None when there is none or it cannot be read."""
         if self.partial not in store.analyses:
             return None
@@ -89,7 +91,7 @@ class Journal:
         record = attrs.get("partial") if isinstance(attrs, dict) else None
         return (journal, record) if isinstance(record, dict) and record.get("of") == self.name else None
 
-    def _held(self, store: Any) -> tuple[xr.Dataset, list[Any]] | None:
+    def _held(self, store: Store) -> tuple[xr.Dataset, list[Any]] | None:
         """The journal of this request (lazy) and the keys of the pieces it holds, or None."""
         opened = self._opened(store)
         if opened is None or opened[1].get("identity") != self.identity:
@@ -134,7 +136,7 @@ class Journal:
                 raise CkptError(msg)
         self._write(piece, dim if len(keys) > 1 else None, keys)
 
-    def _write(self, piece: xr.Dataset, append_dim: str | None, keys: list[Any]) -> None:
+    def _write(self, piece: xr.Dataset, append_dim: str | None, keys: Sequence[Any]) -> None:
         """Commit ``piece`` (appended along ``append_dim``, or starting the journal) as holding ``keys``."""
         from ckpt.store.results import write_analysis
 
@@ -145,7 +147,7 @@ class Journal:
         )
 
     def variables(
-        self, keys: Sequence[Any], like: Mapping[str, xr.Variable], coords: Mapping[str, Any]
+        self, keys: Sequence[Any], like: Mapping[str, xr.Variable], coords: Mapping[Hashable, Any]
     ) -> dict[str, xr.Variable]:
         """Variables of the whole result as the journal holds them once it holds every piece of ``keys``.
 

@@ -260,7 +260,7 @@ class Worker:
         self._making: dict[tuple[int, Any], threading.RLock] = {}  # a lock for each value being made
         self._data: dict[str, dict[str, Any]] = {}
         self._params: OrderedDict[int, dict[str, Any]] = OrderedDict()
-        self._cache: dict[Any, Any] = {}
+        self._cache: OrderedDict[Any, Any] = OrderedDict()
         self._recent: OrderedDict[Any, Any] = OrderedDict()
         self._models: dict[tuple[int, str], Any] = {}  # (thread, dtype) -> that thread's model
 
@@ -418,11 +418,11 @@ class Worker:
         """
         return self._least_recently_used(self._recent, key, factory, keep)
 
-    def _least_recently_used(self, cache: OrderedDict, key: Any, factory: Any, keep: int) -> Any:
+    def _least_recently_used(self, cache: OrderedDict[Any, Any], key: Any, factory: Any, keep: int) -> Any:
         """``cache[key]``, made by ``factory()`` when missing; ``cache`` keeps its ``keep`` most recently used."""
         return self._made_once(cache, key, factory, keep)
 
-    def _made_once(self, cache: dict, key: Any, factory: Any, keep: int | None = None) -> Any:
+    def _made_once(self, cache: OrderedDict[Any, Any], key: Any, factory: Any, keep: int | None = None) -> Any:
         """``cache[key]``, made by one ``factory()`` call however many threads ask for it at once.
 
         Why: every thread of a run starts by asking for the same things (the basis, the first

@@ -277,6 +277,7 @@ class AnalyzerTests(KitTests):
             if options is None:  # the stored result's options, as the engine reads them
                 options = dict((stored_provenance(ckptstore.open(path), name) or {}).get("options") or {})
             report = run(name, path, registry=registry, **options)
+            assert report.dataset is not None  # run sets it once the result is stored
             results[name] = report.dataset
         context = AnalysisContext(ckptstore.open(path), self.expected_steps(path), TaskSpec(str(path)), results)
         with _CountComputes() as counter:
@@ -410,6 +411,7 @@ class AnalyzerTests(KitTests):
         """``plot`` draws the stored result: named matplotlib Figures, not blank, with labelled panels."""
         cls = self.analyzer_class
         result = run(cls.name, store, registry=registry, **self.options).dataset
+        assert result is not None  # run sets it once the result is stored
         figures = cls(**self.options).plot(result, ckptstore.open(store))
         assert isinstance(figures, dict), f"plot returned {type(figures).__name__}, not a dict of figures"
         if not figures:
@@ -639,7 +641,7 @@ class ImporterTests(RegisteredTests):
         return self.registered()
 
     @pytest.fixture
-    def source(self, tmp_path: Path) -> tuple[Path, dict[int, dict[str, np.ndarray]]]:
+    def source(self, tmp_path: Path) -> Iterator[tuple[Path, dict[int, dict[str, np.ndarray]]]]:
         """The folder :meth:`make_source` wrote and the tensors it expects; caches cleared afterwards."""
         folder = tmp_path / "source"
         folder.mkdir()
