@@ -274,3 +274,22 @@ def test_step_items_and_globs_parse_once_for_every_import() -> None:
     for spec, expected in [("5-2", "runs backwards"), (",", "names no step"), ("x", "is not a step")]:
         with pytest.raises(ImportFormatError, match=expected):
             select_steps(spec, [1], "x")
+
+
+def test_the_engine_names_what_a_selection_left_out_when_it_builds_the_model() -> None:
+    from ckpt.errors import AnalysisError
+    from ckpt.plugins._weightless import weightless_model
+    from ckpt.store.selection import TensorSelection
+
+    def build() -> Any:
+        return torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
+
+    selection = TensorSelection(("0.*",), 3)
+    with pytest.raises(AnalysisError) as caught:
+        weightless_model(build, {"0.weight"}, "cpu", source="s.zarr", selection=selection)
+    assert "the model of s.zarr has 2 parameter(s) its checkpoints do not hold: '1.weight', '1.bias'" in str(
+        caught.value
+    )
+    assert "the store was imported with --tensors '0.*'" in str(caught.value)
+    with pytest.raises(AnalysisError, match=re.escape("write checkpoints with every parameter")):
+        weightless_model(build, {"0.weight"}, "cpu", source="s.zarr")
