@@ -749,8 +749,6 @@ compile_step_pattern = _compile
 """Validate a ``--step-pattern``: the compiled pattern and its step group (an ``ImportFormatError`` if bad)."""
 checkpoint_loader = _loader
 """``checkpoint_loader(format, key, model, config)``: the loader of one checkpoint, with the key conversion."""
-select_tensors = _selecting
-"""``select_tensors(load, selection)``: the loader keeping only a ``--tensors`` selection's tensors."""
 
 
 __all__ = [
@@ -769,6 +767,5 @@ __all__ = [
     "hf_model_config",
     "import_checkpoints",
     "load_checkpoint",
-    "select_tensors",
     "skipped_files",
 ]
