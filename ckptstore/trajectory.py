@@ -44,11 +44,14 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ckpt.store.format import DIGESTS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt.store.reader import Store
 
 OUTLIER_RATIO = 2.0
 """Default ``k`` of the possibly-mislabeled test (module docstring)."""
@@ -156,7 +159,7 @@ def _steps(steps: Sequence[int]) -> str:
     return ", ".join(str(s) for s in steps[: _SHOWN - 1]) + f", ... {steps[-1]}"
 
 
-def duplicate_steps(store: Any) -> Duplicates:
+def duplicate_steps(store: Store) -> Duplicates:
     """Checkpoints of ``store`` that duplicate another step's, wholly or in part, from the record alone.
 
     Parameters
@@ -410,7 +413,7 @@ def _moves(before: np.ndarray | None, here: np.ndarray, after: np.ndarray) -> tu
 
 
 def trajectory_distances(
-    store: Any,
+    store: Store,
     *,
     k: float = OUTLIER_RATIO,
     progress: Callable[[int], None] | None = None,
