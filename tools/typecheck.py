@@ -11,7 +11,7 @@ open.
 
 Usage::
 
-    python tools/typecheck.py                    # the packages [tool.mypy] names
+    python tools/typecheck.py                    # what [tool.mypy] names (packages, modules)
     python tools/typecheck.py -p ckpt.analyzers  # or any mypy arguments
 
 The exit status is mypy's.
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
     Parameters
     ----------
     argv : list of str
-        mypy's arguments; with none, mypy checks the packages ``[tool.mypy] packages`` names.
+        mypy's arguments; with none, mypy checks the ``packages`` and ``modules`` ``[tool.mypy]`` names.
 
     Returns
     -------
