@@ -444,8 +444,9 @@ def default_embedding(store: Any) -> str | None:
         return None
     import torch
 
-    try:
-        model = store.model.build()
+    try:  # on meta: the modules without weights, which a store imported with --tensors has too
+        model = store.model.on_meta()
+        model = store.model.build() if model is None else model
     except Exception:  # a model that does not build simply offers no nn.Embedding
         return None
     for name, module in model.named_modules():

@@ -41,6 +41,7 @@ __all__ = [
     "buffer_budget",
     "build_model",
     "check_model",
+    "model_on_meta",
     "unstored_parameters",
 ]
 
@@ -272,8 +273,30 @@ def check_model(
     ModelConfigError
         As :func:`build_model`.
     """
+    return model_on_meta(factory, config, name, where, checkpoint, selection) is not None
+
+
+def model_on_meta(
+    factory: Callable[..., Any],
+    config: Mapping[str, Any],
+    name: str,
+    where: str,
+    checkpoint: Mapping[str, tuple[tuple[int, ...], int]],
+    selection: TensorSelection | None = None,
+) -> Any:
+    """The model :func:`check_model` checks, on ``meta``: its modules, names, shapes and dtypes, no values.
+
+    None when the factory's code cannot run on ``meta``. For code that looks the model's structure
+    up (which module is the embedding), on a store with a tensor ``selection`` too: nothing on
+    ``meta`` can be evaluated, so a subset's missing weights cannot stand in silently.
+
+    Raises
+    ------
+    ModelConfigError
+        As :func:`check_model`.
+    """
     check_config(factory, config, name, where)
-    return _built(factory, config, name, where, checkpoint, selection, for_real=False) is not None
+    return _built(factory, config, name, where, checkpoint, selection, for_real=False)
 
 
 def _built(

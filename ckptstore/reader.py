@@ -51,7 +51,7 @@ from ckpt.store.format import (
     current_factory,
 )
 from ckpt.store.lineage import Parent, read_parent
-from ckpt.store.model_build import build_model, check_model
+from ckpt.store.model_build import build_model, check_model, model_on_meta
 from ckpt.store.record import check_claimed_bytes, is_compressed, row_bound, validate_meta
 from ckpt.store.selection import TensorSelection
 from ckpt.store.trust import check_trusted, trust_reason
@@ -123,6 +123,26 @@ class ModelSpec:
             factory = self._import()
             name, where = current_factory(self.factory), self.source or "the model spec"
             return check_model(factory, self.config, name, where, self.checkpoint, self.selection)
+
+    def on_meta(self) -> Any:
+        """The model as :meth:`check` builds it on ``meta``: modules, names, shapes and dtypes, no values.
+
+        For looking the model's structure up without allocating it, on a store imported with
+        ``--tensors`` too (only its stored tensors are compared). None when the spec records no
+        checkpoint or its factory's code cannot run on ``meta``.
+
+        Raises
+        ------
+        UntrustedFactoryError, StoreError, ModelConfigError
+            As :meth:`build`.
+        """
+        check_trusted(self.factory, self.source or "the model spec")
+        if self.checkpoint is None:
+            return None
+        with collection_paused():
+            factory = self._import()
+            name, where = current_factory(self.factory), self.source or "the model spec"
+            return model_on_meta(factory, self.config, name, where, self.checkpoint, self.selection)
 
     def _import(self) -> Callable[..., Any]:
         module_name, _, attr = current_factory(self.factory).partition(":")

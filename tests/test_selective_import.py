@@ -124,8 +124,8 @@ def test_a_folder_imports_the_selected_tensors_and_steps_and_verifies(run: Path,
     verified = ok("verify", str(store))
     assert "1 tensors (of" in verified and "OK" in verified and "not checked" not in verified
 
-    # the embedding table alone is what embedding-geometry reads
-    ok("analyze", "embedding-geometry", str(store), "--tensor", EMBED, "--no-progress")
+    # the embedding table alone is what embedding-geometry reads; its default finds it in the model on meta
+    ok("analyze", "embedding-geometry", str(store), "--no-progress")
     result = ckptstore.open(store).analysis("embedding-geometry").load()
     assert result["step"].values.tolist() == [1, 3] and np.isfinite(result["circularity"].values).all()
 
