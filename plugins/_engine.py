@@ -44,6 +44,7 @@ from ckpt.errors import (
 )
 from ckpt.plugins._analyzer import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins._context import AnalysisContext
+from ckpt.plugins._manager import Registry
 from ckpt.plugins._manager import registry as shared_registry
 from ckpt.plugins._memory import (
     default_budget,
@@ -302,7 +303,7 @@ def run(
     progress: bool = False,
     block_steps: int | None = None,
     max_memory: str | int | None = None,
-    registry: Any = None,
+    registry: Registry | None = None,
     storage_options: dict[str, Any] | None = None,
     save_as: str | None = None,
     _active: tuple[str, ...] = (),
@@ -326,7 +327,7 @@ def run(
         max_memory = parse_size(max_memory)
     elif address is None:  # measured once, when the run starts, not in each worker after its model loaded
         max_memory = default_budget(device)
-    engine = {
+    engine: dict[str, Any] = {  # the settings this run passes on to its dependencies and _compute
         "max_memory": max_memory,
         "scheduler": scheduler,
         "address": address,
@@ -459,7 +460,7 @@ def _warn_if_nonfinite(store: ckptstore.Store, target: str, steps: list[int]) ->
         warnings.warn(msg, NonFiniteWarning, stacklevel=3)
 
 
-def _check_target(name: str, target: str, store: ckptstore.Store, registry: Any) -> None:
+def _check_target(name: str, target: str, store: ckptstore.Store, registry: Registry) -> None:
     """Refuse a ``save_as`` that would replace what another analyzer, or a dependent, reads.
 
     Results are found by name: ``analyses/loss`` is what every analyzer requiring ``loss``

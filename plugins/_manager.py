@@ -18,13 +18,18 @@ import threading
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from ckpt.errors import PluginError, PluginWarning
 from ckpt.plugins import hookspecs
-from ckpt.plugins._analyzer import validate_analyzer
+from ckpt.plugins._analyzer import Analyzer, validate_analyzer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt.plugins._importers import Importer
+    from ckpt.plugins._objectives import Objective
+    from ckpt.plugins._task import LazyTask, Task
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "ckpt.plugins._objectives",
@@ -66,10 +71,10 @@ class Provider:
 class Registry:
     """Everything the plugins registered, by kind, with their providers."""
 
-    analyzers: dict[str, type] = field(default_factory=dict)
-    objectives: dict[str, Any] = field(default_factory=dict)
-    importers: dict[str, Any] = field(default_factory=dict)
-    tasks: dict[str, Any] = field(default_factory=dict)
+    analyzers: dict[str, type[Analyzer]] = field(default_factory=dict)
+    objectives: dict[str, Objective] = field(default_factory=dict)
+    importers: dict[str, Importer] = field(default_factory=dict)
+    tasks: dict[str, Task | LazyTask] = field(default_factory=dict)
     providers: dict[tuple[str, str], Provider] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     """One line per plugin that failed to load or register, or whose names were taken (also warned)."""
