@@ -468,6 +468,7 @@ class Store:
     def __contains__(self, step: object) -> bool:
         """Whether ``step`` is a committed checkpoint (``1000 in store``)."""
         try:
+            # any object: int() takes what it can (1000, np.int64, "1000") and refuses the rest, caught below
             return int(step) in self._step_index  # type: ignore[call-overload]
         except (TypeError, ValueError):
             return False

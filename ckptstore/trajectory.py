@@ -398,7 +398,7 @@ def _moves(before: np.ndarray | None, here: np.ndarray, after: np.ndarray) -> tu
     into one of two preallocated buffers: no float64 copy of a whole tensor is made.
     """
     after = np.asarray(after).reshape(-1)
-    square, dot = 0.0, 0.0 if before is not None else None
+    square, dot = 0.0, 0.0
     size = min(here.size, _BLOCK)
     step, back = np.empty(size), np.empty(size)
     for start in range(0, here.size, _BLOCK):
@@ -408,8 +408,8 @@ def _moves(before: np.ndarray | None, here: np.ndarray, after: np.ndarray) -> tu
         square += float(v @ v)
         if before is not None:
             np.subtract(here[start:end], before[start:end], out=u, dtype=np.float64)
-            dot += float(u @ v)  # type: ignore[operator]
-    return square, dot
+            dot += float(u @ v)
+    return square, dot if before is not None else None
 
 
 def trajectory_distances(
