@@ -33,6 +33,24 @@ def _duplicates_row(found: dict[str, Any] | None) -> str:
     return "WARNING: " + ", ".join(parts) + " (see the Warning line)"
 
 
+def _shown(value: Any) -> str:
+    """A value read from the store, as printed: its repr when it is not plain printable text."""
+    return value if isinstance(value, str) and value.isprintable() else repr(value)
+
+
+def import_source(s: Any) -> dict[str, Any] | None:
+    """Where the store was imported from, and each imported revision's step and commit (None: not imported)."""
+    origin = s.attrs.get("imported_from")
+    if not isinstance(origin, str):
+        return None
+    revisions = [
+        {"step": e.get("step"), "revision": e.get("revision"), "commit": e.get("commit")}
+        for e in s.history
+        if isinstance(e, dict) and e.get("event") == "import" and e.get("source") == origin and "revision" in e
+    ]
+    return {"source": origin, "format": s.attrs.get("import_format"), "revisions": revisions}
+
+
 def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     lines = [f"{info['path']}  (ckpt store, format v{info['format_version']})"]
 
@@ -55,6 +73,17 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     row("weights", weights)
     row("duplicates", _duplicates_row(info.get("duplicates")))
     row("created", info["created"])
+    source = info.get("source")
+    if source is not None:
+        revisions = source["revisions"]
+        listed = (
+            f", {len(revisions)} revision(s) ({_shown(revisions[0]['revision'])} .. "
+            f"{_shown(revisions[-1]['revision'])}; --json lists each one's commit)"
+            if revisions
+            else ""
+        )
+        kind = "" if revisions else f" (format {_shown(source['format'])})"
+        row("imported", f"from {_shown(source['source'])}{kind}{listed}")
     parent = info.get("parent")
     if parent is not None:
         digest = parent["digest"] or "none recorded"
@@ -136,6 +165,7 @@ def info(store: str, as_json: bool, tensors: str, no_finite_check: bool) -> None
     summary["duplicates"] = warn_duplicates(opened, store).to_json()  # the record's digests: nothing read
     summary["nonfinite"] = None if no_finite_check else nonfinite_in(opened)
     summary["selection"] = selection_summary(opened, store)
+    summary["source"] = import_source(opened)
     if opened.parent is not None:  # opened again: whether it still holds what this run started from
         status = parent_status(opened.parent)
         summary["parent_status"] = {"state": status.state, "detail": status.detail}

@@ -139,6 +139,11 @@ def test_a_suite_imports_one_checkpoint_per_step_branch_and_is_analyzed(cache: P
     events = import_events(store)
     assert [(e["step"], e["revision"], e["commit"]) for e in events] == [(s, f"step{s}", commits[s]) for s in commits]
     assert all(e["source"] == "hf://org/tiny" and e["files"] == ["model.safetensors"] for e in events)
+    plain = run_ckpt("info", str(store), "--no-finite-check")
+    listed = "imported     from hf://org/tiny, 4 revision(s) (step0 .. step4; --json lists each one's commit)"
+    assert listed in plain.stdout, plain.stdout
+    source = json.loads(run_ckpt("info", str(store), "--json", "--no-finite-check").stdout)["source"]
+    assert source["revisions"] == [{"step": s, "revision": f"step{s}", "commit": commits[s]} for s in commits]
     assert cache_state(cache) == before, "the cache holds what it held: nothing was downloaded, nothing removed"
     verified = run_ckpt("verify", str(store))
     assert verified.returncode == 0, verified.stdout + verified.stderr
