@@ -102,7 +102,8 @@ def check_figure(figure: Any, *, panels: int | None = None) -> np.ndarray:
     Checked: it renders to PNG; the image is not blank (over 0.5% of its pixels differ from the
     background, in more than two colours); every panel with something drawn in it has a y label
     and an x label or title (a twin axes shares its x axis); and, with ``panels``, the number of
-    panels (axes with their axis shown, twins counted once).
+    panels (axes with their axis shown, twins counted once). A colorbar is part of its panel,
+    not a panel of its own: it is neither counted nor required to have a label.
     """
     import io
 
@@ -119,7 +120,7 @@ def check_figure(figure: Any, *, panels: int | None = None) -> np.ndarray:
     drawn = np.any(np.abs(flat - background) > 0.02, axis=1)
     assert drawn.mean() > 0.005, f"the figure is blank ({drawn.mean():.2%} of its pixels drawn)"
     assert len(np.unique(flat[drawn][:, :3].round(2), axis=0)) > 2, "the figure has two colours or fewer"
-    shown = [axes for axes in figure.axes if axes.axison]
+    shown = [axes for axes in figure.axes if axes.axison and not _is_colorbar(axes)]
     # a twin (twinx) sits exactly over an earlier panel and shares its x axis
     twins = {
         id(later)
@@ -137,6 +138,13 @@ def check_figure(figure: Any, *, panels: int | None = None) -> np.ndarray:
         count = len([axes for axes in shown if id(axes) not in twins])
         assert count == panels, f"expected {panels} panels, found {count}"
     return pixels
+
+
+def _is_colorbar(axes: Any) -> bool:
+    """Whether ``axes`` holds a colorbar (``figure.colorbar``), which belongs to the panel it describes."""
+    # matplotlib has no public flag: its own Figure code tests these two (the label that
+    # figure.colorbar gives the axes it makes, the attribute a Colorbar sets on any axes it draws in)
+    return axes.get_label() == "<colorbar>" or getattr(axes, "_colorbar", None) is not None
 
 
 def check_store(path: str | Path) -> ckptstore.Store:

@@ -271,7 +271,7 @@ def test_boundary_distance_draws_its_bands_and_the_xi_plane(sparse: Path) -> Non
     lines = {line.get_label(): line for line in figures["distances"].axes[0].lines}
     np.testing.assert_allclose(lines["median"].get_ydata(), result["distance_quantile"].sel(quantile=0.5).values)
     planes = figures["boundaries"]
-    check_figure(planes, panels=3)  # first and last checkpoints, and the colour bar
+    check_figure(planes, panels=2)  # first and last checkpoints (their colour bar is not a panel)
     for axes, step in zip(planes.axes[:2], (0, 16), strict=True):
         assert axes.get_title().startswith(f"step {step}:")
         points = axes.collections[-1]  # the ξ coloured by distance, drawn last
@@ -285,7 +285,7 @@ def test_attention_draws_the_first_and_last_maps_with_their_correlation(sparse: 
     run("attention", sparse, examples=48)
     result = ckptstore.open(sparse).analysis("attention").load()
     maps = figures_of(sparse, "attention")["maps"]
-    check_figure(maps, panels=3)  # start, end and the colour bar
+    check_figure(maps, panels=2)  # start and end (their colour bar is not a panel)
     rho = float(result["start_end_correlation"].sel(step=16)[0, 0])
     for axes, step in zip(maps.axes[:2], (0, 16), strict=True):
         assert f"(step {step}), ρ = {rho:.4f}" in axes.get_title()
