@@ -85,7 +85,7 @@ class PassCost:
     16 examples along 1 to 4 vectors (first order), and exact from 2 examples on at S; a
     nested (second-order) pass over one example is cheaper than the line says (0.76 of it
     on a tiny GPT-2). What made it linear: embedding lookups are row gathers in these
-    passes (see ``ckpt.plugins._derivatives._gathered_embedding``); the copy of the whole
+    passes (see ``ckpt.numerics.derivatives._gathered_embedding``); the copy of the whole
     table's directions that the embedding's batching rule made was a block that hid the
     body's growth from the four small passes (the fit missed the real peak at GPT-2 small both ways).
     """

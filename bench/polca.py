@@ -187,7 +187,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
             times.append(time.perf_counter() - began)
         out["seconds"] = statistics.median(times)
     if args.compile:
-        from ckpt.plugins._compiled import compile_seconds
+        from ckpt.numerics.compiled import compile_seconds
 
         out["compile"] = compile_seconds()
     if args.device.startswith("cuda"):

@@ -165,12 +165,24 @@ def column_digest(name: str, values: list[Any]) -> str:
     return tensor_digest(np.asarray(values, dtype=np.int64 if name == STEP else np.float64))
 
 
+def read_here(array: Any) -> np.ndarray:
+    """The values of a stored (lazy) result's array, read by the calling thread alone.
+
+    For tasks: ``.values`` would hand the chunk reads to the scheduler running the task. On a
+    ``distributed`` worker the task's thread then secedes and another task takes its place; when
+    that one waits for the same value (:meth:`ckpt.plugins.Worker.cached`), nothing is left to run the reads.
+    POLCA on a 2-worker LocalCluster hung that way.
+    """
+    return np.asarray(array.compute(scheduler="sync").values)
+
+
 __all__ = [
     "column_digest",
     "count_nonfinite",
     "decode_numpy",
     "decode_torch",
     "native",
+    "read_here",
     "tensor_digest",
     "to_numpy",
 ]

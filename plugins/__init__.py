@@ -20,19 +20,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckpt.errors import AnalysisError, PluginError, PluginWarning, TaskError
-from ckpt.plugins._activations import capture, iter_activations, select_modules
-from ckpt.plugins._analyzer import (
-    ENGINE_SETTINGS,
-    PER_CHECKPOINT,
-    PER_PAIR,
-    PER_RUN,
-    Analyzer,
-    Option,
-    declared_options,
-)
-from ckpt.plugins._compiled import directional_derivatives
-from ckpt.plugins._context import AnalysisContext
-from ckpt.plugins._derivatives import (
+from ckpt.numerics.activations import capture, iter_activations, select_modules
+from ckpt.numerics.compiled import directional_derivatives
+from ckpt.numerics.derivatives import (
     DTYPES,
     BlockLoss,
     MeanLossHessian,
@@ -52,8 +42,8 @@ from ckpt.plugins._derivatives import (
     torch_dtype,
     trainable,
 )
-from ckpt.plugins._importers import Importer
-from ckpt.plugins._lanczos import (
+from ckpt.numerics.footprint import held_bytes, peak_bytes
+from ckpt.numerics.lanczos import (
     DOT_BLOCK_BYTES,
     MIN_VECTORS_BEYOND_K,
     Eigenpairs,
@@ -62,13 +52,22 @@ from ckpt.plugins._lanczos import (
     product_limit,
     top_eigenpairs,
 )
+from ckpt.plugins._analyzer import (
+    ENGINE_SETTINGS,
+    PER_CHECKPOINT,
+    PER_PAIR,
+    PER_RUN,
+    Analyzer,
+    Option,
+    declared_options,
+)
+from ckpt.plugins._context import AnalysisContext
+from ckpt.plugins._importers import Importer
 from ckpt.plugins._manager import Provider, Registry, load_registry, registry, reset_registry
 from ckpt.plugins._memory import (
     format_size,
     freed_memory_kept_for_reuse,
-    held_bytes,
     parse_size,
-    peak_bytes,
     release_freed_memory,
     use_one_heap,
 )
@@ -80,11 +79,11 @@ from ckpt.plugins._runtime import (
     clear_cache,
     datapoint_index,
     objective_for,
-    read_here,
     resolve_device,
 )
 from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
 from ckpt.plugins.hookspecs import hookimpl, hookspec
+from ckpt.store.arrays import read_here
 from ckpt.store.chunks import DIGEST_READ_BYTES
 from ckpt.store.factory_config import config_bounds
 

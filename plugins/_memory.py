@@ -17,7 +17,6 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from ckpt.errors import AnalysisError
 
@@ -27,9 +26,7 @@ __all__ = [
     "default_budget",
     "format_size",
     "freed_memory_kept_for_reuse",
-    "held_bytes",
     "parse_size",
-    "peak_bytes",
     "release_freed_memory",
     "use_one_heap",
 ]
@@ -107,76 +104,6 @@ def default_budget(device: str = "cpu") -> int:
     import psutil
 
     return int(DEFAULT_SHARE * psutil.virtual_memory().available)
-
-
-def peak_bytes(run: Callable[[], object]) -> int:
-    """Most bytes held at once by the tensors that ``run()`` allocates, op by op (any device).
-
-    A torch dispatch mode sees every aten op ``run`` executes, including those
-    that ``torch.func.vmap`` and ``jvp`` lower their batched and dual tensors to;
-    it adds up the storages each op allocates (outputs that alias an input, views
-    and in-place ops, allocate nothing) and subtracts each when it is freed. The
-    tensors that existed before (parameters, data) are not counted; nor are an
-    op's internal workspaces, which the callers' margins cover. Deterministic:
-    unlike the process's RSS it does not depend on the allocator or on what
-    other threads do, and it needs no CUDA.
-
-    Parameters
-    ----------
-    run
-        The computation to measure, called once (in this thread).
-    """
-    return _count_allocations(run)[0]
-
-
-def held_bytes(run: Callable[[], object]) -> int:
-    """Bytes that the tensors ``run()`` allocated still hold when it returns, its result kept alive.
-
-    Counted as :func:`peak_bytes` counts them: e.g. an autograd graph built with
-    ``create_graph=True`` (its saved tensors and the gradients), measured while
-    the gradients that reference it exist. The result is dropped afterwards.
-    """
-    return _count_allocations(run)[1]
-
-
-def _count_allocations(run: Callable[[], object]) -> tuple[int, int]:
-    """(peak, held at the end with the result alive) bytes of the storages ``run()`` allocates."""
-    import weakref
-
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    held: dict[int, int] = {}  # id of a live storage we counted -> its bytes
-    live = peak = 0
-
-    def freed(key: int) -> None:
-        nonlocal live
-        live -= held.pop(key, 0)
-
-    class _Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            nonlocal live, peak
-            out = func(*args, **(kwargs or {}))
-            returns = func._schema.returns
-            for index, tensor in enumerate(tree_leaves(out)):
-                aliased = index < len(returns) and returns[index].alias_info is not None
-                if not isinstance(tensor, torch.Tensor) or aliased:
-                    continue
-                storage = tensor.untyped_storage()
-                if id(storage) in held:
-                    continue
-                held[id(storage)] = storage.nbytes()
-                live += storage.nbytes()
-                weakref.finalize(storage, freed, id(storage))
-            peak = max(peak, live)
-            return out
-
-    with _Count():
-        result = run()
-    at_end = live
-    del result
-    return peak, at_end
 
 
 def release_freed_memory() -> None:

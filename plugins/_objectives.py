@@ -39,7 +39,7 @@ class Objective:
         against a label: ``token_rows(targets, mask) -> (index, labels)``, the datapoints as
         rows of the model's flattened ``[B·T, ...]`` positions (in the order of ``losses``) and
         each one's label. With it, first-order JVPs of known language models skip the logits'
-        tangents (:mod:`ckpt.plugins._head`).
+        tangents (:mod:`ckpt.numerics._head`).
     """
 
     losses: Callable[[Any, Any, Any], Any]
@@ -104,7 +104,7 @@ def _per_token_cross_entropy(logits: Any, labels: Any, block: int | None = None)
     import torch.nn.functional as F
 
     if torch.is_grad_enabled():
-        from ckpt.plugins._cross_entropy import TokenCrossEntropy, use_twice_differentiable
+        from ckpt.numerics.cross_entropy import TokenCrossEntropy, use_twice_differentiable
 
         if use_twice_differentiable():  # the kept graphs of Hessian-vector products
             return TokenCrossEntropy.apply(logits.flatten(0, 1), labels.flatten()).view(labels.shape)
@@ -149,7 +149,7 @@ def _token_cross_entropy(outputs: Any, targets: Any, mask: Any) -> Any:
 def _causal_lm(outputs: Any, targets: Any, mask: Any) -> Any:
     import torch
 
-    from ckpt.plugins._cross_entropy import use_twice_differentiable
+    from ckpt.numerics.cross_entropy import use_twice_differentiable
 
     logits = _at_least_float32(logits_of(outputs))
     labels = targets.long()[:, 1:]  # position t predicts token t + 1

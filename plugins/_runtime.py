@@ -30,9 +30,10 @@ from tqdm import tqdm
 
 from ckpt.collector import collection_paused
 from ckpt.errors import AnalysisError, StepNotFoundError
+from ckpt.numerics.derivatives import cast_floating
+from ckpt.numerics.weightless import weightless_model
 from ckpt.plugins._manager import registry
 from ckpt.plugins._memory import release_freed_memory
-from ckpt.plugins._weightless import weightless_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt.store import Store
@@ -122,17 +123,6 @@ def concurrent_computations(device: str) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, torch.get_num_threads()))
 
 
-def read_here(array: Any) -> np.ndarray:
-    """The values of a stored (lazy) result's array, read by the calling thread alone.
-
-    For tasks: ``.values`` would hand the chunk reads to the scheduler running the task. On a
-    ``distributed`` worker the task's thread then secedes and another task takes its place; when
-    that one waits for the same value (:meth:`Worker.cached`), nothing is left to run the reads.
-    POLCA on a 2-worker LocalCluster hung that way.
-    """
-    return np.asarray(array.compute(scheduler="sync").values)
-
-
 _stopping = threading.Event()
 """Set when a run is interrupted (Ctrl-C): this process's queued and running tasks stop at their next check."""
 
@@ -200,11 +190,6 @@ def _widened(tensor: Any) -> Any:
     if tensor.is_floating_point() and torch.finfo(tensor.dtype).bits < 32:
         return tensor.float()
     return tensor
-
-
-def cast_floating(tensor: Any, dtype: Any) -> Any:
-    """``tensor`` in ``dtype`` when it is floating-point (integer token ids and masks stay as they are)."""
-    return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
 def worker_for(spec: TaskSpec) -> Worker:
@@ -363,7 +348,7 @@ class Worker:
         (non-checkpointed) buffers in float64 too, so each dtype gets its copy.
 
         The model's parameters keep their shape and dtype but no memory (a single
-        element, expanded; built without weights, :mod:`ckpt.plugins._weightless`):
+        element, expanded; built without weights, :mod:`ckpt.numerics.weightless`):
         every computation supplies them (``functional_call`` with :meth:`params`).
         A module's own randomly initialised copy was never read, and it cost a full
         set of weights per thread and dtype (110 MB at 27M parameters) and, at GPT-2

@@ -1,4 +1,4 @@
-"""The cross-entropy of Hessian-vector products (ckpt.plugins._cross_entropy) against torch's own and brute force."""
+"""The cross-entropy of Hessian-vector products (ckpt.numerics.cross_entropy) against torch's own and brute force."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ckpt.plugins._cross_entropy import TokenCrossEntropy, differentiated_twice, use_twice_differentiable
-from ckpt.plugins._derivatives import MeanLossHessian
+from ckpt.numerics.cross_entropy import TokenCrossEntropy, differentiated_twice, use_twice_differentiable
+from ckpt.numerics.derivatives import MeanLossHessian
 from ckpt.plugins._objectives import IGNORE_INDEX, _causal_lm
 
 

@@ -9,18 +9,15 @@ from __future__ import annotations
 import doctest
 import importlib
 import pkgutil
+import tomllib
+from pathlib import Path
 
 import pytest
 
-PACKAGES = (
-    "ckpt",
-    "ckpt.store",
-    "ckpt.plugins",
-    "ckpt.analyzers",
-    "ckpt.analyzers.figures",
-    "ckpt.sandboxes",
-    "ckpt.cli",
+PACKAGES = tuple(
+    tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
 )
+"""The packages pyproject.toml installs (a new layer package is covered when it is added there)."""
 
 
 def library_modules() -> list[str]:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from ckpt.numerics.lanczos import RITZ_VECTORS_BEYOND_K
 from ckpt.plugins import AnalysisError, top_eigenpairs
-from ckpt.plugins._lanczos import RITZ_VECTORS_BEYOND_K
 
 
 def symmetric(values: np.ndarray, seed: int = 0) -> torch.Tensor:
@@ -304,7 +304,7 @@ def test_spilled_vectors_give_the_same_numbers_and_leave_no_file(tmp_path, monke
     With ``small_blocks`` the passes work on blocks of 25 to 50 columns, as GPT-2 small's 124M columns
     are by 1 MiB: every pass, restart and spilled read then spans many blocks.
     """
-    import ckpt.plugins._lanczos as lanczos
+    import ckpt.numerics.lanczos as lanczos
 
     if small_blocks:
         monkeypatch.setattr(lanczos, "CPU_DOT_BLOCK_BYTES", 2048)
@@ -337,7 +337,7 @@ def test_spilled_rows_read_and_write_like_rows_in_memory(tmp_path) -> None:
     block writes of the first rows, as a thick restart makes them; whole rows written in the
     background; reads of rows just written.
     """
-    import ckpt.plugins._lanczos as lanczos
+    import ckpt.numerics.lanczos as lanczos
 
     rng = np.random.default_rng(0)
     capacity, dimension = 7, 1_003
@@ -494,7 +494,7 @@ def test_partial_reorthogonalization_keeps_the_lanczos_vectors_semi_orthogonal(d
 
 def counting_second_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """``[n]``: the second Gram-Schmidt passes made from now on (each ``_subtract`` that ends with the norm alone)."""
-    import ckpt.plugins._lanczos as lanczos
+    import ckpt.numerics.lanczos as lanczos
 
     second_passes = [0]
     subtract = lanczos._subtract
@@ -522,7 +522,7 @@ def test_a_second_gram_schmidt_pass_is_made_exactly_where_the_first_left_overlap
     float64, and are orthogonal to their rounding after it; float64 vectors, computed in their own
     precision, get one.
     """
-    import ckpt.plugins._lanczos as lanczos
+    import ckpt.numerics.lanczos as lanczos
 
     generator = torch.Generator().manual_seed(3)
     dimension = 200_000

@@ -27,6 +27,7 @@ from ckpt.analyzers.hessian_basis import (
     check_the_run_fits,
     plan_memory,
 )
+from ckpt.numerics.derivatives import parameter_space
 from ckpt.plugins import (
     AnalysisContext,
     AnalysisError,
@@ -35,7 +36,6 @@ from ckpt.plugins import (
     load_registry,
     parse_size,
 )
-from ckpt.plugins._derivatives import parameter_space
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
 

@@ -26,7 +26,7 @@ from tests.helpers import run_ckpt, tree_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY_STORE = ROOT / "tests" / "data" / "v0.1.0-modular-addition.zarr"
-OLD_TOP_LEVEL = ("cli", "plugins", "analyzers", "sandboxes", "ckptstore")
+OLD_TOP_LEVEL = ("cli", "plugins", "analyzers", "sandboxes", "ckptstore", "numerics")  # folders, not import names
 HEAVY = ("zarr", "xarray", "dask", "torch")
 
 
@@ -68,7 +68,7 @@ def test_wheel_holds_one_tree(tmp_path: Path) -> None:
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in ("ckpt", "ckptstore", "plugins", "analyzers", "sandboxes", "cli"):
+    for folder in ("ckpt", "ckptstore", "numerics", "plugins", "analyzers", "sandboxes", "cli"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(source)],
@@ -83,7 +83,7 @@ def test_wheel_holds_one_tree(tmp_path: Path) -> None:
     top = {name.split("/")[0] for name in names}
     assert top == {"ckpt", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     packages = {name.rsplit("/", 1)[0] for name in names if name.endswith("__init__.py")}
-    layers = ("store", "plugins", "analyzers", "analyzers/figures", "sandboxes", "cli")
+    layers = ("store", "numerics", "plugins", "analyzers", "analyzers/figures", "sandboxes", "cli")
     assert packages == {"ckpt", *(f"ckpt/{p}" for p in layers)}
     assert "ckpt/sandboxes/data/grimm.txt" in names  # package data travels with the renamed package
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
@@ -215,19 +215,24 @@ def _imports_of(path: Path, package: str) -> set[str]:
     return found
 
 
-def test_the_plugin_host_has_no_import_cycle() -> None:
-    """The private modules of ``ckpt.plugins`` import each other in one direction only (function bodies included).
+PACKAGE_FOLDERS = {"ckpt.plugins": "plugins", "ckpt.numerics": "numerics"}
+"""The layer packages whose modules must import each other in one direction only."""
 
-    The package ``__init__`` imports them all, so none of them may import the package itself.
+
+@pytest.mark.parametrize("package", sorted(PACKAGE_FOLDERS))
+def test_no_package_has_an_import_cycle(package: str) -> None:
+    """The modules of each layer package import each other in one direction only (function bodies included).
+
+    A package ``__init__`` imports (or lazily re-exports) its modules, so none of them may import
+    the package itself.
     """
-    folder = ROOT / "plugins"
-    modules = {f"ckpt.plugins.{p.stem}": p for p in folder.glob("*.py") if p.stem != "__init__"}
+    folder = ROOT / PACKAGE_FOLDERS[package]
+    modules = {f"{package}.{p.stem}": p for p in folder.glob("*.py") if p.stem != "__init__"}
     edges = {
-        name: {m for m in _imports_of(path, "ckpt.plugins") if m in modules and m != name}
-        for name, path in modules.items()
+        name: {m for m in _imports_of(path, package) if m in modules and m != name} for name, path in modules.items()
     }
     for name, path in modules.items():
-        assert "ckpt.plugins" not in _imports_of(path, "ckpt.plugins") - set(modules), f"{name} imports the package"
+        assert package not in _imports_of(path, package) - set(modules), f"{name} imports the package"
     order: list[str] = []
     visiting: list[str] = []
 
@@ -243,11 +248,11 @@ def test_the_plugin_host_has_no_import_cycle() -> None:
 
     for name in sorted(modules):
         visit(name)
-    assert (
-        order.index("ckpt.plugins._analyzer")
-        < order.index("ckpt.plugins._manager")
-        < order.index("ckpt.plugins._runtime")
-    )
+    if package == "ckpt.plugins":
+        assert order.index("ckpt.plugins._analyzer") < order.index("ckpt.plugins._manager")
+        assert order.index("ckpt.plugins._manager") < order.index("ckpt.plugins._task")
+    if package == "ckpt.numerics":
+        assert order.index("ckpt.numerics.derivatives") < order.index("ckpt.numerics.compiled")
 
 
 def test_lint_bans_the_old_top_level_names(tmp_path: Path) -> None:
@@ -278,14 +283,28 @@ def test_task_descriptions_match_their_classes() -> None:
         assert task.description == description == resolve_task(task).description
 
 
+INTERNAL_PACKAGES = ("ckpt.numerics",)
+"""Layers beneath the plugin API whose modules plugins reach only through ``ckpt.plugins``'s names."""
+
+
 def _plugin_imports(source: str) -> tuple[set[str], set[str]]:
-    """(names imported from ``ckpt.plugins``, private ``ckpt.plugins._*`` modules imported) in ``source``."""
+    """(names imported from ``ckpt.plugins``, private or internal modules imported) in ``source``.
+
+    Private: ``ckpt.plugins._*``; internal: any module of :data:`INTERNAL_PACKAGES`.
+    """
     names, private = set(), set()
+
+    def hidden(module: str) -> bool:
+        internal = any(module == p or module.startswith(f"{p}.") for p in INTERNAL_PACKAGES)
+        return internal or module.startswith("ckpt.plugins._")
+
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module == "ckpt.plugins":
             names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ckpt.plugins._"):
+        elif isinstance(node, ast.ImportFrom) and hidden(node.module or ""):
             private.add(node.module)
+        elif isinstance(node, ast.Import):
+            private.update(a.name for a in node.names if hidden(a.name))
     return names, private
 
 
@@ -314,6 +333,7 @@ def test_plugin_guide_and_builtin_plugins_use_only_the_public_api() -> None:
 LAYER_PACKAGES = {
     "ckpt": "ckpt",
     "ckptstore": "ckpt.store",
+    "numerics": "ckpt.numerics",
     "plugins": "ckpt.plugins",
     "analyzers": "ckpt.analyzers",
     "sandboxes": "ckpt.sandboxes",
@@ -407,6 +427,78 @@ def test_every_public_module_declares_its_api() -> None:
 def test_no_module_imports_another_modules_private_names() -> None:
     """``_name`` is private to its module, ``_module`` to its package: other layers use public homes."""
     assert _private_imports(ROOT) == []
+
+
+LAYER_RANKS = {
+    "ckpt": 0,  # the root: ckpt.errors, ckpt.collector and the lazy facade
+    "ckpt.store": 1,
+    "ckpt.numerics": 2,
+    "ckpt.plugins": 3,
+    "ckpt.analyzers": 5,
+    "ckpt.sandboxes": 5,
+    "ckpt.cli": 6,
+}
+"""Imports point down: a module imports its own package and lower ranks (docs/architecture.md)."""
+
+UPWARD_INSIDE_FUNCTIONS: set[tuple[str, str]] = set()
+"""(importer, imported) layers allowed upward inside a function body or under TYPE_CHECKING only:
+the plugin host's facade (``ckpt.plugins.analyze`` ...) loads the engine when it is called."""
+
+
+def _layer(module: str) -> str:
+    return max((p for p in LAYER_RANKS if module == p or module.startswith(f"{p}.")), key=len)
+
+
+def _layer_violations(root: Path) -> list[str]:
+    """Imports of a higher layer, or of a sibling layer of the same rank, anywhere in a library module."""
+    problems = []
+    for name, path in _library_modules(root).items():
+        if name in {"ckpt", "ckpt.__main__"}:  # the facade names its layers lazily; `python -m ckpt` runs the CLI
+            continue
+        tree = ast.parse(path.read_text())
+        deferred = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            or (isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+            for inner in ast.walk(node)
+        }
+        source = _layer(name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ckpt"):
+                modules = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names if a.name.startswith("ckpt")]
+            else:
+                continue
+            for module in modules:
+                target = _layer(module)
+                if target == source or LAYER_RANKS[target] < LAYER_RANKS[source]:
+                    continue
+                if (source, target) in UPWARD_INSIDE_FUNCTIONS and id(node) in deferred:
+                    continue
+                problems.append(f"{path.relative_to(root)}:{node.lineno} ({source}) imports {module} ({target})")
+    return problems
+
+
+def test_imports_point_down_the_layers() -> None:
+    """cli -> analyzers, sandboxes -> engine -> plugins -> numerics -> store -> the root, never back up.
+
+    Function bodies count: a lazy import is still a dependency. The one exception is named in
+    :data:`UPWARD_INSIDE_FUNCTIONS`.
+    """
+    assert _layer_violations(ROOT) == []
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
+    for folder in LAYER_PACKAGES:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "ckptstore" / "reader.py").write_text("def f():\n    from ckpt.plugins import registry\n")
+    (tmp_path / "numerics" / "maths.py").write_text("import ckpt.cli.main\n")
+    assert _layer_violations(tmp_path) == [
+        "ckptstore/reader.py:2 (ckpt.store) imports ckpt.plugins (ckpt.plugins)",
+        "numerics/maths.py:1 (ckpt.numerics) imports ckpt.cli.main (ckpt.cli)",
+    ]
 
 
 def test_every_error_and_warning_class_lives_in_ckpt_errors() -> None:

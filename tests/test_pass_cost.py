@@ -6,7 +6,7 @@ those sizes, on a real tiny GPT-2 whose embedding table is large beside its body
 50k-token vocabulary's is: the table's direction used to be copied whole in every pass
 (the embedding's batching rule), a block that hid the body's growth from the fit and made
 it wrong both ways (at GPT-2 small 0.13x at one example, 1.97x at 16). Embedding lookups in
-forward-mode passes are gathers now (``ckpt.plugins._derivatives._gathered_embedding``),
+forward-mode passes are gathers now (``ckpt.numerics.derivatives._gathered_embedding``),
 whose tangents must equal the embedding's own, ``padding_idx`` included.
 """
 

@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ckpt.plugins
 import ckpt.store as ckptstore
+from ckpt.numerics.derivatives import BlockLoss
 from ckpt.plugins import (
     CROSS_ENTROPY,
     PER_RUN,
@@ -35,7 +36,6 @@ from ckpt.plugins import (
     load_registry,
     parameter_space,
 )
-from ckpt.plugins._derivatives import BlockLoss
 from ckpt.plugins._engine import run
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest

@@ -58,7 +58,7 @@ def test_a_small_budget_gives_the_same_numbers_in_smaller_passes(gpt2_store: Pat
     assert roomy.returncode == 0, roomy.stderr
     # on the CPU a language model's pass holds at most CPU_TOKEN_VECTORS tokens x vectors (48 a sequence)
     assert planned_passes(roomy.stderr) == {(CPU_TOKEN_VECTORS // (48 * VECTORS), VECTORS)}
-    # 100 MiB: the split head (ckpt.plugins._head) makes no logits' tangents, and 150 MiB fits a pass of
+    # 100 MiB: the split head (ckpt.numerics._head) makes no logits' tangents, and 150 MiB fits a pass of
     # 8 examples x 6 vectors, more than the roomy plan's 5 x 8 once the token bound caps that. At 100 MiB
     # the 8 vectors (54 MB) held would leave small passes: each pass reads its own (plan_basis)
     tight = run_ckpt("analyze", "polca", str(other), *first, "--max-memory", "100MiB", timeout=300)

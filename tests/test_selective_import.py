@@ -278,7 +278,7 @@ def test_step_items_and_globs_parse_once_for_every_import() -> None:
 
 def test_the_engine_names_what_a_selection_left_out_when_it_builds_the_model() -> None:
     from ckpt.errors import AnalysisError
-    from ckpt.plugins._weightless import weightless_model
+    from ckpt.numerics.weightless import weightless_model
     from ckpt.store.selection import TensorSelection
 
     def build() -> Any:

@@ -1,4 +1,4 @@
-"""First-order JVPs through a language model's split head (``ckpt.plugins._head``) against brute force.
+"""First-order JVPs through a language model's split head (``ckpt.numerics._head``) against brute force.
 
 The split path computes ⟨∇ℓ(x), b⟩ of every token without the logits' tangents; here it is
 checked against per-token gradients from an autograd loop, and against the ordinary JVP, on tiny
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ckpt.numerics._head import _CHECKED, head_split, split_first_order
+from ckpt.numerics.derivatives import eager_directional_derivatives, forward_mode
 from ckpt.plugins import BlockLoss, directional_derivatives
-from ckpt.plugins._derivatives import eager_directional_derivatives, forward_mode
-from ckpt.plugins._head import _CHECKED, head_split, split_first_order
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY
 from tests.helpers import tiny_gpt2
 
@@ -126,7 +126,7 @@ def test_models_and_objectives_without_a_split_are_left_alone() -> None:
 
 def test_compiled_first_order_passes_of_a_split_model_run_the_split() -> None:
     """``compiled=True`` traces no program for them: the plan measured the split pass, not the traced one."""
-    from ckpt.plugins._compiled import _PROGRAMS
+    from ckpt.numerics.compiled import _PROGRAMS
 
     model = gpt2()
     f, params, directions = block(model, CAUSAL_LM, mask=False)

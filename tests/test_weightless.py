@@ -1,4 +1,4 @@
-"""A worker's model is built without weights (``ckpt.plugins._weightless``): what it must still get right.
+"""A worker's model is built without weights (``ckpt.numerics.weightless``): what it must still get right.
 
 Every parameter comes from the checkpoints: a tied pair stored under either of its
 names, a buffer the model computes itself (not in any checkpoint) kept, a parameter the
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 import ckpt
 import ckpt.store as ckptstore
+from ckpt.numerics.weightless import _parameters_on_meta, unstored_parameters, weightless_model
 from ckpt.plugins import TaskSpec, Worker, clear_cache
-from ckpt.plugins._weightless import _parameters_on_meta, unstored_parameters, weightless_model
 from tests.helpers import assert_refused
 from tests.models import mlp, tied_lm
 

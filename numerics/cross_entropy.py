@@ -1,6 +1,6 @@
 """Token cross-entropy whose gradient is cheap to differentiate again (Hessian-vector products).
 
-With ``F.cross_entropy``, a product of :class:`ckpt.plugins._derivatives.MeanLossHessian`
+With ``F.cross_entropy``, a product of :class:`ckpt.numerics.derivatives.MeanLossHessian`
 differentiates the backward of ``log_softmax`` a second time: at GPT-2 small's
 vocabulary that node alone is a large share of a product, in logits-sized
 multiplications and exponentials (docs/performance.md, "Derivative passes"). The second
@@ -75,11 +75,20 @@ class TokenCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, z: Any, y: Any) -> Any:
+        """The per-row loss, ``logsumexp(z) - z[y]``; saves what :meth:`backward` needs."""
         lse = torch.logsumexp(z, 1)
         ctx.save_for_backward(z, lse, y)
         return lse - z.gather(1, y[:, None]).squeeze(1)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple[Any, None]:
+        """``g (softmax(z) - onehot(y))``, itself differentiable once more (Hessian-vector products)."""
         z, lse, y = ctx.saved_tensors
         return _SoftmaxMinusOneHot.apply(z, lse, y, g), None
+
+
+__all__ = [
+    "TokenCrossEntropy",
+    "differentiated_twice",
+    "use_twice_differentiable",
+]

@@ -786,3 +786,18 @@ def top_eigenpairs(
         torch.set_num_threads(caller_threads)
         vectors.close()
     return Eigenpairs(values, found.cpu().numpy(), estimates.astype(np.float64), products, restarts, passes)
+
+
+__all__ = [
+    "CPU_DOT_BLOCK_BYTES",
+    "DOT_BLOCK_BYTES",
+    "MIN_VECTORS_BEYOND_K",
+    "RITZ_VECTORS_BEYOND_K",
+    "SPILLED_VECTORS",
+    "Eigenpairs",
+    "MemoryRows",
+    "SpilledRows",
+    "lanczos_bytes",
+    "product_limit",
+    "top_eigenpairs",
+]

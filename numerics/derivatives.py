@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.errors import AnalysisError
-from ckpt.plugins._runtime import cast_floating, read_here
-from ckpt.plugins._weightless import built_on_meta
+from ckpt.numerics.weightless import built_on_meta
+from ckpt.store.arrays import read_here
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt.store import Store
@@ -142,6 +142,11 @@ def parameter_space(store: Store, model: Any = None) -> ParamSpace:
         msg = f"{store.path} has no floating-point parameters to differentiate"
         raise AnalysisError(msg)
     return ParamSpace(tuple(floating), tuple(tuple(store.schema[n].shape) for n in floating))
+
+
+def cast_floating(tensor: Any, dtype: Any) -> Any:
+    """``tensor`` in ``dtype`` when it is floating-point (integer token ids and masks stay as they are)."""
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
 def torch_dtype(name: str) -> Any:
@@ -289,7 +294,7 @@ def trainable(params: Mapping[str, Any], space: ParamSpace, dtype: str = "float3
 def eager_directional_derivatives(
     f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any], directions: Mapping[str, Any], order: int
 ) -> tuple[Any, Any, Any]:
-    """``directional_derivatives`` uncompiled: ``vmap`` over nested ``jvp`` (see ``ckpt.plugins._compiled``)."""
+    """``directional_derivatives`` uncompiled: ``vmap`` over nested ``jvp`` (see ``ckpt.numerics.compiled``)."""
     from torch.func import jvp, vmap
 
     # the ignores below are torch's annotations: jvp's admits 3 items (has_aux's) where it returns 2,
@@ -346,9 +351,9 @@ def hessian_graph_mode() -> Iterator[None]:
     """How a gradient graph that Hessian-vector products differentiate again is built.
 
     :func:`forward_mode` without its lock (reverse mode only), and token cross-entropy
-    with its second derivative in closed form (:mod:`ckpt.plugins._cross_entropy`).
+    with its second derivative in closed form (:mod:`ckpt.numerics.cross_entropy`).
     """
-    from ckpt.plugins._cross_entropy import differentiated_twice
+    from ckpt.numerics.cross_entropy import differentiated_twice
 
     with forward_mode(composite=False, lock=False), differentiated_twice():
         yield
@@ -674,7 +679,7 @@ def graph_bytes(f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any]
 
     The storages allocated while ``f`` runs and its gradient is built with
     ``create_graph=True`` that are still held once the gradient exists
-    (:func:`ckpt.plugins.held_bytes`; the parameters themselves excluded): what
+    (:func:`ckpt.numerics.footprint.held_bytes`; the parameters themselves excluded): what
     :class:`MeanLossHessian` keeps per block. Measured on a small block, it sizes
     the blocks a memory budget allows (it grows linearly with the examples).
 
@@ -687,7 +692,7 @@ def graph_bytes(f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any]
     """
     import torch
 
-    from ckpt.plugins._memory import held_bytes
+    from ckpt.numerics.footprint import held_bytes
 
     leaves = {name: value.detach().requires_grad_(True) for name, value in primal.items()}
 
@@ -784,3 +789,30 @@ def check_basis(result: Any, space: ParamSpace, name: str) -> int:
             msg = f"basis {name!r}: {tensor} has shape {tuple(result[tensor].shape[1:])}, parameters have {shape}"
             raise AnalysisError(msg)
     return int(result.sizes["basis"])
+
+
+__all__ = [
+    "DTYPES",
+    "FORWARD_AD_LOCK",
+    "BlockLoss",
+    "MeanLossHessian",
+    "ParamSpace",
+    "basis_dims",
+    "cast_floating",
+    "check_basis",
+    "chunks",
+    "composite_norms",
+    "eager_directional_derivatives",
+    "forward_mode",
+    "graph_bytes",
+    "held_basis",
+    "hessian_graph_mode",
+    "hessian_vector_product",
+    "load_basis",
+    "load_basis_rows",
+    "loss_function",
+    "parameter_space",
+    "stored_basis",
+    "torch_dtype",
+    "trainable",
+]

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt.plugins._derivatives import chunks
+from ckpt.numerics.derivatives import chunks
 
 FUSED_CLASSES = frozenset(
     {

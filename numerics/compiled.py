@@ -1,6 +1,6 @@
 """Directional derivatives, eagerly or as one compiled program per shape (POLCA's ``--compile``).
 
-:func:`directional_derivatives` lives here, above :mod:`ckpt.plugins._derivatives`,
+:func:`directional_derivatives` lives here, above :mod:`ckpt.numerics.derivatives`,
 so that the two modules import each other in one direction only.
 
 :func:`ckpt.plugins.directional_derivatives` runs a nested JVP under
@@ -38,8 +38,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ckpt.plugins._derivatives import BlockLoss, eager_directional_derivatives, forward_mode
-from ckpt.plugins._head import split_first_order
+from ckpt.numerics._head import split_first_order
+from ckpt.numerics.derivatives import BlockLoss, eager_directional_derivatives, forward_mode
 
 # keyed by the model's id: each program holds its model, so the id stays its own
 _PROGRAMS: dict[tuple, _Program] = {}
@@ -85,7 +85,7 @@ def directional_derivatives(
         Run the pass as one program per shape, traced once and compiled with
         ``torch.compile`` (``f`` a :class:`BlockLoss`; see
         this module for what it costs and when it pays). First-order passes of a
-        language model with a split head (:mod:`ckpt.plugins._head`) run the split
+        language model with a split head (:mod:`ckpt.numerics._head`) run the split
         eagerly instead.
 
     Returns
@@ -94,7 +94,7 @@ def directional_derivatives(
         ``loss [X]``, ``first [K, X]``, ``second [K, X]`` (None for order 1).
     """
     if order == 1 and isinstance(f, BlockLoss):
-        # a language model's head without its logits' tangents (ckpt.plugins._head), `compiled` or not:
+        # a language model's head without its logits' tangents (ckpt.numerics._head), `compiled` or not:
         # the traced pass is the ordinary one, with the [vectors, tokens, V] tangents the split leaves
         # out (eagerly at GPT-2 small 131 MiB per example and vector against the split's 21 MiB), over
         # the memory plan, which measures the split; the split's cost is the head's matrix products,
@@ -230,3 +230,11 @@ def _disagreement(got: tuple, expected: tuple) -> str:
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+__all__ = [
+    "AGREEMENT",
+    "compile_seconds",
+    "compiled_directional_derivatives",
+    "directional_derivatives",
+]

@@ -25,7 +25,7 @@ activation. Capture the input of the module that consumes it instead (e.g.
 
 Example, on a Dask worker::
 
-    from ckpt.plugins._activations import iter_activations, select_modules
+    from ckpt.numerics.activations import iter_activations, select_modules
 
     names = select_modules(worker.model, "blocks.*.mlp.act")
     for batch in iter_activations(worker, step, names, split="eval", batch_size=512):
@@ -356,3 +356,16 @@ def iter_activations(
             )
         found.examples = rows
         yield found
+
+
+__all__ = [
+    "ACTIVATION_TYPE_NAMES",
+    "Activations",
+    "activation_modules",
+    "activation_types",
+    "capture",
+    "iter_activations",
+    "module_names",
+    "parse_globs",
+    "select_modules",
+]
