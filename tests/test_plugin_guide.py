@@ -270,3 +270,28 @@ def test_the_guides_append_example_appends_a_checkpoint(tmp_path: Path) -> None:
     with ckptstore.open(path, mode="a") as writer:
         assert isinstance(writer, ckptstore.Writer)
         assert [int(s) for s in writer.reader().steps] == steps
+
+
+def test_the_guides_activation_examples_capture_the_example_mlps_tanh(tmp_path: Path) -> None:
+    import torch
+
+    from ckpt.plugins import TaskSpec, Worker, capture, iter_activations, select_modules
+
+    path = write_example_run(tmp_path / "run.zarr", steps=2, examples=20)
+    opened = ckptstore.open(path)
+    tensors = {name: torch.from_numpy(value).double() for name, value in opened.tensors(1).items()}
+    inputs = torch.from_numpy(opened.data("eval")["inputs"].values).double()
+    tanh = torch.tanh(inputs @ tensors["0.weight"].T + tensors["0.bias"])  # Linear 3->8, Tanh: by hand
+    namespace: dict[str, Any] = {
+        "worker": Worker(TaskSpec(str(path))),
+        "step": 1,
+        "torch": torch,
+        "select_modules": select_modules,
+        "capture": capture,
+        "iter_activations": iter_activations,
+    }
+    for defines in ("_, found = capture(", "for chunk in iter_activations("):
+        exec(compile(guide_block(defines), "docs/plugins.md:activations", "exec"), namespace)
+    assert namespace["names"] == ["1"]
+    np.testing.assert_allclose(namespace["active"]["1"], float((tanh.abs() > 0.5).double().mean()), rtol=1e-6)
+    np.testing.assert_allclose(namespace["squares"], tanh.pow(2).sum(0), rtol=1e-5)
