@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from distributed import LocalCluster  # noqa: E402
 
 import ckpt.store as ckptstore  # noqa: E402
-from ckpt.plugins._engine import run  # noqa: E402
+from ckpt.engine.pipeline import run  # noqa: E402
 from tests.models import mlp  # noqa: E402
 
 ckptstore.allow("tests.models")  # the bench's stores name the test package's model factory

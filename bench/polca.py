@@ -96,8 +96,8 @@ class Setup:
     """The worker-side objects of one store (what an analysis task has)."""
 
     def __init__(self, path: Path, device: str, dtype: str = "float32") -> None:
+        from ckpt.engine.worker import worker_for
         from ckpt.plugins import TaskSpec, parameter_space
-        from ckpt.plugins._runtime import worker_for
 
         self.worker = worker_for(TaskSpec(str(path), device))
         self.space = parameter_space(self.worker.store, self.worker.model)

@@ -2,14 +2,16 @@
 
 Plugin authors (and ckpt's own analyzers, which register exactly like theirs)
 import from this package only; its private modules (``_analyzer``,
-``_engine`` ...) may change without notice::
+``_manager`` ...) and the layers it re-exports from (:mod:`ckpt.engine`,
+:mod:`ckpt.numerics`) may change without notice::
 
     from ckpt.plugins import Analyzer, AnalysisContext, Option, Worker, hookimpl
 
 Notebooks run analyzers with :func:`analyze` (also ``ckpt.analyze``). Importing
 this package imports neither zarr, xarray, dask nor torch: they are loaded when
 an analysis runs, so that listing plugins and ``--help`` stay fast.
-Depends on :mod:`ckpt.store` only.
+Imports :mod:`ckpt.numerics` and :mod:`ckpt.store`; the names of :mod:`ckpt.engine`
+load on first use, so that the engine, which imports the host, is never imported by it.
 """
 
 from __future__ import annotations
@@ -61,26 +63,9 @@ from ckpt.plugins._analyzer import (
     Option,
     declared_options,
 )
-from ckpt.plugins._context import AnalysisContext
 from ckpt.plugins._importers import Importer
 from ckpt.plugins._manager import Provider, Registry, load_registry, registry, reset_registry
-from ckpt.plugins._memory import (
-    format_size,
-    freed_memory_kept_for_reuse,
-    parse_size,
-    release_freed_memory,
-    use_one_heap,
-)
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
-from ckpt.plugins._resume import Journal
-from ckpt.plugins._runtime import (
-    TaskSpec,
-    Worker,
-    clear_cache,
-    datapoint_index,
-    objective_for,
-    resolve_device,
-)
 from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
 from ckpt.plugins.hookspecs import hookimpl, hookspec
 from ckpt.store.arrays import read_here
@@ -90,20 +75,38 @@ from ckpt.store.factory_config import config_bounds
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
 
-    from ckpt.plugins._engine import data_hash, model_hash, run, stored_identity
-    from ckpt.plugins._lineage import join_lineage, stored_result
+    from ckpt.engine.context import AnalysisContext
+    from ckpt.engine.lineage import join_lineage, stored_result
+    from ckpt.engine.memory import (
+        format_size,
+        freed_memory_kept_for_reuse,
+        parse_size,
+        release_freed_memory,
+        use_one_heap,
+    )
+    from ckpt.engine.pipeline import data_hash, model_hash, run, stored_identity
+    from ckpt.engine.resume import Journal
+    from ckpt.engine.worker import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
     from ckpt.store import Store
 
-# The engine imports dask, xarray and zarr: its names load on first use (PEP 562), so that
-# importing ckpt.plugins (every plugin does) and `ckpt --help` stay cheap.
-_LAZY = {
-    "data_hash": "ckpt.plugins._engine",
-    "model_hash": "ckpt.plugins._engine",
-    "run": "ckpt.plugins._engine",
-    "stored_identity": "ckpt.plugins._engine",
-    "join_lineage": "ckpt.plugins._lineage",
-    "stored_result": "ckpt.plugins._lineage",
+# The engine's names load on first use (PEP 562): the host imports no engine module when it is
+# imported (imports point down: docs/architecture.md), and the engine's pipeline imports dask,
+# xarray and zarr, which importing ckpt.plugins (every plugin does) and `ckpt --help` must not.
+_ENGINE_NAMES = {
+    "ckpt.engine.context": ("AnalysisContext",),
+    "ckpt.engine.lineage": ("join_lineage", "stored_result"),
+    "ckpt.engine.memory": (
+        "format_size",
+        "freed_memory_kept_for_reuse",
+        "parse_size",
+        "release_freed_memory",
+        "use_one_heap",
+    ),
+    "ckpt.engine.pipeline": ("data_hash", "model_hash", "run", "stored_identity"),
+    "ckpt.engine.resume": ("Journal",),
+    "ckpt.engine.worker": ("TaskSpec", "Worker", "clear_cache", "datapoint_index", "objective_for", "resolve_device"),
 }
+_LAZY = {name: module for module, names in _ENGINE_NAMES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
@@ -112,12 +115,13 @@ def __getattr__(name: str) -> Any:
     from ckpt.collector import collection_paused
 
     with collection_paused():  # dask, xarray, zarr: see ckpt.collector
-        module = importlib.import_module(_LAZY[name])  # imported once; Python caches modules
-    return getattr(module, name)
+        module = importlib.import_module(_LAZY[name])
+    value = globals()[name] = getattr(module, name)  # resolved once
+    return value
 
 
 def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Dataset:
-    """Run analyzer ``name`` on ``store`` and return its complete result (see :func:`ckpt.plugins._engine.analyze`).
+    """Run analyzer ``name`` on ``store`` and return its complete result (see :func:`ckpt.engine.pipeline.analyze`).
 
     Parameters
     ----------
@@ -133,7 +137,7 @@ def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Datas
     xarray.Dataset
         The stored result (lazy); ``result.ckpt`` holds its provenance.
     """
-    from ckpt.plugins._engine import analyze as _analyze
+    from ckpt.engine.pipeline import analyze as _analyze
 
     return _analyze(name, store, **kwargs)
 
@@ -141,7 +145,7 @@ def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Datas
 def analyze_runs(
     name: str, stores: Sequence[str | os.PathLike[str]], *, lineage: bool = False, **kwargs: Any
 ) -> xr.Dataset:
-    """Run ``name`` on several stores: one Dataset with a ``run`` dim (see :func:`ckpt.plugins._engine.analyze_runs`).
+    """Run ``name`` on several stores: one Dataset with a ``run`` dim (see :func:`ckpt.engine.pipeline.analyze_runs`).
 
     Parameters
     ----------
@@ -160,14 +164,14 @@ def analyze_runs(
     xarray.Dataset
         The runs' results concatenated along ``run``, with each run's recorded settings as coordinates.
     """
-    from ckpt.plugins._engine import analyze_runs as _analyze_runs
+    from ckpt.engine.pipeline import analyze_runs as _analyze_runs
 
     return _analyze_runs(name, stores, lineage=lineage, **kwargs)
 
 
 def stored_provenance(store: Store, name: str) -> dict[str, Any] | None:
     """The provenance record of a stored result of ``store``, or None when there is none."""
-    from ckpt.plugins._engine import stored_provenance as _stored_provenance
+    from ckpt.engine.pipeline import stored_provenance as _stored_provenance
 
     return _stored_provenance(store, name)
 

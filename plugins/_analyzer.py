@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
     from matplotlib.figure import Figure
 
-    from ckpt.plugins._context import AnalysisContext
+    from ckpt.engine.context import AnalysisContext
     from ckpt.store import Store
 
 PER_CHECKPOINT = "checkpoint"

@@ -62,7 +62,7 @@ CONFIGS = {
 
 def cluster(store: str, on: str, options: dict) -> object:
     """``clusters --on ON --label carry``, loaded at once (the next one replaces it in the store)."""
-    from ckpt.plugins._engine import run
+    from ckpt.engine.pipeline import run
 
     return run("clusters", store, on=on, label="carry", **options).dataset.load()
 
@@ -72,7 +72,7 @@ def main() -> None:
 
     pin_cpu_kernels()  # as ckpt demo does: the same weights on any x86-64 CPU
     from ckpt.cli.demo import _seed_range, seed_spread
-    from ckpt.plugins._engine import run
+    from ckpt.engine.pipeline import run
     from ckpt.sandboxes.addition import Addition
     from ckpt.sandboxes.base import train
 

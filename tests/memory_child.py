@@ -35,7 +35,7 @@ def main() -> None:
 
     import ckpt.analyzers.hessian_basis
     import ckpt.cli.main
-    import ckpt.plugins._engine
+    import ckpt.engine.pipeline
 
     # torch's CUDA builds bring triton, which the analysis loads on its way (172 MiB mapped); CPU builds have none
     if importlib.util.find_spec("triton") is not None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ckpt.store as ckptstore
-from ckpt.plugins._engine import run
+from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
 from ckpt.sandboxes.addition import Addition
 from ckpt.sandboxes.base import train

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.plugins._engine import run
+from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
 from tests import resume
 from tests.helpers import run_ckpt

@@ -25,8 +25,8 @@ from ckpt.analyzers.boundary_distance import (
     nearest_boundary,
     readout_logits,
 )
+from ckpt.engine.pipeline import run
 from ckpt.plugins import AnalysisError
-from ckpt.plugins._engine import run
 from ckpt.plugins.testing import write_example_run
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition

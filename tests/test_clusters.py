@@ -1,7 +1,7 @@
 """The ``clusters`` analyzer: its pure functions on planted data, and the real engine on real stores.
 
 No mocks: HDBSCAN is the ``hdbscan`` library, stores are written with ``ckpt.create``
-and the analyzer runs through ``ckpt.plugins._engine.run``. The end-to-end store holds a
+and the analyzer runs through ``ckpt.engine.pipeline.run``. The end-to-end store holds a
 planted ``analyses/loss`` result (three groups of 200 datapoints whose loss drops
 at different steps) with the provenance the engine writes, so the engine reuses it.
 """
@@ -22,8 +22,8 @@ import ckpt.store as ckptstore
 from ckpt.analyzers import clusters
 from ckpt.analyzers import trajectories as tr
 from ckpt.analyzers.loss import Loss
+from ckpt.engine.pipeline import data_hash, run
 from ckpt.plugins import clear_cache, load_registry
-from ckpt.plugins._engine import data_hash, run
 from ckpt.plugins.testing import write_example_run
 from ckpt.store.results import write_analysis
 

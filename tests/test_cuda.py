@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import ckpt.store as ckptstore
-from ckpt.plugins._engine import run
-from ckpt.plugins._memory import GPU_SHARE, default_budget
+from ckpt.engine.memory import GPU_SHARE, default_budget
+from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
 
 DEVICE = os.environ.get("CKPT_TEST_DEVICE", "cuda")

@@ -144,8 +144,8 @@ def _reference_gradients(store: Path, step: int) -> Any:
 def test_plugin_guide_task_functions_compute_what_they_say(tmp_path: Path) -> None:
     import numpy as np
 
+    from ckpt.engine.worker import worker_for
     from ckpt.plugins import TaskSpec
-    from ckpt.plugins._runtime import worker_for
     from ckpt.plugins.testing import write_example_run
 
     store = write_example_run(tmp_path / "run.zarr", steps=2, examples=20)

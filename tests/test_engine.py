@@ -20,8 +20,8 @@ import torch
 
 import ckpt.plugins
 import ckpt.store as ckptstore
+from ckpt.engine.pipeline import run
 from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, TaskSpec, load_registry
-from ckpt.plugins._engine import run
 from ckpt.plugins.testing import raise_if_dask_computes, write_example_run
 from tests.helpers import run_ckpt
 from tests.models import mlp, tiny_lm
@@ -250,7 +250,7 @@ def test_a_worker_makes_a_cached_value_once_however_many_threads_ask(tmp_path: P
     """Threads asking at once for the same value (a run's start: the basis, the first checkpoint) share one make."""
     import threading
 
-    from ckpt.plugins._runtime import worker_for
+    from ckpt.engine.worker import worker_for
 
     worker = worker_for(TaskSpec(str(write_example_run(tmp_path / "run.zarr"))))
     calls: list[int] = []
@@ -293,7 +293,7 @@ def test_a_run_leaves_no_worker_behind_in_its_process(mlp_store: Path) -> None:
     """
     import gc
 
-    from ckpt.plugins._runtime import Worker
+    from ckpt.engine.worker import Worker
 
     def workers_of_the_store() -> list[Worker]:
         gc.collect()
@@ -311,7 +311,7 @@ def test_a_worker_keeps_one_model_per_thread(mlp_store: Path) -> None:
     """A functional call swaps a module's parameters, so threads never share a model; one thread reuses its own."""
     import threading
 
-    from ckpt.plugins._runtime import Worker
+    from ckpt.engine.worker import Worker
 
     worker = Worker(TaskSpec(str(mlp_store)))
     mine = worker.model
@@ -329,7 +329,7 @@ def test_a_gpu_out_of_memory_error_says_which_process_holds_the_device() -> None
     The message up to "Including non-PyTorch memory" is the one bench/scale.py's hessian-basis
     printed on an H200 (the third lent session); the rest follows torch's format, its figures made up.
     """
-    from ckpt.plugins._engine import _out_of_memory
+    from ckpt.engine.pipeline import _out_of_memory
 
     torch_message = (
         "CUDA out of memory. Tried to allocate 46.10 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
@@ -361,7 +361,7 @@ def test_threads_on_a_gpu_read_one_checkpoint_ahead_not_one_per_core() -> None:
     """On a GPU one computation runs at a time; more threads would only hold more checkpoints on it."""
     import os
 
-    from ckpt.plugins._engine import compute_settings, parallel_tasks
+    from ckpt.engine.pipeline import compute_settings, parallel_tasks
 
     with compute_settings("threads", device="cuda") as (settings, count):
         assert settings["num_workers"] == count == 2
@@ -392,8 +392,8 @@ def test_stored_results_are_read_without_importing_analyzers(mlp_store: Path) ->
     ckpt.analyze("loss", mlp_store)
     code = (
         "import sys, ckpt; r = ckpt.open(sys.argv[1]).analysis('loss'); "
-        "print(r['loss'].shape, r.ckpt.analyzer, any(m.startswith(('ckpt.plugins', 'ckpt.analyzers')) "
-        "for m in sys.modules))"
+        "layers = ('ckpt.plugins', 'ckpt.engine', 'ckpt.numerics', 'ckpt.analyzers'); "
+        "print(r['loss'].shape, r.ckpt.analyzer, any(m.startswith(layers) for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code, str(mlp_store)], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["(6,", "50)", "loss", "False"]
@@ -593,7 +593,7 @@ def test_task_keywords_named_fn_or_outputs_reach_the_task(mlp_store: Path) -> No
 
 
 def test_the_context_names_the_previous_and_first_checkpoints(mlp_store: Path) -> None:
-    from ckpt.plugins._runtime import TaskSpec
+    from ckpt.engine.worker import TaskSpec
 
     context = ckpt.plugins.AnalysisContext(ckptstore.open(mlp_store), [2, 3], TaskSpec(str(mlp_store)), {})
     assert [context.previous_step(s) for s in (0, 1, 5)] == [None, 0, 4]

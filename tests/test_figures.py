@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
+from ckpt.engine.pipeline import run
 from ckpt.plugins import registry as shared_registry
-from ckpt.plugins._engine import run
 from ckpt.plugins.testing import check_figure
 from ckpt.sandboxes.addition import Addition
 from ckpt.sandboxes.base import train

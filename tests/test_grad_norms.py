@@ -20,8 +20,8 @@ from ckpt.analyzers.grad_norms import (
     minibatches,
     rolling_baseline,
 )
+from ckpt.engine.pipeline import run
 from ckpt.plugins import AnalysisError, load_registry
-from ckpt.plugins._engine import run
 from ckpt.plugins.testing import write_example_run
 from tests.models import mlp
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.plugins._engine import run
+from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, set_provenance, tree_digest
 

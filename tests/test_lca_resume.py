@@ -16,7 +16,7 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.analyzers import lca
-from ckpt.plugins._engine import run
+from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
 from tests import resume
 

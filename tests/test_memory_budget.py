@@ -384,7 +384,7 @@ import xarray as xr
 
 import ckpt.plugins
 from ckpt.plugins import PER_RUN, Analyzer, load_registry, use_one_heap
-from ckpt.plugins._engine import run
+from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
 
 use_one_heap()  # as the ckpt console script does first
@@ -501,7 +501,7 @@ def test_a_search_holds_its_own_checkpoint_not_the_one_before(tmp_path: Path) ->
     The plan counts one checkpoint (:data:`FIXED_VECTORS`); the one before, cached from the
     previous basis checkpoint, was held beside every product of the next search uncounted.
     """
-    from ckpt.plugins._runtime import forget_worker, worker_for
+    from ckpt.engine.worker import forget_worker, worker_for
 
     path = write_example_run(tmp_path / "run.zarr", steps=3, examples=40)
     store = ckptstore.open(path)

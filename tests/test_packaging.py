@@ -26,7 +26,15 @@ from tests.helpers import run_ckpt, tree_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY_STORE = ROOT / "tests" / "data" / "v0.1.0-modular-addition.zarr"
-OLD_TOP_LEVEL = ("cli", "plugins", "analyzers", "sandboxes", "ckptstore", "numerics")  # folders, not import names
+OLD_TOP_LEVEL = (
+    "cli",
+    "plugins",
+    "analyzers",
+    "sandboxes",
+    "ckptstore",
+    "numerics",
+    "engine",
+)  # folders, not import names
 HEAVY = ("zarr", "xarray", "dask", "torch")
 
 
@@ -68,7 +76,7 @@ def test_wheel_holds_one_tree(tmp_path: Path) -> None:
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in ("ckpt", "ckptstore", "numerics", "plugins", "analyzers", "sandboxes", "cli"):
+    for folder in ("ckpt", "ckptstore", "numerics", "plugins", "engine", "analyzers", "sandboxes", "cli"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(source)],
@@ -83,7 +91,7 @@ def test_wheel_holds_one_tree(tmp_path: Path) -> None:
     top = {name.split("/")[0] for name in names}
     assert top == {"ckpt", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     packages = {name.rsplit("/", 1)[0] for name in names if name.endswith("__init__.py")}
-    layers = ("store", "numerics", "plugins", "analyzers", "analyzers/figures", "sandboxes", "cli")
+    layers = ("store", "numerics", "plugins", "engine", "analyzers", "analyzers/figures", "sandboxes", "cli")
     assert packages == {"ckpt", *(f"ckpt/{p}" for p in layers)}
     assert "ckpt/sandboxes/data/grimm.txt" in names  # package data travels with the renamed package
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
@@ -215,7 +223,7 @@ def _imports_of(path: Path, package: str) -> set[str]:
     return found
 
 
-PACKAGE_FOLDERS = {"ckpt.plugins": "plugins", "ckpt.numerics": "numerics"}
+PACKAGE_FOLDERS = {"ckpt.plugins": "plugins", "ckpt.engine": "engine", "ckpt.numerics": "numerics"}
 """The layer packages whose modules must import each other in one direction only."""
 
 
@@ -251,6 +259,9 @@ def test_no_package_has_an_import_cycle(package: str) -> None:
     if package == "ckpt.plugins":
         assert order.index("ckpt.plugins._analyzer") < order.index("ckpt.plugins._manager")
         assert order.index("ckpt.plugins._manager") < order.index("ckpt.plugins._task")
+    if package == "ckpt.engine":
+        assert order.index("ckpt.engine.worker") < order.index("ckpt.engine.context")
+        assert order.index("ckpt.engine.context") < order.index("ckpt.engine.pipeline")
     if package == "ckpt.numerics":
         assert order.index("ckpt.numerics.derivatives") < order.index("ckpt.numerics.compiled")
 
@@ -283,7 +294,7 @@ def test_task_descriptions_match_their_classes() -> None:
         assert task.description == description == resolve_task(task).description
 
 
-INTERNAL_PACKAGES = ("ckpt.numerics",)
+INTERNAL_PACKAGES = ("ckpt.engine", "ckpt.numerics")
 """Layers beneath the plugin API whose modules plugins reach only through ``ckpt.plugins``'s names."""
 
 
@@ -335,6 +346,7 @@ LAYER_PACKAGES = {
     "ckptstore": "ckpt.store",
     "numerics": "ckpt.numerics",
     "plugins": "ckpt.plugins",
+    "engine": "ckpt.engine",
     "analyzers": "ckpt.analyzers",
     "sandboxes": "ckpt.sandboxes",
     "cli": "ckpt.cli",
@@ -434,13 +446,14 @@ LAYER_RANKS = {
     "ckpt.store": 1,
     "ckpt.numerics": 2,
     "ckpt.plugins": 3,
+    "ckpt.engine": 4,
     "ckpt.analyzers": 5,
     "ckpt.sandboxes": 5,
     "ckpt.cli": 6,
 }
 """Imports point down: a module imports its own package and lower ranks (docs/architecture.md)."""
 
-UPWARD_INSIDE_FUNCTIONS: set[tuple[str, str]] = set()
+UPWARD_INSIDE_FUNCTIONS = {("ckpt.plugins", "ckpt.engine")}
 """(importer, imported) layers allowed upward inside a function body or under TYPE_CHECKING only:
 the plugin host's facade (``ckpt.plugins.analyze`` ...) loads the engine when it is called."""
 

@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ckpt.plugins
 import ckpt.store as ckptstore
+from ckpt.engine.pipeline import run
 from ckpt.numerics.derivatives import BlockLoss
 from ckpt.plugins import (
     CROSS_ENTROPY,
@@ -36,7 +37,6 @@ from ckpt.plugins import (
     load_registry,
     parameter_space,
 )
-from ckpt.plugins._engine import run
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest
 from tests.models import mlp
@@ -160,8 +160,8 @@ def test_paper_second_order_matches_its_formula(store: Path) -> None:
 def test_the_curvature_is_skipped_only_where_no_pair_starts(store: Path) -> None:
     """The run's last checkpoint gets the first-order pass alone; its loss and slopes are unchanged."""
     from ckpt.analyzers.polca import checkpoint_terms
+    from ckpt.engine.worker import worker_for
     from ckpt.plugins import TaskSpec
-    from ckpt.plugins._runtime import worker_for
 
     ckpt.analyze("polca", store, second_order="exact", dtype="float64", k=2)
     basis = ckptstore.open(store).analysis("hessian-basis").load()

@@ -14,7 +14,7 @@ import pytest
 
 import ckpt
 import ckpt.store as ckptstore
-from ckpt.plugins._engine import run
+from ckpt.engine.pipeline import run
 from tests.helpers import make_tensors, run_ckpt, tree_digest
 
 

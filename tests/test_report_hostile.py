@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.plugins._engine import run
+from ckpt.engine.pipeline import run
 from ckpt.plugins.examples import EXAMPLE_FACTORY, mlp
 from tests.helpers import run_ckpt, set_provenance
 

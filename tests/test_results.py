@@ -16,9 +16,9 @@ import zarr
 import ckpt
 import ckpt.plugins
 import ckpt.store as ckptstore
+from ckpt.engine.pipeline import run
 from ckpt.errors import CorruptChunkError, MissingDataError, StoreLockedError
 from ckpt.plugins import PER_PAIR, AnalysisContext, AnalysisError, Analyzer, Option, PluginWarning, load_registry
-from ckpt.plugins._engine import run
 from ckpt.store.format import TOP_LEVEL_GROUPS
 from ckpt.store.results import result_lock, store_lock, write_analysis
 from tests.helpers import run_ckpt, tree_digest

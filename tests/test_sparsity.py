@@ -13,9 +13,9 @@ from torch import nn
 import ckpt.store as ckptstore
 from ckpt.analyzers import sparsity
 from ckpt.analyzers.sparsity import Sparsity, epsilon_grid
+from ckpt.engine.pipeline import run
 from ckpt.numerics.activations import activation_modules, capture
 from ckpt.plugins import AnalysisError, load_registry, select_modules
-from ckpt.plugins._engine import run
 from ckpt.plugins.testing import write_example_run
 from ckpt.sandboxes.sparse_modular_addition import build_model, rms_normalize
 

@@ -18,7 +18,7 @@ import torch
 
 import ckpt.store as ckptstore
 from ckpt.analyzers.normalization import QUANTILES
-from ckpt.plugins._engine import run
+from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition

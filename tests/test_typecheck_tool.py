@@ -30,6 +30,6 @@ def test_paths_map_back_to_the_repository():
     prefixes = {"ckpt/store/": "ckptstore/", "ckpt/plugins/": "plugins/", "ckpt/": "ckpt/"}
     line = 'ckpt/store/reader.py:12: error: Item "None" of "X | None" [union-attr]'
     assert tool.rewrite(line, prefixes) == 'ckptstore/reader.py:12: error: Item "None" of "X | None" [union-attr]'
-    note = "ckpt/plugins/_engine.py:3: note: in ckpt/store/writer.py and ckpt/errors.py"
-    assert tool.rewrite(note, prefixes) == "plugins/_engine.py:3: note: in ckptstore/writer.py and ckpt/errors.py"
+    note = "ckpt/plugins/_manager.py:3: note: in ckpt/store/writer.py and ckpt/errors.py"
+    assert tool.rewrite(note, prefixes) == "plugins/_manager.py:3: note: in ckptstore/writer.py and ckpt/errors.py"
     assert tool.rewrite("see mylib/ckpt/store/x.py", prefixes) == "see mylib/ckpt/store/x.py"  # only whole paths

@@ -33,8 +33,8 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ckpt.engine.worker import utc_timestamp
 from ckpt.errors import CkptError
-from ckpt.plugins._runtime import utc_timestamp
 from ckpt.store.format import PARTIAL_SUFFIX
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -129,3 +129,12 @@ def _with_sources(result: xr.Dataset, path: str, offset: int) -> xr.Dataset:
         source=("step", np.full(len(steps), str(path), dtype=object)),
         source_step=("step", steps),
     )
+
+
+__all__ = [
+    "MAX_GENERATIONS",
+    "SAME_MEASURE",
+    "ancestry",
+    "join_lineage",
+    "stored_result",
+]
