@@ -22,7 +22,6 @@ import xarray as xr
 import zarr
 from zarr.core.sync import sync
 
-from ckpt.collector import collection_paused
 from ckpt.errors import (
     CorruptChunkError,
     InvalidArgumentError,
@@ -33,6 +32,7 @@ from ckpt.errors import (
     StoreNotFoundError,
     TensorNotFoundError,
 )
+from ckpt.runtime import collection_paused
 from ckpt.store import _zarr, accessor  # noqa: F401 (registers ds.ckpt)
 from ckpt.store.arrays import decode_numpy, decode_torch, tensor_digest
 from ckpt.store.chunks import CHUNK_DIGESTS, verified
@@ -98,7 +98,7 @@ class ModelSpec:
             The config does not fit the factory or the checkpoints, or the factory failed.
         """
         check_trusted(self.factory, self.source or "the model spec")
-        with collection_paused():  # imports its library (transformers: seconds); see ckpt.collector
+        with collection_paused():  # imports its library (transformers: seconds); see ckpt.runtime
             factory = self._import()
             name, where = current_factory(self.factory), self.source or "the model spec"
             return build_model(factory, self.config, name, where, self.checkpoint, self.selection)

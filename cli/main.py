@@ -121,7 +121,7 @@ def main() -> None:
 
     use_one_heap()  # first, before any thread exists: glibc's setting holds for threads started after it
     # This process ends when the command does: at exit its objects are frozen, not collected once
-    # more by the interpreter, most of exit once torch and transformers are imported (ckpt.collector).
+    # more by the interpreter, most of exit once torch and transformers are imported (ckpt.runtime).
     # Registered first, so it runs after the handlers registered during the command (LIFO).
     atexit.register(gc.freeze)
     cli.main(prog_name="ckpt")

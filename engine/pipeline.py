@@ -36,13 +36,7 @@ import xarray as xr
 
 import ckpt.store as ckptstore
 from ckpt.engine.context import AnalysisContext
-from ckpt.engine.memory import (
-    default_budget,
-    format_size,
-    freed_memory_kept_for_reuse,
-    parse_size,
-    release_freed_memory,
-)
+from ckpt.engine.memory import default_budget, format_size, parse_size
 from ckpt.engine.resume import Journal
 from ckpt.engine.worker import (
     TaskSpec,
@@ -62,6 +56,7 @@ from ckpt.errors import (
 )
 from ckpt.plugins import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer, Registry
 from ckpt.plugins import registry as shared_registry
+from ckpt.runtime import freed_memory_kept_for_reuse, release_freed_memory
 from ckpt.store.publish import local_path
 from ckpt.store.results import result_lock, threads_unless_configured, write_analysis
 

@@ -28,12 +28,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
-from ckpt.collector import collection_paused
-from ckpt.engine.memory import release_freed_memory
 from ckpt.errors import AnalysisError, StepNotFoundError
 from ckpt.numerics.derivatives import cast_floating
 from ckpt.numerics.weightless import weightless_model
 from ckpt.plugins import registry
+from ckpt.runtime import collection_paused, release_freed_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt.store import Store
@@ -117,7 +116,7 @@ def concurrent_computations(device: str) -> int:
     """
     if device != "cpu":
         return 1
-    with collection_paused():  # torch's first import, often: see ckpt.collector
+    with collection_paused():  # torch's first import, often: see ckpt.runtime
         import torch
 
     return max(1, (os.cpu_count() or 1) // max(1, torch.get_num_threads()))

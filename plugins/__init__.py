@@ -68,6 +68,7 @@ from ckpt.plugins._manager import Provider, Registry, load_registry, registry, r
 from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY, Objective, logits_of
 from ckpt.plugins._task import Dataset, LazyTask, Task, resolve_task
 from ckpt.plugins.hookspecs import hookimpl, hookspec
+from ckpt.runtime import freed_memory_kept_for_reuse, release_freed_memory, use_one_heap
 from ckpt.store.arrays import read_here
 from ckpt.store.chunks import DIGEST_READ_BYTES
 from ckpt.store.factory_config import config_bounds
@@ -77,13 +78,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ckpt.engine.context import AnalysisContext
     from ckpt.engine.lineage import join_lineage, stored_result
-    from ckpt.engine.memory import (
-        format_size,
-        freed_memory_kept_for_reuse,
-        parse_size,
-        release_freed_memory,
-        use_one_heap,
-    )
+    from ckpt.engine.memory import format_size, parse_size
     from ckpt.engine.pipeline import data_hash, model_hash, run, stored_identity
     from ckpt.engine.resume import Journal
     from ckpt.engine.worker import TaskSpec, Worker, clear_cache, datapoint_index, objective_for, resolve_device
@@ -95,13 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _ENGINE_NAMES = {
     "ckpt.engine.context": ("AnalysisContext",),
     "ckpt.engine.lineage": ("join_lineage", "stored_result"),
-    "ckpt.engine.memory": (
-        "format_size",
-        "freed_memory_kept_for_reuse",
-        "parse_size",
-        "release_freed_memory",
-        "use_one_heap",
-    ),
+    "ckpt.engine.memory": ("format_size", "parse_size"),
     "ckpt.engine.pipeline": ("data_hash", "model_hash", "run", "stored_identity"),
     "ckpt.engine.resume": ("Journal",),
     "ckpt.engine.worker": ("TaskSpec", "Worker", "clear_cache", "datapoint_index", "objective_for", "resolve_device"),
@@ -112,9 +101,9 @@ _LAZY = {name: module for module, names in _ENGINE_NAMES.items() for name in nam
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'ckpt.plugins' has no attribute {name!r}")
-    from ckpt.collector import collection_paused
+    from ckpt.runtime import collection_paused
 
-    with collection_paused():  # dask, xarray, zarr: see ckpt.collector
+    with collection_paused():  # dask, xarray, zarr: see ckpt.runtime
         module = importlib.import_module(_LAZY[name])
     value = globals()[name] = getattr(module, name)  # resolved once
     return value

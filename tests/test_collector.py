@@ -1,7 +1,7 @@
 """Python's garbage collector is paused while ckpt imports and builds models, and skipped at the console script's exit.
 
 Why it matters: the collector's passes over the ~750,000 objects torch, transformers, dask and
-xarray create took about 2 s of a 10 s ``ckpt analyze loss`` (ckpt.collector). What must
+xarray create took about 2 s of a 10 s ``ckpt analyze loss`` (ckpt.runtime). What must
 hold: the collector comes back exactly as it was (a notebook's, a test process's), whatever the
 threads and nesting; the model is built with it paused; and only the console script's own process
 freezes its objects, at exit.
@@ -20,8 +20,8 @@ import pytest
 
 import ckpt
 import ckpt.store as ckptstore
-from ckpt.collector import collection_paused
 from ckpt.plugins import TaskSpec, Worker, clear_cache
+from ckpt.runtime import collection_paused
 from tests import models
 
 

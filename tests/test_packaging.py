@@ -442,7 +442,7 @@ def test_no_module_imports_another_modules_private_names() -> None:
 
 
 LAYER_RANKS = {
-    "ckpt": 0,  # the root: ckpt.errors, ckpt.collector and the lazy facade
+    "ckpt": 0,  # the root: ckpt.errors, ckpt.runtime and the lazy facade
     "ckpt.store": 1,
     "ckpt.numerics": 2,
     "ckpt.plugins": 3,
