@@ -12,10 +12,13 @@ costs next to nothing and pulls in neither zarr, xarray, dask nor torch::
     ckpt.open("run.zarr").analysis("loss")       # reads a stored result
 
 The layers live below this root: :mod:`ckpt.store` (the store: format, writer,
-reader, importers), :mod:`ckpt.plugins` (the plugin host and the public API for
-plugin authors), :mod:`ckpt.analyzers` (the built-in analyzers),
-:mod:`ckpt.sandboxes` (training tasks) and :mod:`ckpt.cli` (the command line).
-Errors of every layer derive from :class:`ckpt.errors.CkptError`.
+reader, importers), :mod:`ckpt.numerics` (the analyzers' torch math),
+:mod:`ckpt.plugins` (the plugin host and the public API for plugin authors),
+:mod:`ckpt.engine` (plan, run, commit), :mod:`ckpt.analyzers` (the built-in
+analyzers), :mod:`ckpt.sandboxes` (training tasks) and :mod:`ckpt.cli` (the
+command line); docs/architecture.md draws them. Errors of every layer derive from
+:class:`ckpt.errors.CkptError`; :mod:`ckpt.runtime` holds the process-wide tuning
+of the garbage collector and the C allocator.
 """
 
 from __future__ import annotations
