@@ -38,14 +38,14 @@ import xarray as xr
 from dask.callbacks import Callback
 
 import ckpt.store as ckptstore
+from ckpt.engine.context import AnalysisContext
+from ckpt.engine.pipeline import run, stored_provenance
+from ckpt.engine.worker import TaskSpec, clear_cache
 from ckpt.errors import StoreExistsError
 from ckpt.plugins._analyzer import PER_PAIR, PER_RUN, Analyzer, Option
-from ckpt.plugins._context import AnalysisContext
-from ckpt.plugins._engine import run, stored_provenance
 from ckpt.plugins._importers import Importer
 from ckpt.plugins._manager import Registry, load_registry
 from ckpt.plugins._objectives import Objective
-from ckpt.plugins._runtime import TaskSpec, clear_cache
 from ckpt.plugins.examples import EXAMPLE_FACTORY, mlp, tree_digest, write_example_run
 
 __all__ = [
