@@ -51,7 +51,7 @@ from ckpt.store.trust import allow, trust_reason
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt.store.reader import ModelSpec, Store, TensorInfo
-    from ckpt.store.upgrade import upgrade
+    from ckpt.store.upgrading import upgrade
     from ckpt.store.writer import Writer, create
 
 # The reader and writer import zarr and xarray, a visible share of start-up: loaded on first use
@@ -63,7 +63,7 @@ _LAZY = {
     "TensorInfo": "ckpt.store.reader",
     "Writer": "ckpt.store.writer",
     "create": "ckpt.store.writer",
-    "upgrade": "ckpt.store.upgrade",
+    "upgrade": "ckpt.store.upgrading",  # not a module named `upgrade`: importing it would shadow the function
 }
 
 

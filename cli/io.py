@@ -275,7 +275,7 @@ def upgrade(store: str) -> None:
     it is caught. Run `ckpt verify STORE --allow-unverified` first to check what can be checked.
     A store that needs nothing is left unchanged.
     """
-    from ckpt.store.upgrade import upgrade as upgrade_store
+    from ckpt.store.upgrading import upgrade as upgrade_store
 
     report = upgrade_store(store)
     if not report.changed:

@@ -7,12 +7,14 @@ These run real subprocesses (an interpreter outside the checkout, the installed
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import types
 import zipfile
 from pathlib import Path
 
@@ -434,6 +436,24 @@ def _private_imports(root: Path) -> list[str]:
 def test_every_public_module_declares_its_api() -> None:
     """A module is private (``_name``) or says what it exports, as pytest and pooch do (issue 31)."""
     assert _modules_without_all(ROOT) == []
+
+
+def test_no_package_exports_a_name_one_of_its_modules_has() -> None:
+    """``ckpt.store.upgrade`` the function must stay the function once a module imports its submodules.
+
+    Importing a submodule binds its name in the package (the import system does it), so a
+    package exporting ``f`` lazily from a module also named ``f`` hands out that module to
+    whoever asks after the first import of it.
+    """
+    clashes = []
+    for folder, package in LAYER_PACKAGES.items():
+        module = importlib.import_module(package)
+        for name in getattr(module, "__all__", ()):
+            if (ROOT / folder / f"{name}.py").exists() or (ROOT / folder / name / "__init__.py").exists():
+                exported = getattr(module, name)
+                if not isinstance(exported, types.ModuleType):
+                    clashes.append(f"{package}.{name}")
+    assert clashes == [], f"exported names that are also module names: {clashes}"
 
 
 def test_no_module_imports_another_modules_private_names() -> None:
