@@ -9,6 +9,7 @@ from tiny GPT-2s saved with ``save_pretrained``, one branch per step with differ
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,12 +32,13 @@ pytest.importorskip("transformers")
 VOCAB, LENGTH = 64, 12
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """An empty Hub cache, and the environment pointing huggingface_hub at it, offline, for every ``ckpt``."""
-    home = tmp_path_factory.mktemp("hf-home")
+@contextlib.contextmanager
+def offline_hub(home: Path) -> Iterator[Path]:
+    """An empty Hub cache under ``home``, and the environment pointing huggingface_hub at it, offline.
+
+    Set in this process, so that the ``ckpt`` commands share one fork server (tests/cli_forkserver.py).
+    """
     with pytest.MonkeyPatch.context() as patch:
-        # set in this process, so the commands share one fork server (tests/cli_forkserver.py)
         patch.setenv("HF_HOME", str(home))
         patch.setenv("HF_HUB_CACHE", str(home / "hub"))
         patch.setenv("HF_HUB_OFFLINE", "1")
@@ -44,6 +46,13 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         patch.delenv("HF_TOKEN", raising=False)
         (home / "hub").mkdir()
         yield home / "hub"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """An empty Hub cache, and the environment pointing huggingface_hub at it, offline, for every ``ckpt``."""
+    with offline_hub(tmp_path_factory.mktemp("hf-home")) as hub:
+        yield hub
 
 
 def revision_files(step: int, shard: str | None = None, vocab: int = VOCAB) -> dict[str, bytes]:

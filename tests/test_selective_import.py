@@ -26,7 +26,7 @@ from tests.helpers import assert_refused, run_ckpt, tree_digest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from tests.test_hub_import import add_revision  # noqa: E402 - after the skips: it needs torch
+from tests.test_hub_import import add_revision, offline_hub  # noqa: E402 - after the skips: it needs torch
 
 VOCAB = 64
 CONFIG = {
@@ -72,16 +72,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``hf://org/neox`` in a local Hub cache (branches step0, step1, step2, step4), offline for every ``ckpt``."""
-    home = tmp_path_factory.mktemp("hf-home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HOME", str(home))
-        patch.setenv("HF_HUB_CACHE", str(home / "hub"))
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        patch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        patch.delenv("HF_TOKEN", raising=False)
-        (home / "hub").mkdir()
+    with offline_hub(tmp_path_factory.mktemp("hf-home")) as cache:
         for step in (0, 1, 2, 4):
-            add_revision(home / "hub", "org/neox", f"step{step}", saved(step))
+            add_revision(cache, "org/neox", f"step{step}", saved(step))
         yield "hf://org/neox"
 
 
