@@ -41,15 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.spike_causes import check_model_and_split
-from ckpt.plugins import (
-    AnalysisContext,
-    AnalysisError,
-    Analyzer,
-    Option,
-    Worker,
-    format_size,
-    hookimpl,
-)
+from ckpt.engine.memory import format_size
+from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ckpt.plugins import DTYPES, AnalysisError, Option
+from ckpt.numerics.derivatives import DTYPES
+from ckpt.plugins import AnalysisError, Option
 
 HESSIAN_BASIS = "hessian-basis"
 PASSED_TO_BASIS = ("every", "at_steps", "k", "seed", "hessian_split", "samples", "tol", "order", "vectors")

@@ -71,8 +71,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.spike_causes import check_model_and_split
+from ckpt.numerics.derivatives import DTYPES
 from ckpt.plugins import (
-    DTYPES,
     AnalysisContext,
     AnalysisError,
     Analyzer,
@@ -81,9 +81,9 @@ from ckpt.plugins import (
     capture,
     hookimpl,
     iter_activations,
-    logits_of,
     torch_dtype,
 )
+from ckpt.plugins.objectives import logits_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr

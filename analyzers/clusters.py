@@ -239,7 +239,7 @@ class Clusters(Analyzer):
 
     def preflight(self, store: Any) -> None:
         """The label and the spaCy pipeline, before POLCA or Fisher are computed for nothing."""
-        from ckpt.plugins import stored_provenance  # the engine (and dask) only when an analysis runs
+        from ckpt.engine.pipeline import stored_provenance  # the engine (and dask) only when an analysis runs
 
         stored = stored_provenance(store, self._source) or {}
         split = (stored.get("options") or {}).get("split") or self.split or "eval"

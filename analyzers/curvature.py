@@ -17,9 +17,9 @@ with, the threshold applies to the preconditioned Hessian instead: the line is
 a reference, not a verdict.
 
 Each top eigenvalue comes from Lanczos with partial reorthogonalization on
-Hessian-vector products (:func:`ckpt.plugins.top_eigenpairs` and
-:class:`ckpt.plugins.MeanLossHessian`, as in ``hessian-basis``) over the
-:class:`ckpt.plugins.ParamSpace` of the module's parameters alone; a block of one
+Hessian-vector products (:func:`ckpt.numerics.lanczos.top_eigenpairs` and
+:class:`ckpt.numerics.derivatives.MeanLossHessian`, as in ``hessian-basis``) over the
+:class:`ckpt.numerics.derivatives.ParamSpace` of the module's parameters alone; a block of one
 parameter is its single Hessian entry. The Hessian is that of the mean loss over
 ``--samples`` seeded examples of ``--split``.
 
@@ -39,22 +39,20 @@ import numpy as np
 from ckpt.analyzers.basis import sample_examples
 from ckpt.analyzers.hessian_basis import graph_growth, hessian_operator, plan_memory
 from ckpt.analyzers.spike_causes import check_model_and_split, learning_rates
+from ckpt.engine.memory import format_size
+from ckpt.numerics.derivatives import DTYPES, ParamSpace
+from ckpt.numerics.lanczos import product_limit, top_eigenpairs
 from ckpt.plugins import (
-    DTYPES,
     AnalysisContext,
     AnalysisError,
     Analyzer,
     Option,
-    ParamSpace,
     Worker,
     datapoint_index,
-    format_size,
     hookimpl,
     loss_function,
     parameter_space,
-    product_limit,
     select_modules,
-    top_eigenpairs,
     torch_dtype,
     trainable,
 )

@@ -14,7 +14,8 @@ import numpy as np
 
 from ckpt.analyzers.basis import BasisReader
 from ckpt.analyzers.polca import checkpoint_terms
-from ckpt.plugins import AnalysisContext, Analyzer, Option, check_basis, datapoint_index, hookimpl, parameter_space
+from ckpt.numerics.derivatives import check_basis
+from ckpt.plugins import AnalysisContext, Analyzer, Option, datapoint_index, hookimpl, parameter_space
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr

@@ -75,20 +75,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.engine.worker import objective_for
 from ckpt.errors import AnalysisInputError
+from ckpt.numerics.derivatives import DTYPES, ParamSpace
 from ckpt.plugins import (
-    DTYPES,
     PER_RUN,
     AnalysisContext,
     AnalysisError,
     Analyzer,
     Option,
-    ParamSpace,
     Worker,
     chunks,
     hookimpl,
     loss_function,
-    objective_for,
     parameter_space,
 )
 from ckpt.plugins import trainable as trainable_tensors

@@ -9,8 +9,8 @@ append its top ``-k`` eigenvectors to B.
 
 Hessian-vector products differentiate each data block's gradient graph,
 built once per checkpoint, again along the vector (reverse over reverse,
-:class:`ckpt.plugins.MeanLossHessian`); the eigenvectors come from Lanczos
-with partial reorthogonalization (:func:`ckpt.plugins.top_eigenpairs`), which tests
+:class:`ckpt.numerics.derivatives.MeanLossHessian`); the eigenvectors come from Lanczos
+with partial reorthogonalization (:func:`ckpt.numerics.lanczos.top_eigenpairs`), which tests
 convergence after every product and takes the residuals from the products it
 kept: the products are almost all of the time (bench/polca.py). The checkpoints depend on each other
 (each needs the basis so far), so the Dask graph is a chain of one task per
@@ -29,36 +29,35 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.basis import ComputeOptions, HessianOptions, basis_steps, check_basis_size, sample_examples
+from ckpt.engine.memory import format_size
+from ckpt.engine.resume import Journal
 from ckpt.errors import AnalysisError
-from ckpt.plugins import (
+from ckpt.numerics.derivatives import MeanLossHessian, ParamSpace, graph_bytes
+from ckpt.numerics.lanczos import (
     DOT_BLOCK_BYTES,
     MIN_VECTORS_BEYOND_K,
+    SpilledRows,
+    lanczos_bytes,
+    product_limit,
+    top_eigenpairs,
+)
+from ckpt.plugins import (
     PER_RUN,
     AnalysisContext,
     Analyzer,
-    Journal,
-    MeanLossHessian,
     Option,
-    ParamSpace,
-    SpilledRows,
     Worker,
     basis_dims,
     chunks,
     datapoint_index,
-    format_size,
-    freed_memory_kept_for_reuse,
-    graph_bytes,
     hookimpl,
-    lanczos_bytes,
     loss_function,
     parameter_space,
-    product_limit,
-    read_here,
-    release_freed_memory,
-    top_eigenpairs,
     torch_dtype,
     trainable,
 )
+from ckpt.runtime import freed_memory_kept_for_reuse, release_freed_memory
+from ckpt.store.arrays import read_here
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -78,7 +77,7 @@ class MemoryPlan:
     estimate: int
     """Bytes the plan is expected to peak at."""
     spill: bool = False
-    """Lanczos vectors kept in a temporary file rather than memory (:class:`ckpt.plugins.SpilledRows`)."""
+    """Lanczos vectors kept in a temporary file rather than memory (:class:`ckpt.numerics.lanczos.SpilledRows`)."""
     kept_examples: int = 0
     """Without ``keep_graphs``: the first this many examples still keep their graphs (in blocks of the batch
     size), and only the rest are rebuilt per product, in blocks of ``block_examples``."""
@@ -104,7 +103,7 @@ with 9 spilled vectors or with 25, and more vector work per product with 25 (no 
 all kept vectors read more of them; docs/performance.md, "Hessian basis")."""
 GRAPH_PEAK = 2.3
 """A product differentiates the kept graphs again, and its backward pass holds about as much again: the
-ratio of what a product holds to the graphs' bytes (:func:`ckpt.plugins.graph_bytes`), measured at GPT-2
+ratio of what a product holds to the graphs' bytes (:func:`ckpt.numerics.derivatives.graph_bytes`), measured at GPT-2
 small, --samples 8 (docs/performance.md, "Hessian basis")."""
 REBUILT_PEAK = 2.3
 """A rebuilt block holds its graph and the product's backward buffers at once (the same measurement)."""
@@ -114,11 +113,11 @@ built, less the model, weights and vectors, to the graphs' bytes. What they hold
 the blocks that did not fit."""
 BASIS_BLOCK_BYTES = DOT_BLOCK_BYTES
 """What an earlier basis spilled to a file holds in memory: one block of its columns as read, at most one
-block of float64 scratch (:class:`ckpt.plugins.SpilledRows`)."""
+block of float64 scratch (:class:`ckpt.numerics.lanczos.SpilledRows`)."""
 FIXED_VECTORS = 2
 """Vectors of D held beside the search: the checkpoint's tensors (cached by the worker; θ's leaves share
 them) and the product being made, tensor by tensor. Its flat copy and the residual copied from it are
-the search's (:func:`ckpt.plugins.lanczos_bytes`). This counted them too (5 vectors) until the result's
+the search's (:func:`ckpt.numerics.lanczos.lanczos_bytes`). This counted them too (5 vectors) until the result's
 tensors stopped copying each basis checkpoint's vectors: the extra vectors at GPT-2 small hid that
 uncounted copy, which outgrew them from the third basis checkpoint on; counted once, bench/scale.py's L run
 stays within its plan (docs/performance.md, "Hessian basis"). It was 3 while the worker also kept the
@@ -174,7 +173,7 @@ def plan_memory(
         The Hessian's subsample (``--samples``) and its block size (``--batch-size``).
     graph
         ``(constant, per_example)`` bytes of one block's kept gradient graph
-        (:func:`ckpt.plugins.graph_bytes` at two block sizes).
+        (:func:`ckpt.numerics.derivatives.graph_bytes` at two block sizes).
     itemsize
         Bytes per parameter in the computation's dtype.
     limit
@@ -402,7 +401,7 @@ def graph_growth(block_loss: Callable[[np.ndarray], Any], examples: np.ndarray, 
     """``(constant, per_example)`` bytes of a block's kept gradient graph, from the graphs of one and two examples.
 
     ``block_loss(rows)`` is the per-datapoint loss of those examples; ``primal`` the parameters
-    (:func:`ckpt.plugins.graph_bytes`). The ``graph`` that :func:`plan_memory` takes.
+    (:func:`ckpt.numerics.derivatives.graph_bytes`). The ``graph`` that :func:`plan_memory` takes.
     """
     one, two = (graph_bytes(block_loss(examples[:n]), primal) for n in (1, min(2, len(examples))))
     per_example = max(two - one, 0) if len(examples) > 1 else one
@@ -588,7 +587,7 @@ def _read_journal(journal: Journal, keys: Sequence[Any], into: Mapping[str, Any]
     """Fill ``into`` with the vectors of the pieces ``keys`` from the journal.
 
     ``into``: each tensor's ``[count, *shape]`` array, or all of them in one ``[count, D]`` array
-    ``"vectors"``, or in :class:`ckpt.plugins.SpilledRows` ``"spilled"``.
+    ``"vectors"``, or in :class:`ckpt.numerics.lanczos.SpilledRows` ``"spilled"``.
 
     The journal must hold exactly the pieces of ``keys``. It is read a piece at a time, so that at most one
     piece of one tensor is held beside ``into`` (a whole tensor read at once is read into chunks and then
@@ -632,7 +631,7 @@ def journal_basis(
 ) -> list[Any]:
     """The ``count`` vectors of the earlier pieces (``keys``), read from the journal, as one torch ``[count, D]``.
 
-    ``spill``: into :class:`ckpt.plugins.SpilledRows` instead (an unlinked temporary file; the CPU only),
+    ``spill``: into :class:`ckpt.numerics.lanczos.SpilledRows` instead (an unlinked temporary file; the CPU only),
     which the caller closes.
     """
     import torch
@@ -784,7 +783,7 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
     description = "Basis of top Hessian eigenvectors grown over the run (POLCA's Algorithm 1)."
     per = PER_RUN
     # each basis checkpoint's graphs and Lanczos vectors are built in the pages the one before freed, not in
-    # fresh ones faulted in page by page (ckpt.plugins.freed_memory_kept_for_reuse), which makes the searches
+    # fresh ones faulted in page by page (ckpt.runtime.freed_memory_kept_for_reuse), which makes the searches
     # after the first faster (docs/performance.md, "Memory and the allocator")
     keeps_freed_memory = True
 

@@ -14,7 +14,7 @@ vectorized JVPs compute them. The selection depends on the last checkpoint, so
 the result is recomputed whole when checkpoints are added (``per = "run"``).
 
 Each pair's allocation is committed to the journal (``analyses/lca.partial``,
-:class:`ckpt.plugins.Journal`) as soon as it is computed, keyed by the pair's steps,
+:class:`ckpt.engine.resume.Journal`) as soon as it is computed, keyed by the pair's steps,
 both checkpoints' digests and a digest of the selection; a rerun of the same request
 after a kill takes those pairs and computes only the others.
 """
@@ -31,17 +31,17 @@ import numpy as np
 
 from ckpt.analyzers.basis import ComputeOptions
 from ckpt.analyzers.polca import measure_passes, plan_memory, worker_space
+from ckpt.engine.resume import Journal
+from ckpt.numerics.compiled import directional_derivatives
 from ckpt.plugins import (
     PER_RUN,
     AnalysisContext,
     AnalysisError,
     Analyzer,
-    Journal,
     Option,
     Worker,
     chunks,
     datapoint_index,
-    directional_derivatives,
     hookimpl,
     loss_function,
     parameter_space,

@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.spike_causes import check_model_and_split, learning_rates
+from ckpt.engine.memory import format_size
 from ckpt.plugins import (
     AnalysisContext,
     AnalysisError,
     Analyzer,
     Option,
     Worker,
-    format_size,
     hookimpl,
     iter_activations,
     select_modules,

@@ -37,27 +37,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.basis import BasisReader
+from ckpt.engine.memory import format_size
 from ckpt.errors import AnalysisError
+from ckpt.numerics.compiled import directional_derivatives
+from ckpt.numerics.derivatives import ParamSpace, check_basis, held_basis, load_basis, load_basis_rows, stored_basis
+from ckpt.numerics.footprint import peak_bytes
 from ckpt.plugins import (
     PER_PAIR,
     AnalysisContext,
     Analyzer,
     Option,
-    ParamSpace,
     Worker,
-    check_basis,
     chunks,
     datapoint_index,
-    directional_derivatives,
-    format_size,
-    held_basis,
     hookimpl,
-    load_basis,
-    load_basis_rows,
     loss_function,
     parameter_space,
-    peak_bytes,
-    stored_basis,
     torch_dtype,
     trainable,
 )
@@ -80,7 +75,7 @@ class PassCost:
 
     Every tensor of the pass is either the primal's (one per example) or a
     tangent's (one per example and vector), or belongs to the weights' tangents
-    (one per vector); fitted to passes measured by :func:`ckpt.plugins.peak_bytes`
+    (one per vector); fitted to passes measured by :func:`ckpt.numerics.footprint.peak_bytes`
     at 2 and 3 examples and 1 and 2 vectors. Exact to the MiB at GPT-2 small from 1 to
     16 examples along 1 to 4 vectors (first order), and exact from 2 examples on at S; a
     nested (second-order) pass over one example is cheaper than the line says (0.76 of it

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.basis import ScheduleOptions, basis_steps, check_basis_size
+from ckpt.engine.memory import format_size
 from ckpt.plugins import (
     PER_RUN,
     AnalysisContext,
@@ -21,7 +22,6 @@ from ckpt.plugins import (
     Option,
     Worker,
     basis_dims,
-    format_size,
     hookimpl,
     parameter_space,
 )

@@ -96,8 +96,8 @@ class Setup:
     """The worker-side objects of one store (what an analysis task has)."""
 
     def __init__(self, path: Path, device: str, dtype: str = "float32") -> None:
-        from ckpt.engine.worker import worker_for
-        from ckpt.plugins import TaskSpec, parameter_space
+        from ckpt.engine.worker import TaskSpec, worker_for
+        from ckpt.plugins import parameter_space
 
         self.worker = worker_for(TaskSpec(str(path), device))
         self.space = parameter_space(self.worker.store, self.worker.model)
@@ -121,7 +121,7 @@ class Setup:
 
 def terms(setup: Setup, step: int, basis: dict, args: argparse.Namespace, order: int = 2) -> None:
     """One checkpoint's POLCA terms, as ``polca``'s ``checkpoint_terms`` computes them."""
-    from ckpt.plugins import directional_derivatives
+    from ckpt.numerics.compiled import directional_derivatives
 
     count = next(iter(basis.values())).shape[0]
     for rows in chunks(setup.examples, args.batch):
@@ -201,7 +201,7 @@ def naive(setup: Setup, basis: dict, args: argparse.Namespace) -> None:
     """Per-datapoint backward passes at both checkpoints, projection, and K HVPs for λ."""
     import torch
 
-    from ckpt.plugins import hessian_vector_product
+    from ckpt.numerics.derivatives import hessian_vector_product
 
     flat_basis = setup.space.flatten(basis, batch_dims=1)
     data = setup.worker.data("eval")
@@ -273,7 +273,7 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
     def prepare() -> types.SimpleNamespace:
         """The tool's operator at the second checkpoint: what each basis checkpoint builds."""
         if tool in ("ckpt", "ckpt-oneshot", "reference"):
-            from ckpt.plugins import MeanLossHessian, hessian_vector_product
+            from ckpt.numerics.derivatives import MeanLossHessian, hessian_vector_product
 
             f = setup.f(1, slice(0, 256))
             primal = setup.primal(1)
@@ -338,7 +338,7 @@ def hessian_measure(setup: Setup, name: str, args: argparse.Namespace) -> dict:
         torch.manual_seed(0)  # PyHessian's start vectors come from torch's global generator
         prepared = prepare()  # building the graphs counts (PyHessian's: its constructor)
         if tool in ("ckpt", "reference"):
-            from ckpt.plugins import top_eigenpairs
+            from ckpt.numerics.lanczos import top_eigenpairs
 
             dtype = torch.float64 if tool == "reference" else torch.float32
             found = top_eigenpairs(prepared.hvp, setup.space.size, 4, tol=args.tol, dtype=dtype, device=args.device)

@@ -24,22 +24,23 @@ of the garbage collector and the C allocator.
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 DISTRIBUTION = "ckpt-dynamics"
 """The name ckpt is published under (``pip install ckpt-dynamics``); the import root and command stay ``ckpt``."""
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    import xarray as xr
+
     from ckpt.errors import CkptError
-    from ckpt.plugins import analyze, analyze_runs
     from ckpt.store import create, open
 
 # name -> module that defines it; resolved on first access (PEP 562)
 _LAZY = {
     "open": "ckpt.store",
     "create": "ckpt.store",
-    "analyze": "ckpt.plugins",
-    "analyze_runs": "ckpt.plugins",
     "CkptError": "ckpt.errors",
 }
 
@@ -63,6 +64,55 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(msg)
     globals()[name] = value  # resolved once
     return value
+
+
+def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Dataset:
+    """Run analyzer ``name`` on ``store`` and return its complete result (see :func:`ckpt.engine.pipeline.analyze`).
+
+    Parameters
+    ----------
+    name
+        A registered analyzer (``ckpt plugins`` lists them).
+    store
+        Path or URL of the checkpoint store.
+    **kwargs
+        Analyzer options and engine settings (``scheduler``, ``workers``, ``device``, ``force`` ...).
+
+    Returns
+    -------
+    xarray.Dataset
+        The stored result (lazy); ``result.ckpt`` holds its provenance.
+    """
+    from ckpt.engine.pipeline import analyze as _analyze
+
+    return _analyze(name, store, **kwargs)
+
+
+def analyze_runs(
+    name: str, stores: Sequence[str | os.PathLike[str]], *, lineage: bool = False, **kwargs: Any
+) -> xr.Dataset:
+    """Run ``name`` on several stores: one Dataset with a ``run`` dim (see :func:`ckpt.engine.pipeline.analyze_runs`).
+
+    Parameters
+    ----------
+    name
+        A registered analyzer.
+    stores
+        Paths or URLs of the runs.
+    lineage
+        Draw each run with the runs it was initialised from (``ckpt train --init-from``) as one
+        trajectory, the child's steps continuing its parent's (``parent_step + s``).
+    **kwargs
+        As for :func:`analyze`.
+
+    Returns
+    -------
+    xarray.Dataset
+        The runs' results concatenated along ``run``, with each run's recorded settings as coordinates.
+    """
+    from ckpt.engine.pipeline import analyze_runs as _analyze_runs
+
+    return _analyze_runs(name, stores, lineage=lineage, **kwargs)
 
 
 def __dir__() -> list[str]:

@@ -17,9 +17,9 @@ _warned = False
 
 
 def registry() -> Any:
-    """The process's plugin registry (:func:`ckpt.plugins.registry`); a broken plugin is one ``Warning:`` line."""
+    """The process's plugin registry (:func:`ckpt.plugins.manager.registry`); a broken plugin: one ``Warning:`` line."""
     global _warned
-    from ckpt.plugins import registry as shared_registry
+    from ckpt.plugins.manager import registry as shared_registry
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # printed below as one line each, once
@@ -143,10 +143,8 @@ def expand_stores(patterns: tuple[str, ...]) -> list[str]:
 
 def _make_command(name: str, analyzer: Any) -> click.Command:
     def callback(stores: tuple[str, ...], **values: Any) -> None:
-        from ckpt.plugins import (
-            ENGINE_SETTINGS,  # analyzer options never take these names
-            run,
-        )
+        from ckpt.engine.pipeline import run
+        from ckpt.plugins.analyzer import ENGINE_SETTINGS
         from ckpt.store import allow
 
         allow(*values.pop("trust_factory"))

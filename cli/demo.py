@@ -232,7 +232,7 @@ def demo(
         late = pin_cpu_kernels()  # before anything starts torch
         if late:
             click.echo(f"note: CPU kernels not pinned: {late}")
-    from ckpt.plugins import resolve_device
+    from ckpt.engine.worker import resolve_device
 
     device = resolve_device(device)  # before DIR is created: a wrong --device leaves nothing behind
     if progress is None:
@@ -302,7 +302,7 @@ def _demo_run(
 ) -> dict[str, Any]:
     """Train (or reuse) the run in ``folder``, analyze it, print the report; the clusters per method."""
     import ckpt.store as ckptstore
-    from ckpt.plugins import run
+    from ckpt.engine.pipeline import run
     from ckpt.sandboxes.base import cpu_kernels, train
     from ckpt.sandboxes.reproducible import kernel_description
 

@@ -117,7 +117,7 @@ _register_commands()
 
 def main() -> None:
     """Entry point of the ``ckpt`` console script."""
-    from ckpt.plugins import use_one_heap
+    from ckpt.runtime import use_one_heap
 
     use_one_heap()  # first, before any thread exists: glibc's setting holds for threads started after it
     # This process ends when the command does: at exit its objects are frozen, not collected once

@@ -84,7 +84,7 @@ def _plot_one(store: Any, name: str, out: str, dpi: int, with_parent: bool) -> N
     from ckpt.errors import CkptError, StepNotFoundError
 
     if with_parent:
-        from ckpt.plugins import join_lineage, stored_result
+        from ckpt.engine.lineage import join_lineage, stored_result
 
         result = join_lineage(store, name, stored_result(name))
     else:

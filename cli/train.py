@@ -76,7 +76,7 @@ class TrainGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:  # noqa: D102
         from ckpt.errors import PluginError
-        from ckpt.plugins import resolve_task
+        from ckpt.plugins.tasks import resolve_task
 
         tasks = registry().tasks
         if cmd_name not in tasks:

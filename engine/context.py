@@ -101,7 +101,7 @@ class AnalysisContext:
         self._results = dict(results)
         self.journal = journal
         """Where a ``per="run"`` analyzer commits its pieces as it finds them, so that a killed run
-        resumes (:class:`ckpt.plugins.Journal`); None for other analyzers."""
+        resumes (:class:`ckpt.engine.resume.Journal`); None for other analyzers."""
         self.resumed: list[int] = []
         """Steps whose pieces the analyzer took from the journal (the engine reports them)."""
         self.from_journal: tuple[tuple[str, ...], list[Any]] | None = None

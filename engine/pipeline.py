@@ -54,8 +54,9 @@ from ckpt.errors import (
     NonFiniteWarning,
     UnverifiedStoreWarning,
 )
-from ckpt.plugins import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer, Registry
-from ckpt.plugins import registry as shared_registry
+from ckpt.plugins import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
+from ckpt.plugins.manager import Registry
+from ckpt.plugins.manager import registry as shared_registry
 from ckpt.runtime import freed_memory_kept_for_reuse, release_freed_memory
 from ckpt.store.publish import local_path
 from ckpt.store.results import result_lock, threads_unless_configured, write_analysis

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from ckpt.errors import AnalysisError, StepNotFoundError
 from ckpt.numerics.derivatives import cast_floating
 from ckpt.numerics.weightless import weightless_model
-from ckpt.plugins import registry
+from ckpt.plugins.manager import registry
 from ckpt.runtime import collection_paused, release_freed_memory
 
 if TYPE_CHECKING:  # pragma: no cover

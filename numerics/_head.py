@@ -98,10 +98,10 @@ def head_split(model: Any) -> HeadSplit | None:
 
 
 def split_first_order(f: Any, primal: Mapping[str, Any], directions: Mapping[str, Any]) -> tuple[Any, Any] | None:
-    """``(loss [X], first [K, X])`` of the block loss ``f`` (a :class:`ckpt.plugins.BlockLoss`) by the split head.
+    """``(loss [X], first [K, X])`` of the block loss ``f`` (a ``derivatives.BlockLoss``) by the split head.
 
     None when the model or the objective has no split, or the model failed its check:
-    the caller then runs the ordinary JVP. Runs inside :func:`ckpt.plugins.forward_mode`.
+    the caller then runs the ordinary JVP. Runs inside :func:`ckpt.numerics.derivatives.forward_mode`.
     """
     split = head_split(f.model) if f.token_rows is not None else None
     if split is None:

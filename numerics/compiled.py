@@ -3,7 +3,7 @@
 :func:`directional_derivatives` lives here, above :mod:`ckpt.numerics.derivatives`,
 so that the two modules import each other in one direction only.
 
-:func:`ckpt.plugins.directional_derivatives` runs a nested JVP under
+:func:`ckpt.numerics.compiled.directional_derivatives` runs a nested JVP under
 ``torch.func.vmap`` eagerly: every aten op passes through the vmap and
 forward-AD interpreters, and forward over forward computes the first-order
 tangents twice (once as the inner JVP's tangent, once as the outer JVP's
@@ -52,7 +52,7 @@ AGREEMENT = 1e-4
 def compiled_directional_derivatives(
     f: BlockLoss, primal: Mapping[str, Any], directions: Mapping[str, Any], order: int
 ) -> tuple[Any, Any, Any]:
-    """:func:`ckpt.plugins.directional_derivatives` by the compiled program of these shapes."""
+    """:func:`ckpt.numerics.compiled.directional_derivatives` by the compiled program of these shapes."""
     key = (id(f.model), order, f.losses, _signature((primal, directions, f.batch)))
     with _PROGRAMS_LOCK:
         program = _PROGRAMS.get(key)

@@ -659,7 +659,7 @@ class MeanLossHessian:
     def flat(self, space: ParamSpace) -> Callable[[Any], Any]:
         """``v -> H v`` on flat ``[D]`` vectors of ``space``, every product written into one kept buffer.
 
-        The same buffer is returned by every call (what :func:`ckpt.plugins.top_eigenpairs` allows).
+        The same buffer is returned by every call (what :func:`ckpt.numerics.lanczos.top_eigenpairs` allows).
         Why: a fresh ``[D]`` tensor per product is mapped and zeroed page by page, several times the
         cost of flattening into a kept buffer (docs/performance.md, "Derivative passes").
         """

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckpt.plugins._analyzer import Analyzer
     from ckpt.plugins._importers import Importer
-    from ckpt.plugins._objectives import Objective
-    from ckpt.plugins._task import LazyTask, Task
+    from ckpt.plugins.analyzer import Analyzer
+    from ckpt.plugins.objectives import Objective
+    from ckpt.plugins.tasks import LazyTask, Task
 
 PROJECT = "ckpt"
 """pluggy project name; also the entry-point group plugins are discovered in."""

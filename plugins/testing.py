@@ -42,11 +42,11 @@ from ckpt.engine.context import AnalysisContext
 from ckpt.engine.pipeline import run, stored_provenance
 from ckpt.engine.worker import TaskSpec, clear_cache
 from ckpt.errors import StoreExistsError
-from ckpt.plugins._analyzer import PER_PAIR, PER_RUN, Analyzer, Option
 from ckpt.plugins._importers import Importer
-from ckpt.plugins._manager import Registry, load_registry
-from ckpt.plugins._objectives import Objective
+from ckpt.plugins.analyzer import PER_PAIR, PER_RUN, Analyzer, Option
 from ckpt.plugins.examples import EXAMPLE_FACTORY, mlp, tree_digest, write_example_run
+from ckpt.plugins.manager import Registry, load_registry
+from ckpt.plugins.objectives import Objective
 
 __all__ = [
     "EXAMPLE_FACTORY",

@@ -6,7 +6,7 @@ accuracy. This checks it over many runs: one store per (weight decay, seed),
 each trained by the sandbox's own ``ckpt.sandboxes.base.train`` (the task's preset,
 one torch thread, checkpoints only at step 0 and the last step), then the real
 ``embedding-geometry`` analyzer over all stores through
-``ckpt.plugins.analyze_runs``. For every run it takes ``grid_imperfection`` (and
+``ckpt.analyze_runs``. For every run it takes ``grid_imperfection`` (and
 ``circularity``) at the final checkpoint and the final ``test_accuracy`` (the
 80/20 split's validation pairs) from the store's training metrics, and prints
 

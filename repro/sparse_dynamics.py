@@ -25,7 +25,7 @@ each seed with :func:`ckpt.sandboxes.base.train` in a pool of ``--jobs`` process
 instead. Complete stores already under ``--out`` are reused; incomplete ones
 are trained again.
 
-Then the project's analyzers run over all stores (``ckpt.plugins.analyze_runs``):
+Then the project's analyzers run over all stores (``ckpt.analyze_runs``):
 
 - ``loss-spikes`` (which runs ``grad-norms`` first): the loss series is the
   stored ``train_loss`` metric (full training loss after every epoch), the

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ckpt.plugins import LazyTask, hookimpl
+from ckpt.plugins import hookimpl
+from ckpt.plugins.tasks import LazyTask
 
 TASKS = {
     "sparse-modular-addition": (

@@ -19,7 +19,7 @@ so the answer targets are positions 7..10: the 1000s, 100s, 10s and 1s digit.
 Attention is written out (matmul, causal mask, softmax) rather than through
 ``scaled_dot_product_attention``, so the model computes the same thing on every
 backend. (Analyzers run forward-mode AD through it; for models that use torch's
-fused attention they switch to its math kernel, see ``ckpt.plugins.forward_mode``.)
+fused attention they switch to its math kernel, see ``ckpt.numerics.derivatives.forward_mode``.)
 """
 
 from __future__ import annotations

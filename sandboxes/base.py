@@ -19,8 +19,10 @@ import numpy as np
 import torch
 
 import ckpt.store as ckptstore
+from ckpt.engine.worker import resolve_device
 from ckpt.errors import TaskError
-from ckpt.plugins import Dataset, LazyTask, Task, resolve_device, resolve_task
+from ckpt.plugins import Dataset, Task
+from ckpt.plugins.tasks import LazyTask, resolve_task
 from ckpt.sandboxes.init_from import initial_state, open_parent
 from ckpt.store.format import current_factory
 

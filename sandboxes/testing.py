@@ -26,7 +26,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from ckpt.plugins import Task, analyze, load_registry, resolve_task
+from ckpt import analyze
+from ckpt.plugins import Task, load_registry
+from ckpt.plugins.tasks import resolve_task
 from ckpt.plugins.testing import RegisteredTests, check_description, check_store
 from ckpt.sandboxes.base import train
 from ckpt.store.format import FACTORY_RE
@@ -69,7 +71,7 @@ class TaskTests(RegisteredTests):
     @pytest.fixture
     def trained(self, task: Task, tmp_path: Path) -> Iterator[Path]:
         """A tiny run of the task (:meth:`train_options`); the worker caches are cleared afterwards."""
-        from ckpt.plugins import clear_cache
+        from ckpt.engine.worker import clear_cache
 
         path = tmp_path / "run.zarr"
         train(task, path, **self.train_options())

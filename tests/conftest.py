@@ -81,7 +81,7 @@ def one_thread() -> Iterator[None]:
     """
     import torch
 
-    from ckpt.plugins import clear_cache
+    from ckpt.engine.worker import clear_cache
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpt.plugins import load_registry, resolve_task
+from ckpt.plugins import load_registry
+from ckpt.plugins.tasks import resolve_task
 from ckpt.plugins.testing import write_example_run
 from ckpt.store.trust import TRUST_ENV
 from tests.helpers import run_ckpt

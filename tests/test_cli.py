@@ -43,7 +43,7 @@ def test_no_help_shows_raw_rst_markup() -> None:
         helped = runner.invoke(cli, [name, "--help"])
         assert helped.exit_code == 0, name
         assert "``" not in helped.output, f"ckpt {name} --help: {helped.output}"
-    for name in ckpt.plugins.registry().analyzers:
+    for name in ckpt.plugins.manager.registry().analyzers:
         helped = runner.invoke(cli, ["analyze", name, "--help"])
         assert helped.exit_code == 0 and "``" not in helped.output, f"ckpt analyze {name} --help: {helped.output}"
 

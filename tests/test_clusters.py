@@ -23,7 +23,8 @@ from ckpt.analyzers import clusters
 from ckpt.analyzers import trajectories as tr
 from ckpt.analyzers.loss import Loss
 from ckpt.engine.pipeline import data_hash, run
-from ckpt.plugins import clear_cache, load_registry
+from ckpt.engine.worker import clear_cache
+from ckpt.plugins import load_registry
 from ckpt.plugins.testing import write_example_run
 from ckpt.store.results import write_analysis
 

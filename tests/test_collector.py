@@ -20,7 +20,8 @@ import pytest
 
 import ckpt
 import ckpt.store as ckptstore
-from ckpt.plugins import TaskSpec, Worker, clear_cache
+from ckpt.engine.worker import TaskSpec, clear_cache
+from ckpt.plugins import Worker
 from ckpt.runtime import collection_paused
 from tests import models
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ckpt.numerics.cross_entropy import TokenCrossEntropy, differentiated_twice, use_twice_differentiable
 from ckpt.numerics.derivatives import MeanLossHessian
-from ckpt.plugins._objectives import IGNORE_INDEX, _causal_lm
+from ckpt.plugins.objectives import IGNORE_INDEX, _causal_lm
 
 
 def test_values_gradients_and_second_derivatives_equal_torch_and_finite_differences() -> None:

@@ -86,9 +86,9 @@ def test_plugin_guide_documents_every_public_name() -> None:
 
 
 def test_plugin_guide_lists_the_engine_settings_of_the_code() -> None:
-    from ckpt.plugins import ENGINE_SETTINGS
+    from ckpt.plugins.analyzer import ENGINE_SETTINGS
 
-    listed = re.search(r"\(`ckpt\.plugins\.ENGINE_SETTINGS`: (.+?)\)", _plugin_guide(), flags=re.S)
+    listed = re.search(r"\(`ckpt\.plugins\.analyzer\.ENGINE_SETTINGS`: (.+?)\)", _plugin_guide(), flags=re.S)
     assert listed is not None
     assert re.findall(r"`(\w+)`", listed.group(1)) == list(ENGINE_SETTINGS)
 
@@ -144,8 +144,7 @@ def _reference_gradients(store: Path, step: int) -> Any:
 def test_plugin_guide_task_functions_compute_what_they_say(tmp_path: Path) -> None:
     import numpy as np
 
-    from ckpt.engine.worker import worker_for
-    from ckpt.plugins import TaskSpec
+    from ckpt.engine.worker import TaskSpec, worker_for
     from ckpt.plugins.testing import write_example_run
 
     store = write_example_run(tmp_path / "run.zarr", steps=2, examples=20)

@@ -15,7 +15,8 @@ import ckpt
 import ckpt.store as ckptstore
 from ckpt.analyzers import embedding_geometry as eg
 from ckpt.engine.pipeline import run
-from ckpt.plugins import AnalysisError, clear_cache, load_registry
+from ckpt.engine.worker import clear_cache
+from ckpt.plugins import AnalysisError, load_registry
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.modular_addition import ModularAddition
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition, build_model, prefix_code

@@ -21,7 +21,8 @@ import torch
 import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.engine.pipeline import run
-from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, TaskSpec, load_registry
+from ckpt.engine.worker import TaskSpec
+from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, load_registry
 from ckpt.plugins.testing import raise_if_dask_computes, write_example_run
 from tests.helpers import run_ckpt
 from tests.models import mlp, tiny_lm

@@ -14,7 +14,7 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.engine.pipeline import run
-from ckpt.plugins import registry as shared_registry
+from ckpt.plugins.manager import registry as shared_registry
 from ckpt.plugins.testing import check_figure
 from ckpt.sandboxes.addition import Addition
 from ckpt.sandboxes.base import train
@@ -396,7 +396,7 @@ def test_output_regions_are_the_class_the_mlp_gives_each_point_of_the_plane(spar
 
 
 def test_runs_compared_grid_imperfection_against_accuracy_and_sparsity_overlaid(tmp_path: Path) -> None:
-    from ckpt.plugins import analyze_runs
+    from ckpt import analyze_runs
     from ckpt.sandboxes.modular_addition import ModularAddition
 
     runs = []

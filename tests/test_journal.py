@@ -14,7 +14,7 @@ import pytest
 import xarray as xr
 
 import ckpt.store as ckptstore
-from ckpt.plugins import Journal
+from ckpt.engine.resume import Journal
 from ckpt.plugins.testing import write_example_run
 
 

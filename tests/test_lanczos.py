@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt.numerics.lanczos import RITZ_VECTORS_BEYOND_K
-from ckpt.plugins import AnalysisError, top_eigenpairs
+from ckpt.numerics.lanczos import RITZ_VECTORS_BEYOND_K, top_eigenpairs
+from ckpt.plugins import AnalysisError
 
 
 def symmetric(values: np.ndarray, seed: int = 0) -> torch.Tensor:
@@ -106,7 +106,7 @@ def test_earlier_pieces_are_views_on_the_cpu_and_one_tensor_where_copied() -> No
 
 def test_an_earlier_basis_spilled_to_a_file_deflates_as_the_same_basis_in_memory() -> None:
     """hessian-basis may read its earlier basis from a file at every projection: the same numbers, to the bit."""
-    from ckpt.plugins import SpilledRows
+    from ckpt.numerics.lanczos import SpilledRows
 
     values = np.concatenate([[5.0, 4.0, 3.0, 2.5, 2.0], np.linspace(-1, 1, 55)])
     matrix = symmetric(values, seed=2)
@@ -568,7 +568,7 @@ def test_a_spilled_search_whose_products_need_a_second_pass_gives_the_in_memory_
 
 def test_the_caller_hears_when_the_products_are_done_before_the_eigenvectors_are_formed() -> None:
     """hessian-basis frees its kept graphs there: the k eigenvectors must not be formed beside them."""
-    from ckpt.plugins import MeanLossHessian
+    from ckpt.numerics.derivatives import MeanLossHessian
 
     values = np.concatenate([[5.0, 4.0], np.linspace(-1, 1, 38)])
     matrix = symmetric(values, seed=4)

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 import ckpt.store as ckptstore
-from ckpt.plugins import TaskSpec, Worker, clear_cache
+from ckpt.engine.worker import TaskSpec, clear_cache
+from ckpt.plugins import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = {"vocab": 8192, "d": 32}
@@ -133,7 +134,7 @@ def test_the_worker_model_holds_no_copy_of_the_weights(lm_store: Path) -> None:
 def test_token_cross_entropy_in_blocks_equals_one_call_bit_for_bit() -> None:
     import torch.nn.functional as F
 
-    from ckpt.plugins._objectives import _per_token_cross_entropy
+    from ckpt.plugins.objectives import _per_token_cross_entropy
 
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.float64):

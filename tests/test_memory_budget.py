@@ -27,15 +27,11 @@ from ckpt.analyzers.hessian_basis import (
     check_the_run_fits,
     plan_memory,
 )
+from ckpt.engine.memory import parse_size
+from ckpt.engine.worker import TaskSpec
 from ckpt.numerics.derivatives import parameter_space
-from ckpt.plugins import (
-    AnalysisContext,
-    AnalysisError,
-    TaskSpec,
-    lanczos_bytes,
-    load_registry,
-    parse_size,
-)
+from ckpt.numerics.lanczos import lanczos_bytes
+from ckpt.plugins import AnalysisContext, AnalysisError, load_registry
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
 
@@ -207,7 +203,7 @@ def test_a_partly_kept_plan_covers_every_example_once() -> None:
     import torch
 
     from ckpt.analyzers.hessian_basis import hessian_operator
-    from ckpt.plugins import MeanLossHessian
+    from ckpt.numerics.derivatives import MeanLossHessian
 
     generator = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(11, 5, generator=generator), torch.randn(11, generator=generator)
@@ -240,7 +236,7 @@ def test_measuring_a_graph_keeps_nothing_of_it_alive() -> None:
 
     import torch
 
-    from ckpt.plugins import graph_bytes
+    from ckpt.numerics.derivatives import graph_bytes
 
     inputs = torch.randn(64, 200, generator=torch.Generator().manual_seed(0))
     made: list[weakref.ref] = []
@@ -268,7 +264,7 @@ def test_memory_freed_into_the_heap_is_given_back() -> None:
     import psutil
     import torch
 
-    from ckpt.plugins import release_freed_memory
+    from ckpt.runtime import release_freed_memory
 
     def rss() -> int:
         return psutil.Process().memory_info().rss
@@ -295,7 +291,7 @@ import atexit, ctypes, json, sys, threading
 import psutil
 import torch
 
-from ckpt.plugins import freed_memory_kept_for_reuse, release_freed_memory
+from ckpt.runtime import freed_memory_kept_for_reuse, release_freed_memory
 
 
 def rss():
@@ -383,7 +379,8 @@ import torch
 import xarray as xr
 
 import ckpt.plugins
-from ckpt.plugins import PER_RUN, Analyzer, load_registry, use_one_heap
+from ckpt.plugins import PER_RUN, Analyzer, load_registry
+from ckpt.runtime import use_one_heap
 from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
 

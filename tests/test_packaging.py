@@ -259,8 +259,8 @@ def test_no_package_has_an_import_cycle(package: str) -> None:
     for name in sorted(modules):
         visit(name)
     if package == "ckpt.plugins":
-        assert order.index("ckpt.plugins._analyzer") < order.index("ckpt.plugins._manager")
-        assert order.index("ckpt.plugins._manager") < order.index("ckpt.plugins._task")
+        assert order.index("ckpt.plugins.analyzer") < order.index("ckpt.plugins.manager")
+        assert order.index("ckpt.plugins.manager") < order.index("ckpt.plugins.tasks")
     if package == "ckpt.engine":
         assert order.index("ckpt.engine.worker") < order.index("ckpt.engine.context")
         assert order.index("ckpt.engine.context") < order.index("ckpt.engine.pipeline")
@@ -288,7 +288,8 @@ def test_lint_bans_the_old_top_level_names(tmp_path: Path) -> None:
 
 def test_task_descriptions_match_their_classes() -> None:
     """The sandboxes register lazily with a description of their own: it must be the class's."""
-    from ckpt.plugins import registry, resolve_task
+    from ckpt.plugins.manager import registry
+    from ckpt.plugins.tasks import resolve_task
     from ckpt.sandboxes import TASKS
 
     for name, (_, description) in TASKS.items():
@@ -296,51 +297,128 @@ def test_task_descriptions_match_their_classes() -> None:
         assert task.description == description == resolve_task(task).description
 
 
+PLUGIN_API_LIMIT = 30
+"""The most names ``ckpt.plugins.__all__`` may hold: what docs/plugins.md teaches, nothing else (issue 70)."""
+
 INTERNAL_PACKAGES = ("ckpt.engine", "ckpt.numerics")
-"""Layers beneath the plugin API whose modules plugins reach only through ``ckpt.plugins``'s names."""
+"""Layers beneath the plugin API: the guide and the example plugin reach them only through ``ckpt.plugins``."""
 
 
 def _plugin_imports(source: str) -> tuple[set[str], set[str]]:
-    """(names imported from ``ckpt.plugins``, private or internal modules imported) in ``source``.
+    """(names imported from ``ckpt.plugins``, other modules of ckpt's layers imported) in ``source``.
 
-    Private: ``ckpt.plugins._*``; internal: any module of :data:`INTERNAL_PACKAGES`.
+    Other: any module of :data:`INTERNAL_PACKAGES` or of ``ckpt.plugins`` but the conformance kit
+    (``ckpt.plugins.testing``).
     """
-    names, private = set(), set()
+    names, other = set(), set()
 
     def hidden(module: str) -> bool:
         internal = any(module == p or module.startswith(f"{p}.") for p in INTERNAL_PACKAGES)
-        return internal or module.startswith("ckpt.plugins._")
+        return internal or (module.startswith("ckpt.plugins.") and module != "ckpt.plugins.testing")
 
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module == "ckpt.plugins":
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and hidden(node.module or ""):
-            private.add(node.module)
+            other.add(node.module)
         elif isinstance(node, ast.Import):
-            private.update(a.name for a in node.names if hidden(a.name))
-    return names, private
+            other.update(a.name for a in node.names if hidden(a.name))
+    return names, other
 
 
-def test_plugin_guide_and_builtin_plugins_use_only_the_public_api() -> None:
-    import ckpt.plugins
-
-    sources = {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "analyzers").glob("*.py")}
-    sources |= {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "sandboxes").glob("*.py")}
-    sources |= {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "docs" / "examples").rglob("*.py")}
+def _guide_sources() -> dict[str, str]:
+    """The import lines of docs/plugins.md's Python blocks, and every file of docs/examples/, by where."""
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "docs" / "examples").rglob("*.py")}
     guide = (ROOT / "docs" / "plugins.md").read_text()
     for number, block in enumerate(re.findall(r"```python\n(.+?)\n```", guide, flags=re.S)):
         # some blocks are fragments (a signature, a method): their import lines are what counts
         imports = [line.strip() for line in block.splitlines() if line.strip().startswith("from ckpt")]
         sources[f"docs/plugins.md block {number}"] = "\n".join(imports)
+    return sources
+
+
+def test_plugin_guide_and_example_use_only_the_plugin_api() -> None:
+    """What a plugin author is taught imports ``ckpt.plugins``'s names and the kit, nothing beneath them."""
+    import ckpt.plugins
+
     used = set()
-    for where, source in sources.items():
-        names, private = _plugin_imports(source)
-        assert not private, f"{where} imports private modules {sorted(private)}"
+    for where, source in _guide_sources().items():
+        names, other = _plugin_imports(source)
+        assert not other, f"{where} imports {sorted(other)}, beneath the plugin API"
         used |= names
     assert used <= set(ckpt.plugins.__all__), sorted(used - set(ckpt.plugins.__all__))
+    assert {"Analyzer", "Worker", "PER_PAIR", "Objective", "Importer", "Task", "Registry"} <= used
     for name in ckpt.plugins.__all__:
         assert hasattr(ckpt.plugins, name), name
-    assert {"datapoint_index", "PER_PAIR", "PER_RUN", "AnalysisError", "Objective", "Importer", "Task"} <= used
+
+
+COMPLETING_NAMES = {"PER_CHECKPOINT", "CAUSAL_LM", "CROSS_ENTROPY", "TOKEN_CROSS_ENTROPY", "PluginWarning"}
+"""API names no code of the guide uses: the rest of sets it uses part of, and what a broken plugin warns."""
+
+
+def test_the_plugin_api_is_what_the_guide_teaches() -> None:
+    """``__all__`` is the names the guide's code and the example plugin use, and :data:`COMPLETING_NAMES`.
+
+    At most :data:`PLUGIN_API_LIMIT`, each with a line in the guide's "Every public name" section.
+    """
+    import ckpt.plugins
+
+    assert len(ckpt.plugins.__all__) <= PLUGIN_API_LIMIT
+    guide = (ROOT / "docs" / "plugins.md").read_text()
+    code = "\n".join(re.findall(r"```python\n(.+?)\n```", guide, flags=re.S))
+    code += "\n".join(p.read_text() for p in (ROOT / "docs" / "examples").rglob("*.py"))
+    used = {name for name in ckpt.plugins.__all__ if re.search(rf"\b{name}\b", code)}
+    assert set(ckpt.plugins.__all__) - used == COMPLETING_NAMES
+    section = guide.split("## Every public name", 1)[1].split("\n## ", 1)[0].split("**Moved.**")[0]
+    listed = set(re.findall(r"`(\w+)", section))
+    assert set(ckpt.plugins.__all__) <= listed, sorted(set(ckpt.plugins.__all__) - listed)
+
+
+def test_builtin_plugins_import_only_public_modules_of_the_layers_beneath() -> None:
+    """ckpt's analyzers and sandboxes use the engine, numerics and host modules, as pytest's plugins ``_pytest``.
+
+    They import those layers' public modules (private ones are checked for every module by
+    :func:`test_no_module_imports_another_modules_private_names`) and never a deprecated alias of
+    ``ckpt.plugins``, which would warn.
+    """
+    import ckpt.plugins
+
+    for folder in ("analyzers", "sandboxes", "cli", "engine"):
+        for path in (ROOT / folder).rglob("*.py"):
+            names, _ = _plugin_imports(path.read_text())
+            assert names <= set(ckpt.plugins.__all__), (
+                f"{path.relative_to(ROOT)}: {sorted(names - set(ckpt.plugins.__all__))}"
+            )
+
+
+def test_a_name_that_left_the_plugin_api_warns_and_names_its_home() -> None:
+    import ckpt.numerics.lanczos
+    import ckpt.plugins
+
+    expected = (
+        r"^ckpt\.plugins\.lanczos_bytes is deprecated and will be removed in 0\.3; "
+        r"import it from ckpt\.numerics\.lanczos$"
+    )
+    with pytest.warns(DeprecationWarning, match=expected):
+        alias = ckpt.plugins.lanczos_bytes
+    assert alias is ckpt.numerics.lanczos.lanczos_bytes
+    with pytest.warns(DeprecationWarning, match="import it from ckpt.plugins.manager$"):
+        from ckpt.plugins import registry
+    assert registry is ckpt.plugins.manager.registry
+    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
+        ckpt.plugins.nonesuch  # noqa: B018
+
+
+@pytest.mark.parametrize("name", sorted(__import__("ckpt.plugins").plugins.DEPRECATED))
+def test_every_deprecated_alias_resolves_to_its_new_home(name: str) -> None:
+    """Each name 0.2's development exported, and the API no longer does, is its new home's object."""
+    import ckpt.plugins
+
+    home = importlib.import_module(ckpt.plugins.DEPRECATED[name])
+    with pytest.warns(DeprecationWarning, match=f"import it from {re.escape(home.__name__)}$"):
+        alias = getattr(ckpt.plugins, name)
+    assert alias is getattr(home, name)
+    assert name not in ckpt.plugins.__all__
 
 
 LAYER_PACKAGES = {
@@ -475,7 +553,7 @@ LAYER_RANKS = {
 
 UPWARD_INSIDE_FUNCTIONS = {("ckpt.plugins", "ckpt.engine")}
 """(importer, imported) layers allowed upward inside a function body or under TYPE_CHECKING only:
-the plugin host's facade (``ckpt.plugins.analyze`` ...) loads the engine when it is called."""
+the plugin host's facade (``ckpt.analyze`` ...) loads the engine when it is called."""
 
 UPWARD_MODULES = {("ckpt.plugins.testing", "ckpt.engine")}
 """(module, imported layer) allowed upward anywhere: the conformance kit runs analyses through the

@@ -12,7 +12,7 @@ import torch
 import ckpt.store as ckptstore
 from ckpt.analyzers import embedding_geometry as eg
 from ckpt.engine.pipeline import run
-from ckpt.plugins import clear_cache
+from ckpt.engine.worker import clear_cache
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.modular_addition import all_pairs
 from ckpt.sandboxes.particles import Particles, ParticleSystem, alignment_potential, clustering_potential

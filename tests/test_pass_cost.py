@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from ckpt.analyzers.polca import PassCost, measure_passes
-from ckpt.plugins import BlockLoss, directional_derivatives, peak_bytes
-from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY
+from ckpt.numerics.compiled import directional_derivatives
+from ckpt.numerics.derivatives import BlockLoss
+from ckpt.numerics.footprint import peak_bytes
+from ckpt.plugins.objectives import CAUSAL_LM, CROSS_ENTROPY
 from tests.helpers import tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_thread")

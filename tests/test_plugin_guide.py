@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.plugins import Registry
+from ckpt.plugins.manager import Registry
 from ckpt.plugins.testing import AnalyzerTests, ObjectiveTests, check_figure, write_example_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,7 +228,8 @@ def _sandbox_model(name: str) -> Any:
     """The model of a built-in sandbox's default preset, from the factory its stores record."""
     import importlib
 
-    from ckpt.plugins import load_registry, resolve_task
+    from ckpt.plugins import load_registry
+    from ckpt.plugins.tasks import resolve_task
 
     task = resolve_task(load_registry(entry_points=False).tasks[name])
     preset = task.presets.get("default") or next(iter(task.presets.values()))
@@ -275,7 +276,8 @@ def test_the_guides_append_example_appends_a_checkpoint(tmp_path: Path) -> None:
 def test_the_guides_activation_examples_capture_the_example_mlps_tanh(tmp_path: Path) -> None:
     import torch
 
-    from ckpt.plugins import TaskSpec, Worker, capture, iter_activations, select_modules
+    from ckpt.engine.worker import TaskSpec
+    from ckpt.plugins import Worker, capture, iter_activations, select_modules
 
     path = write_example_run(tmp_path / "run.zarr", steps=2, examples=20)
     opened = ckptstore.open(path)

@@ -13,7 +13,7 @@ import pytest
 
 import ckpt.plugins
 from ckpt.plugins import PluginWarning, hookspecs, load_registry
-from ckpt.plugins._manager import get_plugin_manager
+from ckpt.plugins.manager import get_plugin_manager
 from tests.helpers import run_ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,7 +191,7 @@ def test_registration_validates_analyzers() -> None:
         load_registry(entry_points=False, extra=[RegistersAType()])
 
 
-@pytest.mark.parametrize("setting", ckpt.plugins.ENGINE_SETTINGS)
+@pytest.mark.parametrize("setting", ckpt.plugins.analyzer.ENGINE_SETTINGS)
 def test_an_option_may_not_shadow_an_engine_setting(setting: str) -> None:
     shadowing = type(
         "Shadowing",
@@ -238,7 +238,7 @@ def test_a_malformed_analyzer_is_skipped_alone_with_its_reason() -> None:
 
 def test_one_registry_per_process() -> None:
     from ckpt.cli.analyze import registry as cli_registry
-    from ckpt.plugins import registry, reset_registry
+    from ckpt.plugins.manager import registry, reset_registry
 
     assert registry() is registry() is cli_registry()
     reset_registry()

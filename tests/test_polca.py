@@ -22,17 +22,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.engine.pipeline import run
-from ckpt.numerics.derivatives import BlockLoss
+from ckpt.engine.worker import clear_cache
+from ckpt.numerics.compiled import directional_derivatives
+from ckpt.numerics.derivatives import BlockLoss, MeanLossHessian, hessian_vector_product
 from ckpt.plugins import (
     CROSS_ENTROPY,
     PER_RUN,
     AnalysisContext,
     Analyzer,
-    MeanLossHessian,
     basis_dims,
-    clear_cache,
-    directional_derivatives,
-    hessian_vector_product,
     hookimpl,
     load_registry,
     parameter_space,
@@ -160,8 +158,7 @@ def test_paper_second_order_matches_its_formula(store: Path) -> None:
 def test_the_curvature_is_skipped_only_where_no_pair_starts(store: Path) -> None:
     """The run's last checkpoint gets the first-order pass alone; its loss and slopes are unchanged."""
     from ckpt.analyzers.polca import checkpoint_terms
-    from ckpt.engine.worker import worker_for
-    from ckpt.plugins import TaskSpec
+    from ckpt.engine.worker import TaskSpec, worker_for
 
     ckpt.analyze("polca", store, second_order="exact", dtype="float64", k=2)
     basis = ckptstore.open(store).analysis("hessian-basis").load()
@@ -541,7 +538,7 @@ def test_directional_derivatives_and_hvps_through_norms_and_attention_equal_expl
 
     torch's own forward-mode rules of layer, instance and batch-statistics norms are
     wrong under forward-over-forward (7-112% off), and its fused attention has none:
-    without ckpt.plugins.forward_mode this test fails for all four.
+    without ckpt.numerics.derivatives.forward_mode this test fails for all four.
     """
     torch.manual_seed(0)
     model = _model_with(layer)

@@ -16,7 +16,8 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.analyzers.polca import CPU_TOKEN_VECTORS, PASS_PEAK, PassCost, plan_basis, plan_memory
-from ckpt.plugins import AnalysisError, peak_bytes
+from ckpt.numerics.footprint import peak_bytes
+from ckpt.plugins import AnalysisError
 from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
 from tests.test_memory_budget import error_lines, limited
 

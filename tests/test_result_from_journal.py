@@ -22,8 +22,9 @@ import xarray as xr
 import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.engine.pipeline import run
+from ckpt.engine.resume import Journal
 from ckpt.errors import CkptError
-from ckpt.plugins import PER_RUN, AnalysisContext, Analyzer, Journal, Option, load_registry
+from ckpt.plugins import PER_RUN, AnalysisContext, Analyzer, Option, load_registry
 from ckpt.plugins.testing import write_example_run
 
 PIECES, ROWS, WIDTH = 12, 2, 250_000

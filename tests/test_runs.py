@@ -10,7 +10,7 @@ import torch
 
 import ckpt.plugins
 import ckpt.store as ckptstore
-from ckpt.plugins import clear_cache
+from ckpt.engine.worker import clear_cache
 from ckpt.plugins.testing import write_example_run
 from tests.helpers import run_ckpt, tree_digest
 

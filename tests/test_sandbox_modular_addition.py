@@ -126,7 +126,8 @@ def test_weight_decay_and_lr_reach_the_optimizer(task: ModularAddition) -> None:
 
 
 def test_presets_and_registration() -> None:
-    from ckpt.plugins import registry, resolve_task
+    from ckpt.plugins.manager import registry
+    from ckpt.plugins.tasks import resolve_task
 
     assert isinstance(resolve_task(registry().tasks["modular-addition"]), ModularAddition)
     for preset in ("default", "paper"):

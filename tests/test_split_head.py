@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from ckpt.numerics._head import _CHECKED, head_split, split_first_order
-from ckpt.numerics.derivatives import eager_directional_derivatives, forward_mode
-from ckpt.plugins import BlockLoss, directional_derivatives
-from ckpt.plugins._objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY
+from ckpt.numerics.compiled import directional_derivatives
+from ckpt.numerics.derivatives import BlockLoss, eager_directional_derivatives, forward_mode
+from ckpt.plugins.objectives import CAUSAL_LM, CROSS_ENTROPY, TOKEN_CROSS_ENTROPY
 from tests.helpers import tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_thread")

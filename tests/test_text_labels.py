@@ -21,7 +21,8 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.analyzers.clusters import Clusters
 from ckpt.engine.pipeline import run
-from ckpt.plugins import AnalysisError, clear_cache
+from ckpt.engine.worker import clear_cache
+from ckpt.plugins import AnalysisError
 from ckpt.plugins.testing import AnalyzerTests, write_example_run
 from tests.helpers import run_ckpt, tree_digest
 

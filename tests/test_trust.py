@@ -170,8 +170,8 @@ def test_ckpt_functions_that_are_not_factories_never_run_from_a_store(
 
 def test_every_task_factory_is_registered() -> None:
     """ckpt's own sandboxes and the HF importer record factories that a fresh install trusts."""
-    from ckpt.plugins import registry
-    from ckpt.plugins._task import resolve_task
+    from ckpt.plugins.manager import registry
+    from ckpt.plugins.tasks import resolve_task
     from ckpt.store.importers import HF_FACTORY
     from ckpt.store.trust import registered_factories
 

@@ -19,8 +19,9 @@ import torch.nn.functional as F
 
 import ckpt
 import ckpt.store as ckptstore
+from ckpt.engine.worker import TaskSpec, clear_cache
 from ckpt.numerics.weightless import _parameters_on_meta, unstored_parameters, weightless_model
-from ckpt.plugins import TaskSpec, Worker, clear_cache
+from ckpt.plugins import Worker
 from tests.helpers import assert_refused
 from tests.models import mlp, tied_lm
 

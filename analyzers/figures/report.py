@@ -246,7 +246,7 @@ def _analysis_section(
     record = result.ckpt
     analyzer_name = record.analyzer or name
     steps = record.steps
-    from ckpt.plugins import stored_identity
+    from ckpt.engine.pipeline import stored_identity
 
     identity = stored_identity(record.provenance, store, current_data[1])
     stale = identity["data_sha256"] not in (None, current_data[0]) or identity["model_sha256"] != current_data[1]
@@ -336,7 +336,7 @@ def write_report(where: str, out: str, registry: Any, *, trajectory: bool = True
         checkpoint once); False keeps only the duplicates, which come from the commit record.
     """
     import ckpt.store as ckptstore
-    from ckpt.plugins import data_hash, model_hash
+    from ckpt.engine.pipeline import data_hash, model_hash
 
     store = ckptstore.open(where)
     current = (data_hash(store), model_hash(store))

@@ -7,8 +7,9 @@ from pathlib import Path
 import ckpt_weight_norm
 import numpy as np
 
+import ckpt
 import ckpt.store as ckptstore
-from ckpt.plugins import Registry, analyze
+from ckpt.plugins import Registry
 from ckpt.plugins.testing import AnalyzerTests, write_example_run
 
 
@@ -26,7 +27,7 @@ class TestWeightNorm(AnalyzerTests):
 
     def test_norms_match_numpy(self, store: Path, registry: Registry) -> None:
         """The stored norms are numpy's (the kit's fixtures serve the analyzer's own tests too)."""
-        result = analyze("weight-norm", store, registry=registry)
+        result = ckpt.analyze("weight-norm", store, registry=registry)
         opened = ckptstore.open(store)
         for step in opened.steps:
             for name, tensor in opened.tensors(step).items():

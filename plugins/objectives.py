@@ -233,3 +233,15 @@ def ckpt_register_objectives(register: Callable[[str, Objective], None]) -> None
     register("cross-entropy", CROSS_ENTROPY)
     register("token-cross-entropy", TOKEN_CROSS_ENTROPY)
     register("causal-lm", CAUSAL_LM)
+
+
+__all__ = [
+    "CAUSAL_LM",
+    "CROSS_ENTROPY",
+    "IGNORE_INDEX",
+    "LOGITS_BLOCK_BYTES",
+    "TOKEN_CROSS_ENTROPY",
+    "Objective",
+    "ckpt_register_objectives",
+    "logits_of",
+]

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ckpt.errors import AnalysisError, PluginError, TaskError
-from ckpt.plugins._analyzer import Option, declared_options
-from ckpt.plugins._manager import registry
+from ckpt.plugins.analyzer import Option, declared_options
+from ckpt.plugins.manager import registry
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -227,3 +227,6 @@ def resolve_task(task: Any) -> Task:
         msg = f"{task!r} is not a ckpt.plugins.Task and cannot be trained"
         raise PluginError(msg)
     return task
+
+
+__all__ = ["Dataset", "LazyTask", "Task", "resolve_task"]

@@ -174,7 +174,7 @@ class Analyzer:
     (one row per consecutive pair, at its first step) or ``"run"`` (recomputed whole)."""
     keeps_freed_memory: ClassVar[bool] = False
     """On the CPU, whether the memory this run's tasks free stays in the process's heap for their
-    next allocations until the run ends (:func:`ckpt.plugins.freed_memory_kept_for_reuse`), instead
+    next allocations until the run ends (:func:`ckpt.runtime.freed_memory_kept_for_reuse`), instead
     of going back to the system after each task. For runs whose tasks allocate the same large blocks
     again and again (hessian-basis: each basis checkpoint's graphs and Lanczos vectors), where fresh
     pages cost a page fault each; it raises the peak of runs whose blocks vary in size."""
@@ -336,3 +336,17 @@ def validate_option(option: Option, owner: str) -> None:
     if option.choices is not None and option.default is not None and option.default not in option.choices:
         msg = f"{where}: the default {option.default!r} is not one of its choices {list(option.choices)}"
         raise PluginError(msg)
+
+
+__all__ = [
+    "ENGINE_SETTINGS",
+    "OPTION_TYPES",
+    "PER_CHECKPOINT",
+    "PER_PAIR",
+    "PER_RUN",
+    "Analyzer",
+    "Option",
+    "declared_options",
+    "validate_analyzer",
+    "validate_option",
+]

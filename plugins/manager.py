@@ -24,15 +24,15 @@ import pluggy
 
 from ckpt.errors import PluginError, PluginWarning
 from ckpt.plugins import hookspecs
-from ckpt.plugins._analyzer import Analyzer, validate_analyzer
+from ckpt.plugins.analyzer import Analyzer, validate_analyzer
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt.plugins._importers import Importer
-    from ckpt.plugins._objectives import Objective
-    from ckpt.plugins._task import LazyTask, Task
+    from ckpt.plugins.objectives import Objective
+    from ckpt.plugins.tasks import LazyTask, Task
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
-    "ckpt.plugins._objectives",
+    "ckpt.plugins.objectives",
     "ckpt.plugins._importers",
     "ckpt.analyzers.loss",
     "ckpt.analyzers.hessian_basis",
@@ -228,3 +228,16 @@ def reset_registry() -> None:
     global _registry
     with _registry_lock:
         _registry = None
+
+
+__all__ = [
+    "DEFAULT_PLUGINS",
+    "KINDS",
+    "Provider",
+    "Registry",
+    "collect",
+    "get_plugin_manager",
+    "load_registry",
+    "registry",
+    "reset_registry",
+]
