@@ -144,7 +144,7 @@ def expand_stores(patterns: tuple[str, ...]) -> list[str]:
 def _make_command(name: str, analyzer: Any) -> click.Command:
     def callback(stores: tuple[str, ...], **values: Any) -> None:
         from ckpt.engine.pipeline import run
-        from ckpt.plugins.analyzer import ENGINE_SETTINGS
+        from ckpt.plugins.analyzer import ENGINE_SETTINGS  # analyzer options never take these names
         from ckpt.store import allow
 
         allow(*values.pop("trust_factory"))
