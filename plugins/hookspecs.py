@@ -101,7 +101,7 @@ def ckpt_register_tasks(register: Callable[[str, Task | LazyTask], None]) -> Non
     ----------
     register
         Call ``register(name, task)`` with an instance of a :class:`ckpt.plugins.Task`
-        subclass (or a :class:`ckpt.plugins.LazyTask`): its data, model factory,
+        subclass (or a :class:`ckpt.plugins.tasks.LazyTask`): its data, model factory,
         optimizer, presets and typed options. ``ckpt train`` runs it with the shared
         loop, which writes through :func:`ckpt.store.create`.
 

@@ -127,7 +127,7 @@ def train(
     Parameters
     ----------
     task
-        The sandbox (a registered :class:`ckpt.plugins.LazyTask` is loaded).
+        The sandbox (a registered :class:`ckpt.plugins.tasks.LazyTask` is loaded).
     store
         Path of the store to create (or, with ``resume``, to continue).
     preset
