@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.basis import sample_examples
-from ckpt.analyzers.hessian_basis import graph_growth, hessian_operator, plan_memory
+from ckpt.analyzers.hessian_basis import graph_growth, hessian_operator, plan_search
 from ckpt.analyzers.spike_causes import check_model_and_split, learning_rates
 from ckpt.engine.memory import format_size
 from ckpt.numerics.derivatives import DTYPES, ParamSpace
@@ -121,7 +121,7 @@ def top_curvature(
         return loss_function(worker, params, space, split=split, examples=rows, objective=objective, dtype=dtype)
 
     try:
-        plan = plan_memory(
+        plan = plan_search(
             worker.memory_budget,
             space.size,
             1,

@@ -65,8 +65,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
-    """How one basis checkpoint's search fits the memory budget (:func:`plan_memory`)."""
+class SearchPlan:
+    """How one basis checkpoint's search fits the memory budget (:func:`plan_search`)."""
 
     keep_graphs: bool
     """Keep every block's gradient graph for all products (fast) or rebuild one block per product."""
@@ -126,7 +126,7 @@ previous basis checkpoint's tensors, which no search reads (:meth:`ckpt.plugins.
 graphs per product."""
 
 
-def plan_memory(
+def plan_search(
     budget: int,
     dimension: int,
     k: int,
@@ -139,7 +139,7 @@ def plan_memory(
     *,
     can_spill: bool = True,
     can_spill_basis: bool = False,
-) -> MemoryPlan:
+) -> SearchPlan:
     """Fit one basis checkpoint's search into ``budget`` bytes, or say which knob to turn.
 
     In order of speed: kept graphs with the Lanczos vectors in memory (as many as fit; fewer
@@ -212,7 +212,7 @@ def plan_memory(
     # time a product. Spilled always needs less memory, so fewer in memory is for a GPU only.
     enough = preferred if can_spill else smallest
 
-    def fit(fixed: int) -> MemoryPlan | None:
+    def fit(fixed: int) -> SearchPlan | None:
         """The fastest plan beside ``fixed`` bytes whose end fits too, or None.
 
         Its end: once the search converges the graphs are freed (:func:`_release_graphs`), and the k
@@ -225,27 +225,27 @@ def plan_memory(
         end += k * vector
         return dataclasses.replace(plan, estimate=max(plan.estimate, end)) if end <= budget else None
 
-    def fastest(fixed: int) -> MemoryPlan | None:
+    def fastest(fixed: int) -> SearchPlan | None:
         """The fastest plan of the search beside ``fixed`` bytes, or None."""
         kept = sum(graphs(min(batch_size, examples - start), GRAPH_PEAK) for start in range(0, examples, batch_size))
         vectors = room(budget - fixed - kept)
         if vectors >= enough:
-            return MemoryPlan(True, batch_size, vectors, fixed + kept + lanczos_bytes(dimension, vectors, itemsize))
+            return SearchPlan(True, batch_size, vectors, fixed + kept + lanczos_bytes(dimension, vectors, itemsize))
         if can_spill and fixed + kept + spilled(preferred) <= budget:
-            return MemoryPlan(True, batch_size, preferred, fixed + kept + spilled(preferred), spill=True)
+            return SearchPlan(True, batch_size, preferred, fixed + kept + spilled(preferred), spill=True)
         if can_spill:
             partly = _partly_kept(budget - fixed - spilled(preferred), examples, batch_size, graph)
             if partly is not None:
                 kept_examples, block, peak = partly
                 estimate = fixed + spilled(preferred) + peak
-                return MemoryPlan(False, block, preferred, estimate, spill=True, kept_examples=kept_examples)
+                return SearchPlan(False, block, preferred, estimate, spill=True, kept_examples=kept_examples)
         for spill in (False, True) if can_spill else (False,):
             vectors = preferred if spill else min(preferred, room(budget - fixed - graphs(1, REBUILT_PEAK)))
             search = spilled(vectors) if spill else lanczos_bytes(dimension, vectors, itemsize)
             if vectors >= enough and fixed + graphs(1, REBUILT_PEAK) + search <= budget:
                 left = budget - fixed - search
                 block = int(min(batch_size, examples, max(1, (left / REBUILT_PEAK - constant) // max(per_example, 1))))
-                return MemoryPlan(False, block, vectors, fixed + graphs(block, REBUILT_PEAK) + search, spill=spill)
+                return SearchPlan(False, block, vectors, fixed + graphs(block, REBUILT_PEAK) + search, spill=spill)
         return None
 
     plan = fit(in_memory)
@@ -270,7 +270,7 @@ def plan_memory(
     raise AnalysisError(msg)
 
 
-def _kept(plan: MemoryPlan, examples: int) -> int:
+def _kept(plan: SearchPlan, examples: int) -> int:
     """Examples whose graphs ``plan`` keeps for all products."""
     return examples if plan.keep_graphs else plan.kept_examples
 
@@ -305,14 +305,14 @@ def check_the_run_fits(
     Parameters
     ----------
     budget, dimension, k, examples, batch_size, graph, itemsize
-        As for :func:`plan_memory`.
+        As for :func:`plan_search`.
     total
         Basis vectors the whole run finds (its basis checkpoints times k).
     largest_tensor
         Parameters of the model's largest tensor.
     cpu
         The search runs on the CPU: its vectors may be spilled (``can_spill`` of
-        :func:`plan_memory`), and the budget is the host memory the end of the run takes.
+        :func:`plan_search`), and the budget is the host memory the end of the run takes.
     journal
         The pieces are committed to a journal as they are found (:func:`eigenvectors_at`), from
         which the searches read the earlier vectors and the engine writes the result.
@@ -320,7 +320,7 @@ def check_the_run_fits(
     fewer = "or take fewer basis checkpoints (--every, --at-steps)"
     earlier = total - k
     try:
-        plan_memory(
+        plan_search(
             budget,
             dimension,
             k,
@@ -378,7 +378,7 @@ def _partly_kept(
 
 
 def hessian_operator(
-    plan: MemoryPlan,
+    plan: SearchPlan,
     block_loss: Callable[[np.ndarray], Any],
     examples: np.ndarray,
     weight: float,
@@ -401,7 +401,7 @@ def graph_growth(block_loss: Callable[[np.ndarray], Any], examples: np.ndarray, 
     """``(constant, per_example)`` bytes of a block's kept gradient graph, from the graphs of one and two examples.
 
     ``block_loss(rows)`` is the per-datapoint loss of those examples; ``primal`` the parameters
-    (:func:`ckpt.numerics.derivatives.graph_bytes`). The ``graph`` that :func:`plan_memory` takes.
+    (:func:`ckpt.numerics.derivatives.graph_bytes`). The ``graph`` that :func:`plan_search` takes.
     """
     one, two = (graph_bytes(block_loss(examples[:n]), primal) for n in (1, min(2, len(examples))))
     per_example = max(two - one, 0) if len(examples) > 1 else one
@@ -455,7 +455,7 @@ def eigenvectors_at(
     graph = graph_growth(block_loss, examples, primal)
     can_spill = str(worker.device) == "cpu"
     budget = worker.memory_budget  # one reading for both plans (without --max-memory it measures free memory)
-    plan = plan_memory(
+    plan = plan_search(
         budget,
         space.size,
         k,
@@ -552,7 +552,7 @@ def _release_graphs(hessian: MeanLossHessian) -> None:
 
     Why: the k eigenvectors (k·D·s) were formed, and the piece written to the journal, beside the graphs.
     At GPT-2 small with ``-k 5 --samples 8`` that run peaked far above its plans (docs/performance.md,
-    "Hessian basis"): the plans count the graphs or the eigenvectors, not both (:func:`plan_memory`).
+    "Hessian basis"): the plans count the graphs or the eigenvectors, not both (:func:`plan_search`).
     """
     hessian.release()
     release_freed_memory()  # the heap's freed pages back to the system, so that the eigenvectors take their place
@@ -750,7 +750,7 @@ def saved_eigenpairs(
 
 @contextlib.contextmanager
 def _product_progress(
-    worker: Worker, step: int, tol: float, plan: MemoryPlan, seconds: Sequence[float]
+    worker: Worker, step: int, tol: float, plan: SearchPlan, seconds: Sequence[float]
 ) -> Iterator[Any]:
     """A bar of Hessian-vector products for one basis checkpoint (``--progress``), with the worst residual.
 
@@ -930,7 +930,7 @@ __all__ = [
     "PREFERRED_EXTRA_VECTORS",
     "REBUILT_PEAK",
     "HessianBasis",
-    "MemoryPlan",
+    "SearchPlan",
     "basis_dataset",
     "check_the_run_fits",
     "ckpt_register_analyzers",
@@ -938,6 +938,6 @@ __all__ = [
     "graph_growth",
     "journal_basis",
     "journal_tensors",
-    "plan_memory",
+    "plan_search",
     "saved_eigenpairs",
 ]

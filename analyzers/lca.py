@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.basis import ComputeOptions
-from ckpt.analyzers.polca import measure_passes, plan_memory, worker_space
+from ckpt.analyzers.polca import measure_passes, plan_passes, worker_space
 from ckpt.engine.resume import Journal
 from ckpt.numerics.compiled import directional_derivatives
 from ckpt.plugins import (
@@ -97,7 +97,7 @@ def allocate(
         itemsize = torch_dtype(dtype).itemsize
         # the worker's two cached checkpoints (float32), the three points θ_t, midpoint, θ_t+1 in --dtype
         fixed = space.size * (2 * 4 + 3 * itemsize)
-        plan = plan_memory(
+        plan = plan_passes(
             worker.memory_budget,
             fixed,
             cost,
@@ -105,7 +105,8 @@ def allocate(
             vectors=len(selected),
             batch_size=batch_size,
             basis_batch=basis_batch,
-            who="lca",
+            analyzer="lca",
+            fewer_vectors="use fewer basis vectors (--parameters)",
         )
         for rows in chunks(examples, plan.block_examples):
             per_point: dict[str, list[Any]] = {key: [] for key in gradients}

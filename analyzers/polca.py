@@ -118,8 +118,8 @@ class PassCost:
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
-    """How one checkpoint's forward-mode passes fit the memory budget (:func:`plan_memory`)."""
+class PassPlan:
+    """How one checkpoint's forward-mode passes fit the memory budget (:func:`plan_passes`)."""
 
     block_examples: int
     """Examples per pass (at most ``--batch-size``)."""
@@ -147,7 +147,7 @@ primal, but a pass over very few examples (a single row each, for a per-example 
 fraction of the speed of a batched one."""
 
 
-def plan_memory(
+def plan_passes(
     budget: int,
     fixed: int,
     cost: PassCost,
@@ -156,9 +156,10 @@ def plan_memory(
     vectors: int,
     batch_size: int,
     basis_batch: int,
-    who: str = "polca",
+    analyzer: str = "polca",
+    fewer_vectors: str = "use fewer basis vectors",
     tokens: int = 0,
-) -> MemoryPlan:
+) -> PassPlan:
     """Fit a checkpoint's passes into ``budget`` bytes, or say which knob to turn.
 
     As many vectors per pass as ``--basis-batch`` allows while a pass still
@@ -178,6 +179,8 @@ def plan_memory(
         Examples of the task and basis vectors K.
     batch_size, basis_batch
         The user's upper bounds (``--batch-size``, ``--basis-batch``).
+    analyzer, fewer_vectors
+        The analyzer the error names, and how its user asks for fewer vectors.
     tokens
         Tokens per example of a language model's passes on the CPU: each pass then holds at most
         :data:`CPU_TOKEN_VECTORS` tokens × vectors (at least one example). 0: no such bound.
@@ -208,13 +211,13 @@ def plan_memory(
     fitting = [(k, b) for k, b in options if b >= 1]
     if preferred or fitting:
         k, b = preferred[0] if preferred else max(fitting, key=lambda option: option[0] * option[1])
-        return MemoryPlan(b, k, int(fixed + PASS_PEAK * cost(b, k)))
+        return PassPlan(b, k, int(fixed + PASS_PEAK * cost(b, k)))
     need = fixed + PASS_PEAK * cost(1, 1)
     msg = (
-        f"{who} needs at least {format_size(need)} per task ({format_size(fixed)} held beside its passes: "
+        f"{analyzer} needs at least {format_size(need)} per task ({format_size(fixed)} held beside its passes: "
         f"checkpoints and {vectors} directions; a forward-mode pass over one example along one direction "
         f"{format_size(PASS_PEAK * cost(1, 1))}); the memory budget is {format_size(budget)}: "
-        "raise --max-memory, or use fewer basis vectors" + (" (--parameters)" if who == "lca" else "")
+        f"raise --max-memory, or {fewer_vectors}"
     )
     raise AnalysisError(msg)
 
@@ -230,7 +233,7 @@ def plan_basis(
     batch_size: int,
     basis_batch: int,
     tokens: int = 0,
-) -> MemoryPlan:
+) -> PassPlan:
     """Fit a checkpoint's passes with the whole basis held, or with each pass's vectors read when it needs them.
 
     The whole basis (K·D·s, read once per worker and kept for every checkpoint) while holding it
@@ -243,7 +246,7 @@ def plan_basis(
     Parameters
     ----------
     budget, cost, examples, vectors, batch_size, basis_batch, tokens
-        As for :func:`plan_memory`.
+        As for :func:`plan_passes`.
     checkpoints
         Bytes held outside the passes and the basis: the checkpoint's tensors.
     direction_bytes
@@ -260,7 +263,7 @@ def plan_basis(
         cost.constant, cost.per_example, cost.per_vector + direction_bytes / PASS_PEAK, cost.per_example_vector
     )
     try:
-        read = plan_memory(budget, checkpoints, with_directions, **sizes, tokens=tokens)
+        read = plan_passes(budget, checkpoints, with_directions, **sizes, tokens=tokens)
     except AnalysisError:
         one = PASS_PEAK * with_directions(1, 1)
         msg = (
@@ -270,7 +273,7 @@ def plan_basis(
         )
         raise AnalysisError(msg) from None
     try:
-        held = plan_memory(budget, checkpoints + vectors * direction_bytes, cost, **sizes, tokens=tokens)
+        held = plan_passes(budget, checkpoints + vectors * direction_bytes, cost, **sizes, tokens=tokens)
     except AnalysisError:
         return replace(read, basis_held=False)
     if held.block_examples * held.vectors >= read.block_examples * read.vectors:
@@ -627,13 +630,13 @@ __all__ = [
     "PREFERRED_EXAMPLES",
     "PROJECTION_BLOCK",
     "SECOND_ORDER",
-    "MemoryPlan",
     "PassCost",
+    "PassPlan",
     "Polca",
     "checkpoint_terms",
     "ckpt_register_analyzers",
     "measure_passes",
-    "plan_memory",
+    "plan_passes",
     "recent_checkpoint_terms",
     "step_projections",
     "worker_space",

@@ -23,9 +23,9 @@ from ckpt.analyzers.hessian_basis import (
     GRAPH_AT_REST,
     GRAPH_PEAK,
     REBUILT_PEAK,
-    MemoryPlan,
+    SearchPlan,
     check_the_run_fits,
-    plan_memory,
+    plan_search,
 )
 from ckpt.engine.memory import parse_size
 from ckpt.engine.worker import TaskSpec
@@ -121,8 +121,8 @@ GRAPH = (4 * MiB, 1.5 * MiB)  # constant and per-example bytes of one block's gr
 def test_every_plan_fits_its_budget(budget_mib: int) -> None:
     """Kept graphs while they fit, then rebuilt blocks; never an estimate above the budget."""
     budget = budget_mib * MiB
-    plan = plan_memory(budget, graph=GRAPH, limit=100, **PLAN)
-    assert isinstance(plan, MemoryPlan) and plan.estimate <= budget
+    plan = plan_search(budget, graph=GRAPH, limit=100, **PLAN)
+    assert isinstance(plan, SearchPlan) and plan.estimate <= budget
     assert plan.vectors >= 5  # k + 4: thick restarts converge
     kept_graphs = GRAPH_PEAK * 2 * (4 * MiB + 32 * 1.5 * MiB)
     if budget_mib >= 2000:
@@ -139,9 +139,9 @@ def test_kept_graphs_with_spilled_vectors_come_before_rebuilt_graphs() -> None:
     kept_graphs = int(GRAPH_PEAK * (4 * MiB + 32 * 1.5 * MiB)) * 2
     budget = fixed + kept_graphs + lanczos_bytes(1_700_000, 9, spilled=True) + MiB
     assert budget < fixed + kept_graphs + lanczos_bytes(1_700_000, 5)  # k + 4 in memory would not fit
-    plan = plan_memory(budget, graph=GRAPH, limit=100, **PLAN)
+    plan = plan_search(budget, graph=GRAPH, limit=100, **PLAN)
     assert plan.keep_graphs and plan.spill and plan.vectors == 9 and plan.estimate <= budget
-    on_gpu = plan_memory(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN)
+    on_gpu = plan_search(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN)
     assert not on_gpu.keep_graphs and not on_gpu.spill and on_gpu.estimate <= budget
 
 
@@ -152,7 +152,7 @@ def test_graphs_that_almost_fit_are_kept_in_part_and_the_rest_rebuilt() -> None:
     constant, per_example = GRAPH
     all_kept = int(GRAPH_PEAK * (constant + 32 * per_example)) * 2  # two blocks of 32
     budget = fixed + search + all_kept - 10 * MiB
-    plan = plan_memory(budget, graph=GRAPH, limit=100, **PLAN)
+    plan = plan_search(budget, graph=GRAPH, limit=100, **PLAN)
     assert not plan.keep_graphs and plan.spill and plan.vectors == 9
     assert 32 < plan.kept_examples < 64 and 1 <= plan.block_examples <= 64 - plan.kept_examples
     assert plan.estimate <= budget and "graphs of" in plan.describe()
@@ -166,7 +166,7 @@ def test_graphs_that_almost_fit_are_kept_in_part_and_the_rest_rebuilt() -> None:
         fixed + search + GRAPH_AT_REST * (kept + per_example) + REBUILT_PEAK * (constant + per_example) > budget
     )
     # on a GPU nothing is spilled, and the graphs are all rebuilt as before
-    assert plan_memory(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN).kept_examples == 0
+    assert plan_search(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN).kept_examples == 0
 
 
 def test_a_later_basis_checkpoint_spills_its_earlier_basis_before_it_rebuilds_graphs() -> None:
@@ -177,25 +177,25 @@ def test_a_later_basis_checkpoint_spills_its_earlier_basis_before_it_rebuilds_gr
     all_kept = int(GRAPH_PEAK * (constant + 32 * per_example)) * 2
     many = {**PLAN, "earlier": 20}
     budget = FIXED_VECTORS * vector + BASIS_BLOCK_BYTES + search + all_kept + MiB
-    held = plan_memory(budget, graph=GRAPH, limit=100, **many)  # 20 vectors (136 MB) in memory: graphs rebuilt
+    held = plan_search(budget, graph=GRAPH, limit=100, **many)  # 20 vectors (136 MB) in memory: graphs rebuilt
     assert not held.keep_graphs and not held.spill_basis
-    plan = plan_memory(budget, graph=GRAPH, limit=100, can_spill_basis=True, **many)
+    plan = plan_search(budget, graph=GRAPH, limit=100, can_spill_basis=True, **many)
     assert plan.keep_graphs and plan.spill and plan.spill_basis and plan.estimate <= budget
     # where the basis in memory leaves every graph kept, it stays there: no reads
     roomy = budget + 20 * vector
-    assert not plan_memory(roomy, graph=GRAPH, limit=100, can_spill_basis=True, **many).spill_basis
+    assert not plan_search(roomy, graph=GRAPH, limit=100, can_spill_basis=True, **many).spill_basis
     # no earlier vectors, or a GPU (nothing spilled there): the plans as before
     first = {**PLAN, "earlier": 0}
-    assert plan_memory(budget, graph=GRAPH, limit=100, can_spill_basis=True, **first) == plan_memory(
+    assert plan_search(budget, graph=GRAPH, limit=100, can_spill_basis=True, **first) == plan_search(
         budget, graph=GRAPH, limit=100, **first
     )
     # the least a search needs no longer grows with the basis: 200 earlier vectors (1.4 GB) in 160 MiB
     with pytest.raises(AnalysisError, match=r"the model and 200 earlier basis vectors\); the memory budget"):
-        plan_memory(160 * MiB, graph=GRAPH, limit=100, **{**PLAN, "earlier": 200})
-    far = plan_memory(160 * MiB, graph=GRAPH, limit=100, can_spill_basis=True, **{**PLAN, "earlier": 200})
+        plan_search(160 * MiB, graph=GRAPH, limit=100, **{**PLAN, "earlier": 200})
+    far = plan_search(160 * MiB, graph=GRAPH, limit=100, can_spill_basis=True, **{**PLAN, "earlier": 200})
     assert far.spill_basis and far.estimate <= 160 * MiB
     with pytest.raises(AnalysisError, match=r"200 earlier basis vectors spilled to disk\); the memory budget"):
-        plan_memory(16 * MiB, graph=GRAPH, limit=100, can_spill_basis=True, **{**PLAN, "earlier": 200})
+        plan_search(16 * MiB, graph=GRAPH, limit=100, can_spill_basis=True, **{**PLAN, "earlier": 200})
 
 
 def test_a_partly_kept_plan_covers_every_example_once() -> None:
@@ -216,7 +216,7 @@ def test_a_partly_kept_plan_covers_every_example_once() -> None:
         return lambda params: f(params) ** 2
 
     examples = np.array([3, 0, 7, 1, 9, 4, 10, 2])
-    plan = MemoryPlan(False, 2, 9, 0, spill=True, kept_examples=5)
+    plan = SearchPlan(False, 2, 9, 0, spill=True, kept_examples=5)
     operator = hessian_operator(plan, block_loss, examples, 1.0 / 8, primal, batch_size=3)
     assert len(operator._kept_fs) == 2 and len(operator._rebuilt_fs) == 2  # kept 3 + 2, rebuilt 2 + 1
     whole = MeanLossHessian([(block_loss(examples), 1.0 / 8)], primal)
@@ -227,7 +227,7 @@ def test_a_partly_kept_plan_covers_every_example_once() -> None:
 
 def test_a_plan_that_cannot_fit_names_the_knobs() -> None:
     with pytest.raises(AnalysisError, match=r"needs at least .* the memory budget is 64 MiB: raise --max-memory"):
-        plan_memory(64 * MiB, graph=GRAPH, limit=100, **PLAN)
+        plan_search(64 * MiB, graph=GRAPH, limit=100, **PLAN)
 
 
 def test_measuring_a_graph_keeps_nothing_of_it_alive() -> None:
@@ -518,7 +518,7 @@ def test_a_search_holds_its_own_checkpoint_not_the_one_before(tmp_path: Path) ->
 
 def test_a_run_whose_last_basis_checkpoint_cannot_fit_is_told_before_any_search() -> None:
     """Each basis checkpoint holds the vectors found before it: the last search is the largest."""
-    first = plan_memory(160 * MiB, graph=GRAPH, limit=100, **{**PLAN, "earlier": 0})
+    first = plan_search(160 * MiB, graph=GRAPH, limit=100, **{**PLAN, "earlier": 0})
     assert first.estimate <= 160 * MiB
     args = {key: PLAN[key] for key in ("dimension", "k", "examples", "batch_size", "itemsize")}
     check_the_run_fits(160 * MiB, total=4, largest_tensor=100_000, graph=GRAPH, **args)  # fits to its end
@@ -542,7 +542,7 @@ def test_a_run_whose_end_cannot_fit_is_told_before_any_search() -> None:
     # without a journal the pieces are copied into the result's tensors beside themselves, each read back whole
     end = 2 * 16 * vector + 16 * 100_000 * PLAN["itemsize"] + vector
     # the last search (15 earlier vectors) fits in less than that end needs
-    plan_memory(end - 1, graph=GRAPH, limit=100, **{**PLAN, "earlier": 15})
+    plan_search(end - 1, graph=GRAPH, limit=100, **{**PLAN, "earlier": 15})
     with pytest.raises(AnalysisError, match=r"at the end of the run, to put its 16 basis vectors .* --at-steps"):
         check_the_run_fits(end - 1, total=16, largest_tensor=100_000, graph=GRAPH, journal=False, **args)
     check_the_run_fits(end, total=16, largest_tensor=100_000, graph=GRAPH, journal=False, **args)
@@ -613,9 +613,9 @@ def test_on_the_cpu_fewer_than_k_plus_8_vectors_in_memory_give_way_to_k_plus_8_s
     kept_graphs = int(GRAPH_PEAK * (4 * MiB + 32 * 1.5 * MiB)) * 2
     for room in (5, 6, 7, 8):
         budget = fixed + kept_graphs + lanczos_bytes(1_700_000, room)
-        on_cpu = plan_memory(budget, graph=GRAPH, limit=100, **PLAN)
+        on_cpu = plan_search(budget, graph=GRAPH, limit=100, **PLAN)
         assert on_cpu.keep_graphs and on_cpu.spill and on_cpu.vectors == 9 and on_cpu.estimate <= budget
-        on_gpu = plan_memory(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN)
+        on_gpu = plan_search(budget, graph=GRAPH, limit=100, can_spill=False, **PLAN)
         assert on_gpu.keep_graphs and not on_gpu.spill and on_gpu.vectors == room and on_gpu.estimate <= budget
     budget = fixed + kept_graphs + lanczos_bytes(1_700_000, 9)
-    assert not plan_memory(budget, graph=GRAPH, limit=100, **PLAN).spill  # k + 8 in memory: not spilled
+    assert not plan_search(budget, graph=GRAPH, limit=100, **PLAN).spill  # k + 8 in memory: not spilled

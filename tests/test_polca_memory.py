@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from ckpt.analyzers.polca import CPU_TOKEN_VECTORS, PASS_PEAK, PassCost, plan_basis, plan_memory
+from ckpt.analyzers.polca import CPU_TOKEN_VECTORS, PASS_PEAK, PassCost, plan_basis, plan_passes
 from ckpt.numerics.footprint import peak_bytes
 from ckpt.plugins import AnalysisError
 from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
@@ -180,7 +180,7 @@ COST = PassCost(10 * MiB, 8 * MiB, 4 * MiB, 5 * MiB)
 def test_every_plan_fits_its_budget(budget_mib: int) -> None:
     """All vectors a pass while 8 examples fit beside them; then fewer vectors; never above the budget."""
     budget, fixed = budget_mib * MiB, 20 * MiB
-    plan = plan_memory(budget, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8)
+    plan = plan_passes(budget, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8)
     assert plan.estimate <= budget
     assert plan.estimate == int(fixed + PASS_PEAK * COST(plan.block_examples, plan.vectors))
     if budget_mib == 10_000:
@@ -189,24 +189,24 @@ def test_every_plan_fits_its_budget(budget_mib: int) -> None:
         assert (plan.block_examples, plan.vectors) == (8, 5)
     if budget_mib == 60:  # 32 MiB of room: one example along one vector (27 MiB) is all that fits
         assert (plan.block_examples, plan.vectors) == (1, 1)
-    small = plan_memory(budget, fixed, COST, examples=48, vectors=8, batch_size=4, basis_batch=2)
+    small = plan_passes(budget, fixed, COST, examples=48, vectors=8, batch_size=4, basis_batch=2)
     assert small.block_examples <= 4 and small.vectors <= 2  # the user's sizes stay upper bounds
 
 
 def test_a_language_models_cpu_passes_hold_at_most_the_token_vectors_that_run_fastest() -> None:
     """CPU_TOKEN_VECTORS bounds tokens x vectors below the budget; it never raises a plan above it."""
     budget, fixed = 10_000 * MiB, 20 * MiB
-    roomy = plan_memory(budget, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8, tokens=128)
+    roomy = plan_passes(budget, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8, tokens=128)
     assert roomy.vectors == 8 and roomy.block_examples == CPU_TOKEN_VECTORS // (8 * 128) == 2
-    long = plan_memory(budget, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8, tokens=4096)
+    long = plan_passes(budget, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8, tokens=4096)
     assert (long.block_examples, long.vectors) == (1, 8), "one example even when it alone holds more tokens"
-    tight = plan_memory(60 * MiB, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8, tokens=1)
+    tight = plan_passes(60 * MiB, fixed, COST, examples=48, vectors=8, batch_size=256, basis_batch=8, tokens=1)
     assert (tight.block_examples, tight.vectors) == (1, 1), "the budget still decides where it is smaller"
 
 
 def test_a_plan_that_cannot_fit_names_the_knobs() -> None:
     with pytest.raises(AnalysisError, match=r"polca needs at least .* the memory budget is 40 MiB: raise --max-memory"):
-        plan_memory(40 * MiB, 20 * MiB, COST, examples=48, vectors=8, batch_size=256, basis_batch=8)
+        plan_passes(40 * MiB, 20 * MiB, COST, examples=48, vectors=8, batch_size=256, basis_batch=8)
 
 
 def test_the_basis_is_held_unless_reading_it_per_pass_allows_larger_passes() -> None:
@@ -217,7 +217,7 @@ def test_the_basis_is_held_unless_reading_it_per_pass_allows_larger_passes() -> 
     assert roomy.basis_held and (roomy.block_examples, roomy.vectors) == (48, 8)
     # 400 MiB: the 8 vectors held (128 MiB) leave passes of 10 examples x 2 vectors; read, 8 x 4
     tight = plan_basis(400 * MiB, 20 * MiB, COST, direction_bytes=direction, vectors=8, **sizes)
-    held = plan_memory(400 * MiB, 20 * MiB + 8 * direction, COST, vectors=8, **sizes)
+    held = plan_passes(400 * MiB, 20 * MiB + 8 * direction, COST, vectors=8, **sizes)
     assert (held.block_examples, held.vectors) == (10, 2)
     assert not tight.basis_held and (tight.block_examples, tight.vectors) == (8, 4)
     # a read plan counts the vectors of its pass beside it
