@@ -66,6 +66,8 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+# functions, not lazy names: resolving `ckpt.analyze` (a notebook's tab completion, a check that it is
+# callable) must not import the engine, and with it dask; calling it does
 def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Dataset:
     """Run analyzer ``name`` on ``store`` and return its complete result (see :func:`ckpt.engine.pipeline.analyze`).
 

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.errors import CorruptChunkError
 from ckpt.store.format import DIGESTS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -417,6 +418,7 @@ def trajectory_distances(
     *,
     k: float = OUTLIER_RATIO,
     progress: Callable[[int], None] | None = None,
+    on_unreadable: Callable[[int, str, CorruptChunkError], None] | None = None,
 ) -> Trajectory:
     """Distances between consecutive checkpoints of ``store`` and the possibly mislabeled ones.
 
@@ -431,6 +433,10 @@ def trajectory_distances(
         ``k`` times theirs to each other (module docstring).
     progress
         Called with the position of each step read.
+    on_unreadable
+        Called as ``on_unreadable(step, name, error)`` for a tensor that does not match the
+        commit record; its distances are then unknown (NaN) and the pass goes on. Without it,
+        the error is raised.
 
     Returns
     -------
@@ -439,13 +445,21 @@ def trajectory_distances(
     Raises
     ------
     CorruptChunkError
-        A tensor does not match the commit record (as any read).
+        A tensor does not match the commit record (as any read), without ``on_unreadable``.
     """
     names = [name for name, info in store.schema.items() if is_floating(info.dtype)]
     accumulator = DistanceAccumulator(store.steps, names, k)
     for index, step in enumerate(store.steps):
         for name in names:
-            accumulator.add(index, name, store.tensors(int(step), [name])[name])
+            try:
+                value = store.tensors(int(step), [name])[name]
+            except CorruptChunkError as exc:
+                if on_unreadable is None:
+                    raise
+                on_unreadable(int(step), name, exc)
+                accumulator.lost(index, name)
+                continue
+            accumulator.add(index, name, value)
         if progress is not None:
             progress(index)
     return accumulator.result()

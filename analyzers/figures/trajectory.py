@@ -34,22 +34,14 @@ def read_trajectory(store: Any) -> tuple[Trajectory, list[str]]:
     Every floating-point tensor of every checkpoint is read once, one tensor at a time (at most
     two checkpoints held). The first problem's error text follows its name.
     """
-    from ckpt.errors import CorruptChunkError
-    from ckpt.store.trajectory import DistanceAccumulator, is_floating
+    from ckpt.store.trajectory import trajectory_distances
 
-    names = [name for name, info in store.schema.items() if is_floating(info.dtype)]
-    accumulator = DistanceAccumulator(store.steps, names)
     lost: list[str] = []
-    for index, step in enumerate(store.steps):
-        for name in names:
-            try:
-                value = store.tensors(int(step), [name])[name]
-            except CorruptChunkError as exc:
-                accumulator.lost(index, name)
-                lost.append(f"tensor {name!r} at step {int(step)}" + ("" if lost else f" ({exc})"))
-                continue
-            accumulator.add(index, name, value)
-    return accumulator.result(), lost
+
+    def unreadable(step: int, name: str, error: Exception) -> None:
+        lost.append(f"tensor {name!r} at step {step}" + ("" if lost else f" ({error})"))
+
+    return trajectory_distances(store, on_unreadable=unreadable), lost
 
 
 def findings(duplicates: Duplicates, trajectory: Trajectory | None = None) -> list[tuple[int, str]]:
