@@ -1,10 +1,9 @@
 """What the basis analyzers and the analyzers that read a basis share: schedule and options.
 
 A *basis* result (``hessian-basis``, ``random-basis``, or any plugin analyzer
-with the same layout) holds K orthonormal directions in parameter space: one
-variable per parameter tensor, with the tensor's name and shape and a leading
-``basis`` dim, and a ``found_at_step`` coordinate. POLCA, Fisher and their
-plugins read one by name (``--basis``).
+with the same layout) holds K orthonormal directions in parameter space; POLCA,
+Fisher and their plugins read one by name (``--basis``). Its layout, with its one
+writer, validator and readers, is :mod:`ckpt.numerics.basis_format`'s alone.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ import numpy as np
 
 from ckpt.analyzers import text_labels
 from ckpt.analyzers import trajectories as tr
+from ckpt.numerics.basis_format import FOUND_AT
 from ckpt.plugins import PER_RUN, AnalysisContext, AnalysisError, Analyzer, Option, datapoint_index, hookimpl
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,7 +55,7 @@ SOURCES = ("loss", "loss-change", "polca", "fisher", "lca")
 _TRAJECTORY = {"loss": "loss", "loss-change": "loss", "polca": "projected_loss", "fisher": "fisher", "lca": "lca"}
 _ALLOCATIONS = ("polca", "lca")
 """Per-transition loss allocations: clustered as eq. 10 trajectories over the checkpoints, with the paper's filters."""
-_BASIS_COORDS = ("found_at_step", "tensor", "index", "final_magnitude")
+_BASIS_COORDS = (FOUND_AT, "tensor", "index", "final_magnitude")
 
 
 def prepared(trajectories: np.ndarray, *, cumulative: bool, difference: bool, origin: bool) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ckpt.analyzers.basis import BasisReader
 from ckpt.analyzers.polca import checkpoint_terms
-from ckpt.numerics.derivatives import check_basis
+from ckpt.numerics.basis_format import FOUND_AT, check_basis
 from ckpt.plugins import AnalysisContext, Analyzer, Option, datapoint_index, hookimpl, parameter_space
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,7 +67,7 @@ class Fisher(BasisReader, Analyzer):
         coords = {
             "example": ("datapoint", example),
             "position": ("datapoint", position),
-            "found_at_step": basis["found_at_step"].variable,  # lazy (a dask-backed coordinate)
+            FOUND_AT: basis[FOUND_AT].variable,  # lazy (a dask-backed coordinate)
         }
         return xr.Dataset({"fisher": fisher, "mean_fisher": mean}, coords=coords)
 

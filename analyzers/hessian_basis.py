@@ -32,6 +32,7 @@ from ckpt.analyzers.basis import ComputeOptions, HessianOptions, basis_steps, ch
 from ckpt.engine.memory import format_size
 from ckpt.engine.resume import Journal
 from ckpt.errors import AnalysisError
+from ckpt.numerics.basis_format import BASIS_DIM, FOUND_AT, basis_dataset, basis_problem, basis_rows
 from ckpt.numerics.derivatives import MeanLossHessian, ParamSpace, graph_bytes
 from ckpt.numerics.lanczos import (
     DOT_BLOCK_BYTES,
@@ -47,7 +48,6 @@ from ckpt.plugins import (
     Analyzer,
     Option,
     Worker,
-    basis_dims,
     chunks,
     datapoint_index,
     hookimpl,
@@ -62,6 +62,9 @@ from ckpt.store.arrays import read_here
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
     from matplotlib.figure import Figure
+
+SEARCH_COLUMNS = ("eigenvalue", "residual", "matvecs")
+"""What each search records per vector beside it, along ``basis``: its Ritz value, residual and products."""
 
 
 @dataclass(frozen=True)
@@ -539,7 +542,7 @@ def eigenvectors_at(
         "matvecs": np.full(k, pairs.matvecs, np.int64),
     }
     if journal is not None:
-        journal.append(basis_dataset(piece, space, found_at[-1:], first=(len(found_at) - 1) * k), "basis", keys)
+        journal.append(search_dataset(piece, space, found_at[-1:], first=(len(found_at) - 1) * k), BASIS_DIM, keys)
         # The journal holds the vectors now: the later searches read them from it, and the engine copies them
         # into the result. Held as Dask's result of this task instead, every piece stayed in memory to the end
         # of the run, where the result's tensors copied them once more (check_the_run_fits).
@@ -602,12 +605,12 @@ def _read_journal(journal: Journal, keys: Sequence[Any], into: Mapping[str, Any]
     saved = loaded[0]
     target = next(iter(into.values()))
     count = target.capacity if "spilled" in into else target.shape[0]
-    if saved.sizes.get("basis") != count:
-        msg = f"{journal.partial} holds {saved.sizes.get('basis')} basis vectors where {count} were committed"
+    if saved.sizes.get(BASIS_DIM) != count:
+        msg = f"{journal.partial} holds {saved.sizes.get(BASIS_DIM)} basis vectors where {count} were committed"
         raise AnalysisError(msg)
     per_piece = count // len(keys)
     for first in range(0, count, per_piece):
-        rows = saved.isel(basis=slice(first, first + per_piece))
+        rows = basis_rows(saved, slice(first, first + per_piece))
         for name, start, length in zip(space.names, space.offsets, space.sizes, strict=True):
             values = read_here(rows[name])
             if "vectors" in into:
@@ -675,7 +678,7 @@ def journal_tensors(
     return tensors
 
 
-def basis_dataset(
+def search_dataset(
     piece: Mapping[str, Any],
     space: ParamSpace,
     steps: Sequence[int],
@@ -683,30 +686,20 @@ def basis_dataset(
     *,
     tensors: Mapping[str, Any] | None = None,
 ) -> xr.Dataset:
-    """Basis vectors split back into their tensors, with eigenvalues, residuals and products, along ``basis``.
+    """Vectors found by the searches in the basis layout (:func:`ckpt.numerics.basis_format.basis_dataset`).
 
     ``piece``'s arrays (numpy or dask) hold the vectors found at ``steps``, k per step, in
-    order; ``first`` is the index of its first vector in the whole basis. ``tensors``: the
-    vectors already split into the space's tensors (``[count, *shape]`` each), in place of
-    ``piece["vectors"]``.
+    order, and their :data:`SEARCH_COLUMNS`; ``first`` is the index of its first vector in the
+    whole basis. ``tensors``: the vectors already split into the space's tensors
+    (``[count, *shape]`` each), in place of ``piece["vectors"]``.
     """
-    import xarray as xr
-
     if tensors is None:
         tensors = space.unflatten(piece["vectors"])
     count = piece["eigenvalue"].shape[0]
-    variables: dict[str, Any] = {}
-    for name, shape in zip(space.names, space.shapes, strict=True):
-        variables[name] = (basis_dims(name, len(shape)), tensors[name])
-    for name in ("eigenvalue", "residual", "matvecs"):
-        variables[name] = ("basis", piece[name])
     found_at = np.repeat(np.asarray(steps, np.int64), count // max(len(steps), 1))
-    result = xr.Dataset(
-        variables, coords={"basis": np.arange(first, first + count), "found_at_step": ("basis", found_at)}
-    )
-    result["eigenvalue"].attrs["description"] = (
-        "eigenvalue of P H P at found_at_step (P: complement of earlier vectors)"
-    )
+    columns = {name: piece[name] for name in SEARCH_COLUMNS}
+    result = basis_dataset(space, tensors, found_at, first=first, columns=columns)
+    result["eigenvalue"].attrs["description"] = f"eigenvalue of P H P at {FOUND_AT} (P: complement of earlier vectors)"
     result["residual"].attrs["description"] = "||P H P v - eigenvalue v||"
     return result
 
@@ -744,8 +737,8 @@ def saved_eigenpairs(
     if loaded is None or len(loaded[1]) <= index:
         msg = f"the pieces of {journal.partial} changed while this run read them (another run?); rerun the command"
         raise AnalysisError(msg)
-    rows = loaded[0].isel(basis=slice(index * k, (index + 1) * k))
-    return {name: read_here(rows[name]) for name in ("eigenvalue", "residual", "matvecs")}
+    rows = basis_rows(loaded[0], slice(index * k, (index + 1) * k))
+    return {name: read_here(rows[name]) for name in SEARCH_COLUMNS}
 
 
 @contextlib.contextmanager
@@ -870,7 +863,7 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
             }
         else:
             tensors = _lazy_tensors(pieces, space, k, dtype)
-        result = basis_dataset(columns, space, steps, tensors=tensors)
+        result = search_dataset(columns, space, steps, tensors=tensors)
         result.attrs["hessian_split"] = split
         return result
 
@@ -889,12 +882,9 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
             return 0
         saved, held = loaded
         count = len(held) * self.k
-        expected = {name: (count, *shape) for name, shape in zip(space.names, space.shapes, strict=True)}
-        expected |= {name: (count,) for name in ("eigenvalue", "residual", "matvecs")}
-        found_at = saved["found_at_step"].values.tolist() if "found_at_step" in saved.coords else None
-        if (
-            any(name not in saved or saved[name].shape != shape for name, shape in expected.items())
-            or found_at != np.repeat(steps[: len(held)], self.k).tolist()
+        found_at = np.repeat(steps[: len(held)], self.k).tolist()
+        if basis_problem(saved, space, count=count, found_at=found_at) is not None or any(
+            name not in saved or saved[name].shape != (count,) for name in SEARCH_COLUMNS
         ):
             journal.discard()
             return 0
@@ -909,9 +899,9 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
     def summarize(self, result: xr.Dataset) -> str:
         """One line per basis vector: where it was found, its eigenvalue and residual."""
         rows = [f"  {'basis':>5}  {'found at':>9}  {'eigenvalue':>12}  {'residual':>10}"]
-        for i in range(result.sizes["basis"]):
+        for i in range(result.sizes[BASIS_DIM]):
             rows.append(
-                f"  {i:>5}  {int(result['found_at_step'][i]):>9}  {float(result['eigenvalue'][i]):>12.5g}"
+                f"  {i:>5}  {int(result[FOUND_AT][i]):>9}  {float(result['eigenvalue'][i]):>12.5g}"
                 f"  {float(result['residual'][i]):>10.3g}"
             )
         return "\n".join(rows)
@@ -929,9 +919,9 @@ __all__ = [
     "GRAPH_PEAK",
     "PREFERRED_EXTRA_VECTORS",
     "REBUILT_PEAK",
+    "SEARCH_COLUMNS",
     "HessianBasis",
     "SearchPlan",
-    "basis_dataset",
     "check_the_run_fits",
     "ckpt_register_analyzers",
     "eigenvectors_at",
@@ -940,4 +930,5 @@ __all__ = [
     "journal_tensors",
     "plan_search",
     "saved_eigenpairs",
+    "search_dataset",
 ]

@@ -39,8 +39,17 @@ import numpy as np
 from ckpt.analyzers.basis import BasisReader
 from ckpt.engine.memory import format_size
 from ckpt.errors import AnalysisError
+from ckpt.numerics.basis_format import (
+    BASIS_DIM,
+    FOUND_AT,
+    check_basis,
+    held_basis,
+    load_basis,
+    load_basis_rows,
+    stored_basis,
+)
 from ckpt.numerics.compiled import directional_derivatives
-from ckpt.numerics.derivatives import ParamSpace, check_basis, held_basis, load_basis, load_basis_rows, stored_basis
+from ckpt.numerics.derivatives import ParamSpace
 from ckpt.numerics.footprint import peak_bytes
 from ckpt.plugins import (
     PER_PAIR,
@@ -80,7 +89,7 @@ class PassCost:
     16 examples along 1 to 4 vectors (first order), and exact from 2 examples on at S; a
     nested (second-order) pass over one example is cheaper than the line says (0.76 of it
     on a tiny GPT-2). What made it linear: embedding lookups are row gathers in these
-    passes (see ``ckpt.numerics.derivatives._gathered_embedding``); the copy of the whole
+    passes (see ``ckpt.numerics.norms._gathered_embedding``); the copy of the whole
     table's directions that the embedding's batching rule made was a block that hid the
     body's growth from the four small passes (the fit missed the real peak at GPT-2 small both ways).
     """
@@ -336,7 +345,7 @@ def checkpoint_terms(
         order = 1
 
     space = worker_space(worker)
-    count = int(stored_basis(worker, basis, created).sizes["basis"])
+    count = int(stored_basis(worker, basis, created).sizes[BASIS_DIM])
     params = worker.params(step)
     primal = trainable(params, space, dtype)
     start, stop, _ = examples.indices(len(worker.data(split)["inputs"]))
@@ -455,7 +464,7 @@ def step_projections(
 
     space = worker_space(worker)
     whole = held_basis(worker, basis, created, dtype)
-    count = int(stored_basis(worker, basis, created).sizes["basis"])
+    count = int(stored_basis(worker, basis, created).sizes[BASIS_DIM])
     before, after = worker.params(step), worker.params(next_step)
     total = torch.zeros(count, dtype=torch.float64, device=worker.device)
     itemsize = torch_dtype(dtype).itemsize
@@ -565,7 +574,7 @@ class Polca(BasisReader, Analyzer):
             coords={
                 "example": ("datapoint", example),
                 "position": ("datapoint", position),
-                "found_at_step": basis["found_at_step"].variable,  # lazy (a dask-backed coordinate)
+                FOUND_AT: basis[FOUND_AT].variable,  # lazy (a dask-backed coordinate)
             },
         )
         self._describe(result)
@@ -608,7 +617,7 @@ class Polca(BasisReader, Analyzer):
         """Per basis vector: where it was found and its total POLCA; how much of the loss change the basis explains."""
         total_change = float(result["loss_change"].sum("step").mean("datapoint"))
         per_vector = result["polca"].sum("step").mean("datapoint").values
-        found = result["found_at_step"].values
+        found = result[FOUND_AT].values
         rows = [f"  {'basis':>5}  {'found at':>9}  {'total POLCA (mean over datapoints)':>36}"]
         rows += [f"  {i:>5}  {int(found[i]):>9}  {per_vector[i]:>36.5g}" for i in range(len(per_vector))]
         explained = float(per_vector.sum())

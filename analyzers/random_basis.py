@@ -14,6 +14,7 @@ import numpy as np
 
 from ckpt.analyzers.basis import ScheduleOptions, basis_steps, check_basis_size
 from ckpt.engine.memory import format_size
+from ckpt.numerics.basis_format import BASIS_DIM, basis_dataset
 from ckpt.plugins import (
     PER_RUN,
     AnalysisContext,
@@ -21,7 +22,6 @@ from ckpt.plugins import (
     Analyzer,
     Option,
     Worker,
-    basis_dims,
     hookimpl,
     parameter_space,
 )
@@ -94,7 +94,6 @@ class RandomBasis(ScheduleOptions, Analyzer):
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task draws all vectors; the result is split back into tensors."""
         import dask.array as da
-        import xarray as xr
 
         space = parameter_space(ctx.store)
         steps = basis_steps(ctx.store, self.every, self.at_steps)
@@ -118,11 +117,11 @@ class RandomBasis(ScheduleOptions, Analyzer):
             raise AnalysisError(msg)
         task = ctx.delayed(orthonormal_rows, count, space.size, self.seed)
         vectors = da.from_delayed(task["vectors"], shape=(count, space.size), dtype=np.float32)
-        variables = {
-            name: (basis_dims(name, len(shape)), vectors[:, start : start + length].reshape(-1, *shape))
+        tensors = {
+            name: vectors[:, start : start + length].reshape(-1, *shape)
             for name, shape, start, length in zip(space.names, space.shapes, space.offsets, space.sizes, strict=True)
         }
-        return xr.Dataset(variables, coords={"basis": np.arange(count), "found_at_step": ("basis", found_at)})
+        return basis_dataset(space, tensors, found_at)
 
     def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
         """``vectors``: how many vectors each checkpoint added."""
@@ -133,7 +132,7 @@ class RandomBasis(ScheduleOptions, Analyzer):
     def summarize(self, result: xr.Dataset) -> str:
         """The number of vectors and the parameters they span."""
         tensors = [name for name in result.data_vars]
-        return f"  {result.sizes['basis']} random orthonormal vectors over {len(tensors)} parameter tensors"
+        return f"  {result.sizes[BASIS_DIM]} random orthonormal vectors over {len(tensors)} parameter tensors"
 
 
 @hookimpl

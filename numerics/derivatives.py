@@ -3,22 +3,22 @@
 What the Hessian-basis, POLCA, Fisher and LCA analyzers share, usable by any
 analyzer plugin that works in parameter space:
 
-- :class:`ParamSpace`: the trainable tensors of a model as one flat vector
-  (names, shapes, offsets), to go between ``{name: tensor}`` and ``[D]``.
 - :func:`loss_function`: the per-datapoint loss of a block of examples as a
-  function of the parameters (the store's model and objective, functionally).
-- :func:`directional_derivatives` (its entry point, with the compiled
-  variant, is in ``_compiled``): for K directions b at once, every
-  datapoint's loss, ⟨∇ℓ(x), b⟩ and, optionally, bᵀ∇²ℓ(x)b, by forward-mode AD
-  (``torch.func.jvp``, nested for the second order) vectorized over the
-  directions with ``torch.func.vmap``: the primal is computed once and shared.
-- :func:`hessian_vector_product`, :class:`MeanLossHessian` and
-  :func:`top_eigenpairs`: one Hessian-vector product by forward-over-reverse AD,
-  many at one point through kept gradient graphs, and (``_lanczos``) the top
-  eigenpairs of the Hessian restricted to the orthogonal complement of a basis.
-- :func:`load_basis`: a stored basis result (``hessian-basis``, ``random-basis``
-  or a plugin's) as torch tensors on a worker, cached per worker;
-  :func:`load_basis_rows` some of its vectors, read when needed.
+  function of the parameters (the store's model and objective, functionally),
+  over a :class:`ckpt.numerics.params.ParamSpace`.
+- :func:`eager_directional_derivatives` (the entry point, with the compiled
+  variant, is :func:`ckpt.numerics.compiled.directional_derivatives`): for K
+  directions b at once, every datapoint's loss, ⟨∇ℓ(x), b⟩ and, optionally,
+  bᵀ∇²ℓ(x)b, by forward-mode AD (``torch.func.jvp``, nested for the second order)
+  vectorized over the directions with ``torch.func.vmap``: the primal is computed
+  once and shared.
+- :func:`hessian_vector_product` and :class:`MeanLossHessian`: one Hessian-vector
+  product by forward-over-reverse AD, and many at one point through kept gradient
+  graphs (:mod:`ckpt.numerics.lanczos` finds eigenpairs from them).
+
+The parameter space (:mod:`ckpt.numerics.params`) and the stored basis format
+(:mod:`ckpt.numerics.basis_format`) have their own modules; their names are
+importable from here too, as they were before they moved.
 
 Why forward mode for per-datapoint projections: the number of directions K
 (tens) is far below the number of datapoints (thousands), so K JVPs of the
@@ -32,142 +32,27 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ckpt.errors import AnalysisError
-from ckpt.numerics.weightless import built_on_meta
-from ckpt.store.arrays import read_here
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ckpt.store import Store
+from ckpt.numerics.basis_format import basis_dims, check_basis, held_basis, load_basis, load_basis_rows, stored_basis
+from ckpt.numerics.norms import composite_norms
+from ckpt.numerics.params import (
+    DTYPES,
+    ParamSpace,
+    cast_floating,
+    chunks,
+    parameter_space,
+    torch_dtype,
+    trainable,
+)
 
 # torch's forward-mode AD levels are process-global, not per thread: two threads running
 # jvp at once fail ("Trying to access a forward AD level with an invalid index", seen
 # with the threads scheduler). JVPs of one process therefore run one at a time; each
 # still uses torch's intra-op threads, and processes or a cluster run checkpoints in parallel.
 FORWARD_AD_LOCK = threading.Lock()
-
-DTYPES = ("float32", "float64")
-"""Computation precisions analyzers accept (``--dtype``)."""
-
-
-@dataclass(frozen=True)
-class ParamSpace:
-    """The trainable tensors of a model, laid out as one flat vector.
-
-    Attributes
-    ----------
-    names
-        Tensor names, in store order.
-    shapes
-        Shape of each tensor.
-    """
-
-    names: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-
-    @property
-    def sizes(self) -> list[int]:
-        """Elements of each tensor."""
-        return [int(np.prod(shape, dtype=np.int64)) for shape in self.shapes]
-
-    @property
-    def size(self) -> int:
-        """D, the number of trainable parameters."""
-        return int(sum(self.sizes))
-
-    @property
-    def offsets(self) -> list[int]:
-        """Start of each tensor in the flat vector."""
-        return [int(x) for x in np.cumsum([0, *self.sizes[:-1]])]
-
-    def flatten(self, tensors: Mapping[str, Any], batch_dims: int = 0, out: Any = None) -> Any:
-        """``{name: [*batch, *shape]}`` -> ``[*batch, D]`` (torch), into ``out`` when given."""
-        import torch
-
-        flat = [tensors[n].reshape(*tensors[n].shape[:batch_dims], -1) for n in self.names]
-        return torch.cat(flat, dim=-1) if out is None else torch.cat(flat, dim=-1, out=out)
-
-    def unflatten(self, flat: Any) -> dict[str, Any]:
-        """``[*batch, D]`` -> ``{name: [*batch, *shape]}`` (views, torch or numpy)."""
-        batch = tuple(flat.shape[:-1])
-        out = {}
-        for name, shape, start, size in zip(self.names, self.shapes, self.offsets, self.sizes, strict=True):
-            out[name] = flat[..., start : start + size].reshape(*batch, *shape)
-        return out
-
-
-def parameter_space(store: Store, model: Any = None) -> ParamSpace:
-    """The floating-point checkpoint tensors that are parameters of the store's model.
-
-    Buffers (running statistics, masks) are held fixed: they are not
-    directions of training. Without a model spec every floating-point tensor
-    counts as a parameter.
-
-    Parameters
-    ----------
-    store
-        A :class:`ckpt.store.Store` (``ctx.store``, ``worker.store``).
-    model
-        The built model, when the caller has it: in a task, ``worker.model`` (cached per thread).
-        None: the model is built from the store's spec, which runs its factory (it must be
-        trusted) and allocates a full set of weights; cheap for small models, but in a task
-        pass ``worker.model`` and cache the result with ``worker.cached``.
-
-    Returns
-    -------
-    ParamSpace
-        The trainable tensors' names (in store order) and shapes.
-
-    Raises
-    ------
-    AnalysisError
-        When the store has no floating-point parameter.
-
-    Examples
-    --------
-    >>> space = worker.cached(("space",), lambda: parameter_space(worker.store, worker.model))  # doctest: +SKIP
-    >>> space.names, space.size  # doctest: +SKIP
-    (('0.weight', '0.bias', '2.weight', '2.bias'), 68)
-    """
-    floating = [name for name, info in store.schema.items() if "float" in info.dtype]
-    if model is None and store.model is not None:
-        model = built_on_meta(store.model.build)  # which parameters train, not their values
-    if model is not None:
-        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-        floating = [name for name in floating if name in trainable]
-    if not floating:
-        msg = f"{store.path} has no floating-point parameters to differentiate"
-        raise AnalysisError(msg)
-    return ParamSpace(tuple(floating), tuple(tuple(store.schema[n].shape) for n in floating))
-
-
-def cast_floating(tensor: Any, dtype: Any) -> Any:
-    """``tensor`` in ``dtype`` when it is floating-point (integer token ids and masks stay as they are)."""
-    return tensor.to(dtype) if tensor.is_floating_point() else tensor
-
-
-def torch_dtype(name: str) -> Any:
-    """The torch dtype of a ``--dtype`` value: ``torch_dtype("float64") is torch.float64``.
-
-    Parameters
-    ----------
-    name
-        One of :data:`DTYPES`.
-
-    Raises
-    ------
-    AnalysisError
-        When ``name`` is not one of :data:`DTYPES`.
-    """
-    import torch
-
-    if name not in DTYPES:
-        msg = f"dtype must be one of {', '.join(DTYPES)}, got {name!r}"
-        raise AnalysisError(msg)
-    return getattr(torch, name)
 
 
 def loss_function(
@@ -269,28 +154,6 @@ class BlockLoss:
         return self.losses(outputs, batch["targets"], batch["mask"])
 
 
-def trainable(params: Mapping[str, Any], space: ParamSpace, dtype: str = "float32") -> dict[str, Any]:
-    """The tensors of ``space`` from ``params``, in the computation precision: the point to differentiate at.
-
-    Parameters
-    ----------
-    params
-        Every tensor of the checkpoint: ``worker.params(step)``.
-    space
-        The trainable tensors (:func:`parameter_space`).
-    dtype
-        One of :data:`DTYPES`.
-
-    Returns
-    -------
-    dict
-        ``{name: tensor}`` for the names of ``space``, in its order; ``space.flatten`` of it is
-        the flat ``[D]`` vector.
-    """
-    precision = torch_dtype(dtype)
-    return {name: params[name].to(precision) for name in space.names}
-
-
 def eager_directional_derivatives(
     f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any], directions: Mapping[str, Any], order: int
 ) -> tuple[Any, Any, Any]:
@@ -357,175 +220,6 @@ def hessian_graph_mode() -> Iterator[None]:
 
     with forward_mode(composite=False, lock=False), differentiated_twice():
         yield
-
-
-def _normalized(input: Any, dims: tuple[int, ...], eps: float) -> Any:  # noqa: A002 (torch's argument name)
-    """(x - mean) / sqrt(biased variance + eps) over ``dims``, from elementary ops."""
-    centered = input - input.mean(dim=dims, keepdim=True)
-    variance = (centered * centered).mean(dim=dims, keepdim=True)
-    return centered * (variance + eps).rsqrt()
-
-
-def _per_channel(out: Any, weight: Any, bias: Any) -> Any:
-    """The affine map of batch and instance norm: ``weight``, ``bias`` of shape [C] on dim 1."""
-    shape = (1, -1) + (1,) * (out.ndim - 2)
-    if weight is not None:
-        out = out * weight.reshape(shape)
-    if bias is not None:
-        out = out + bias.reshape(shape)
-    return out
-
-
-def _layer_norm(
-    input: Any,  # noqa: A002 (F.layer_norm's own argument names, passed by keyword too)
-    normalized_shape: Sequence[int],
-    weight: Any = None,
-    bias: Any = None,
-    eps: float = 1e-5,
-) -> Any:
-    """``F.layer_norm`` from elementary ops, whose forward-mode rules compose to second order."""
-    out = _normalized(input, tuple(range(-len(normalized_shape), 0)), eps)
-    if weight is not None:
-        out = out * weight
-    if bias is not None:
-        out = out + bias
-    return out
-
-
-def _batch_norm(
-    input: Any,  # noqa: A002
-    running_mean: Any,
-    running_var: Any,
-    weight: Any = None,
-    bias: Any = None,
-    training: bool = False,
-    momentum: float = 0.1,
-    eps: float = 1e-5,
-) -> Any | None:
-    """``F.batch_norm`` with batch statistics from elementary ops; None where it uses running statistics.
-
-    Running statistics make batch norm an affine map, whose forward-mode rule is
-    exact. The running statistics are not updated here (an analysis must not
-    change the model).
-    """
-    if not training and running_mean is not None and running_var is not None:
-        return None
-    dims = (0, *range(2, input.ndim))
-    return _per_channel(_normalized(input, dims, eps), weight, bias)
-
-
-def _instance_norm(
-    input: Any,  # noqa: A002
-    running_mean: Any = None,
-    running_var: Any = None,
-    weight: Any = None,
-    bias: Any = None,
-    use_input_stats: bool = True,
-    momentum: float = 0.1,
-    eps: float = 1e-5,
-) -> Any | None:
-    """``F.instance_norm`` with each instance's statistics from elementary ops; None otherwise."""
-    if not use_input_stats:
-        return None
-    return _per_channel(_normalized(input, tuple(range(2, input.ndim)), eps), weight, bias)
-
-
-def _gathered_embedding(
-    input: Any,  # noqa: A002 (F.embedding's own argument names, passed by keyword too)
-    weight: Any,
-    padding_idx: int | None = None,
-    max_norm: float | None = None,
-    norm_type: float = 2.0,
-    scale_grad_by_freq: bool = False,
-    sparse: bool = False,
-) -> Any | None:
-    """``F.embedding`` as ``weight.index_select`` in a forward-mode pass; None (torch's own) with ``max_norm``.
-
-    Why: under ``vmap`` of a JVP the weight's tangent is batched, ``[K, V, d]``, and the
-    embedding's batching rule reshapes it to ``[V, K·d]``, a copy of every direction's whole
-    table in each pass (at GPT-2 small 147 MiB a direction, the largest block of a pass over
-    a few examples; forward mode keeps the tangent in the weight's own layout, so no layout
-    of the directions avoids it). A gather along dim 1 of the batched tangent reads only the
-    rows looked up. Forward values and tangents are the embedding's, ``padding_idx`` included
-    (it changes gradients only, which these passes do not take); ``max_norm`` rescales rows of
-    the weight in place and is left to torch.
-    """
-    if max_norm is not None:
-        return None
-    return weight.index_select(0, input.reshape(-1)).view(*input.shape, weight.shape[-1])
-
-
-def composite_norms(*, replace: bool = True, gather: bool = False) -> Any:
-    """A context in which normalization layers run as elementary ops inside nested JVPs.
-
-    With ``replace=False`` it changes nothing but being a torch-function mode
-    (see :func:`forward_mode`); with ``gather``, embedding lookups run as
-    :func:`_gathered_embedding` (forward-mode passes only).
-
-    torch's forward-mode rules for ``native_layer_norm`` and for batch norm with
-    batch statistics (which ``instance_norm`` uses too) are right to first order
-    but not under forward-over-forward: on the addition transformer the nested
-    JVP gave bᵀH b = 517.04 where central finite differences and the
-    forward-over-reverse HVP both gave 509.32 (float64), and ``sin`` of a layer
-    norm, instance norm or batch norm in training mode is off by 20%, 20% and 7%
-    (torch 2.13; ``group_norm``, ``rms_norm`` and the activations were exact).
-    The elementary ops' rules compose exactly; they cost the same work in this
-    (already unfused) forward-mode pass. Batch norm with running statistics
-    (``nn.BatchNorm`` in eval mode, how analyzers run models) is affine and
-    left to torch.
-    """
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    replacements: dict[Callable[..., Any], Callable[..., Any]] = (
-        {
-            torch.nn.functional.layer_norm: _layer_norm,
-            torch.nn.functional.batch_norm: _batch_norm,
-            torch.nn.functional.instance_norm: _instance_norm,
-        }
-        if replace
-        else {}
-    )
-    if gather:
-        replacements[torch.nn.functional.embedding] = _gathered_embedding
-
-    class _Mode(TorchFunctionMode):
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            replacement = replacements.get(func)
-            if replacement is not None:
-                out = replacement(*args, **(kwargs or {}))
-                if out is not None:
-                    return out
-            return func(*args, **(kwargs or {}))
-
-    return _Mode()
-
-
-def chunks(total: int, size: int) -> Iterator[slice]:
-    """``slice``s of at most ``size`` covering ``range(total)``, as even as they can be.
-
-    Their lengths differ by at most one (1,250 in blocks of 256: five of 250),
-    so that a program traced or compiled per shape serves every block.
-
-    Parameters
-    ----------
-    total
-        Items to cover (examples of a split, directions).
-    size
-        Most items per slice (at least 1).
-
-    Examples
-    --------
-    >>> [(s.start, s.stop) for s in chunks(10, 4)]
-    [(0, 4), (4, 7), (7, 10)]
-    """
-    size = max(1, int(size))
-    count = -(-total // size)
-    start = 0
-    for index in range(count):
-        stop = start + total // count + (index < total % count)
-        yield slice(start, stop)
-        start = stop
 
 
 def hessian_vector_product(
@@ -703,92 +397,6 @@ def graph_bytes(f: Callable[[Mapping[str, Any]], Any], primal: Mapping[str, Any]
             return torch.autograd.grad(loss, list(leaves.values()), create_graph=True)
 
     return held_bytes(build)
-
-
-def stored_basis(worker: Any, name: str, created: str) -> Any:
-    """The stored basis result ``name`` (lazy), the one created at ``created`` (re-read when it was recomputed).
-
-    Opened once per worker: opening a result reads its commit record and index coordinates, which
-    per call made a small POLCA run markedly slower (docs/performance.md, "POLCA passes").
-    """
-
-    def opened() -> Any:
-        result = worker.analysis(name)
-        if result.ckpt.created != created:
-            worker.store.refresh()
-            result = worker.store.analysis(name)
-        return result
-
-    return worker.cached(("stored-basis", name, created), opened)
-
-
-def load_basis(worker: Any, name: str, created: str, space: ParamSpace, dtype: str = "float32") -> dict[str, Any]:
-    """A stored basis result as ``{tensor: [K, *shape]}`` torch tensors on the worker's device.
-
-    Cached per worker for (name, created): a recomputed basis is read again.
-    """
-    import torch
-
-    precision = torch_dtype(dtype)
-
-    def read() -> dict[str, Any]:
-        result = stored_basis(worker, name, created)
-        return {
-            tensor: torch.from_numpy(read_here(result[tensor])).to(device=worker.device, dtype=precision)
-            for tensor in space.names
-        }
-
-    return worker.cached(_basis_key(name, created, dtype), read)
-
-
-def held_basis(worker: Any, name: str, created: str, dtype: str = "float32") -> dict[str, Any] | None:
-    """The basis :func:`load_basis` holds on this worker, or None where it holds none (nothing is read)."""
-    return worker.held(_basis_key(name, created, dtype))
-
-
-def _basis_key(name: str, created: str, dtype: str) -> tuple[str, ...]:
-    """The worker cache's key of a whole basis (:func:`load_basis`, :func:`held_basis`)."""
-    return ("basis", name, created, dtype)
-
-
-def load_basis_rows(
-    worker: Any, name: str, created: str, space: ParamSpace, rows: slice, dtype: str = "float32", tensors: Any = None
-) -> dict[str, Any]:
-    """Rows ``rows`` of a stored basis result as ``{tensor: [rows, *shape]}`` torch tensors, read now (not cached).
-
-    For a basis too large to hold whole beside the passes that use it (:func:`load_basis` holds it
-    for the worker's life): only the stored chunks holding these rows are read, each checked
-    against its digest. ``tensors``: read only these tensors (default: every tensor of ``space``).
-    """
-    import torch
-
-    precision = torch_dtype(dtype)
-    result = stored_basis(worker, name, created)
-    return {
-        tensor: torch.from_numpy(read_here(result[tensor].isel(basis=rows))).to(device=worker.device, dtype=precision)
-        for tensor in (space.names if tensors is None else tensors)
-    }
-
-
-def basis_dims(name: str, ndim: int) -> tuple[str, ...]:
-    """Dims of a basis variable: ``basis`` and the checkpoint tensor's own dims (``NAME.0`` ...)."""
-    return ("basis", *(f"{name}.{axis}" for axis in range(ndim)))
-
-
-def check_basis(result: Any, space: ParamSpace, name: str) -> int:
-    """Validate a basis result against the parameters; return K."""
-    missing = [tensor for tensor in space.names if tensor not in result.data_vars]
-    if missing or "basis" not in result.dims:
-        msg = (
-            f"analysis {name!r} is not a basis: it needs a 'basis' dim and one variable per parameter "
-            f"tensor (missing {missing[:3]})"
-        )
-        raise AnalysisError(msg)
-    for tensor, shape in zip(space.names, space.shapes, strict=True):
-        if tuple(result[tensor].shape[1:]) != shape:
-            msg = f"basis {name!r}: {tensor} has shape {tuple(result[tensor].shape[1:])}, parameters have {shape}"
-            raise AnalysisError(msg)
-    return int(result.sizes["basis"])
 
 
 __all__ = [

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.figures import COLORS, hide_unused, limited, new_figure, positive_log, quartile_band, step_axis
+from ckpt.numerics.basis_format import FOUND_AT
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -18,7 +19,7 @@ def basis_figures(result: xr.Dataset, store: Any) -> dict[str, Figure]:
 
     A basis without eigenvalues (``random-basis``) gets one panel: how many vectors each checkpoint added.
     """
-    found = np.asarray(result["found_at_step"].values)
+    found = np.asarray(result[FOUND_AT].values)
     steps = [int(s) for s in store.steps]
     if "eigenvalue" not in result:
         figure = new_figure(1)
@@ -68,7 +69,7 @@ def projected_figures(
         steps = np.asarray(store.steps)[: len(steps) + 1]
     shown, note = limited(range(values.sizes[vectors]), f"{vectors} entries")
     figure = new_figure(len(shown), columns=4, width=3.4, height=2.6)
-    found = result["found_at_step"].values if "found_at_step" in result.coords else None
+    found = result[FOUND_AT].values if FOUND_AT in result.coords else None
     for axes, index in zip(figure.axes, shown, strict=False):
         trajectory = np.asarray(values.isel({vectors: index}).transpose("step", "datapoint").values, dtype=np.float64)
         if per_pair is not None:

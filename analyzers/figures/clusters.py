@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckpt.analyzers.figures import COLORS, new_figure, step_axis
+from ckpt.numerics.basis_format import FOUND_AT
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -93,7 +94,7 @@ def _basis_figure(result: xr.Dataset, basis: int, exact: xr.DataArray | None, on
     figure = new_figure(3, width=4.4, height=3.2)
     curves, losses, makeup = figure.axes
     steps = result["step"].values
-    found = int(result["found_at_step"].values[basis]) if "found_at_step" in result.coords else None
+    found = int(result[FOUND_AT].values[basis]) if FOUND_AT in result.coords else None
     for rank, cluster in enumerate(shown):
         color = COLORS[rank]
         selection = {"basis": basis, "cluster": cluster}
