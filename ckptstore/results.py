@@ -1,4 +1,4 @@
-"""Saving analysis results into ``analyses/<name>`` and committing them.
+"""Saving analysis results into ``analyses/<name>`` and committing them: :class:`ResultSink`.
 
 Results are xarray Datasets written with xarray's own Zarr encoding, then
 committed into the store's commit record like everything else
@@ -7,26 +7,56 @@ one, becomes visible in a single atomic write of the root ``zarr.json``. An
 analysis interrupted mid-write leaves the previously committed result intact;
 the next write trims the leftovers before appending. Commits of results and
 of checkpoints merge, so an analysis may run while training writes.
+
+One object owns writing a result, :class:`ResultSink`: the result's lock, the
+open store, the provenance (:class:`~ckpt.store.provenance.Provenance`) and each
+commit, appended or replacing::
+
+    request = Provenance(analyzer="loss", version="1", options={...}, data_sha256=..., model_sha256=...,
+                         requires={}, steps=covered)       # steps: those already committed and kept
+    with ResultSink.open(store, "loss", request) as sink:  # StoreLockedError if another sink holds it
+        sink.append(block)          # rows after the covered steps (with none covered: the result anew)
+        sink.replace(dataset)       # the whole result; covers its ``step`` coordinate (or ``steps=``)
+        sink.provenance, sink.steps # the record last committed, the steps it covers
+
+- ``ResultSink.open(store, name, provenance=None, *, blocking=False, storage_options=None)``: takes
+  the result lock (:func:`result_lock`'s; ``blocking`` waits for another holder, as a journal's
+  parallel pieces do); ``store`` is a path, URL or opened :class:`~ckpt.store.Store`.
+- ``append(block, *, dim="step", provenance=None)`` and ``replace(dataset, *, steps=None,
+  provenance=None)`` each commit once and return the record committed, stamped with the steps
+  covered, ``created`` (now) and ``ckpt_version``; ``provenance=`` changes the record from then on
+  (a journal's record, ``partial``, names its pieces itself: there ``append`` extends the stored
+  pieces unless the record names one piece). Steps appended must follow the covered ones, each
+  once (:class:`~ckpt.errors.InvalidArgumentError`, nothing written).
+- A failed or killed commit leaves the result as last committed; the sink's record and steps stay
+  those of the last commit, so the next ``append`` follows it.
+- ``close()`` (or leaving the ``with``) releases the lock.
+
+:func:`result_lock` and :func:`write_analysis` (lock and commit taken apart) stay, over the same
+lock and the same commit (:meth:`ResultSink.write`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import warnings
-from collections.abc import Hashable, Iterator
-from pathlib import Path
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import xarray as xr
 import zarr
 from zarr.core.sync import sync
 
-from ckpt.errors import InvalidNameError, StoreError, StoreLockedError
+from ckpt.errors import InvalidArgumentError, InvalidNameError, StoreError
 from ckpt.store import _zarr
 from ckpt.store.chunks import CHUNK_DIGESTS, digest_variable
-from ckpt.store.format import ANALYSES, LOCKS, STEP, check_name
+from ckpt.store.format import ANALYSES, ROOT_ATTR, STEP, check_name
+from ckpt.store.provenance import Provenance, utc_now
 from ckpt.store.reader import check_format, open_zarr_store
+from ckpt.store.result_locks import STORE_LOCK, ResultLock, result_lock, store_lock
 
 
 def _prefix(name: str) -> str:
@@ -67,102 +97,6 @@ def _trim_to_committed(zstore: Any, name: str, committed: dict[str, dict[str, An
             array.resize(tuple(node["shape"]))
 
 
-STORE_LOCK = "store"
-"""``.locks/store``: held shared by every process writing a result, exclusively by one replacing the store."""
-_STORE_LOCK_TRIES = 20
-"""Non-blocking tries, 50 ms apart, for a shared store lock: a last shared holder holds it exclusively
-for the instant it takes to remove the file; a replacement holds it for minutes, and is refused."""
-
-
-_REPLACING: set[Any] = set()
-"""Local stores this process holds the store-wide lock of exclusively: its own result writes (``ckpt repair``
-dropping results) need no shared lock there, and would be refused by their own process's lock."""
-
-
-class _ExclusiveStoreLock(_zarr.FileLock):
-    def __init__(self, root: Path, key: Any) -> None:
-        super().__init__(root, f"{LOCKS}/{STORE_LOCK}", LOCKS)
-        self._key = key
-
-    def release(self) -> None:
-        _REPLACING.discard(self._key)
-        super().release()
-
-
-def store_lock(path: str | os.PathLike[str], *, exclusive: bool) -> _zarr.FileLock:
-    """Take the store-wide lock ``.locks/store`` of a local store (a no-op lock for a URL), held; release it.
-
-    Shared by every process that writes a result (``ckpt analyze``, ``ckpt rm``, through
-    :func:`result_lock`), exclusive for one that replaces the whole store (``ckpt import`` or
-    ``ckpt create`` with ``--overwrite``, ``ckpt repair``): a result computed from the old store
-    must never be committed into the new one, with the old one's provenance. Neither side waits:
-    whichever comes second is refused with :class:`StoreLockedError`.
-    """
-    import time
-
-    local = _zarr.local_path(path)
-    key = None if local is None else local.resolve()
-    if local is None or (not exclusive and key in _REPLACING):
-        return _zarr.FileLock(None)
-    lock: _zarr.FileLock
-    if exclusive:
-        lock = _ExclusiveStoreLock(local, key)
-        busy = (
-            f"an analysis is being computed or removed in {path} by another process; it cannot be replaced "
-            "until that finishes: wait for it (or stop it), then run again"
-        )
-        lock.acquire(blocking=False, busy_message=busy)
-        _REPLACING.add(key)
-        return lock
-    lock = _zarr.FileLock(local, f"{LOCKS}/{STORE_LOCK}", LOCKS, shared=True)
-    busy = (
-        f"{path} is being replaced by another process (ckpt import or create with --overwrite, or ckpt repair); "
-        "run again once it is done"
-    )
-    for _ in range(_STORE_LOCK_TRIES - 1):
-        try:
-            lock.acquire(blocking=False, busy_message=busy)
-            return lock
-        except StoreLockedError:
-            time.sleep(0.05)
-    lock.acquire(blocking=False, busy_message=busy)
-    return lock
-
-
-@contextlib.contextmanager
-def result_lock(path: str | os.PathLike[str], name: str, *, blocking: bool = False) -> Iterator[None]:
-    """Hold the lock of result ``name``: one process writes a result at a time.
-
-    An advisory ``flock`` on the lock file ``.locks/analyses/<name>`` of a local store
-    (:class:`~ckpt.store._zarr.FileLock`), not on the result's folder, which is made anew when
-    the result is replaced. Without ``blocking`` (``ckpt analyze``, ``ckpt rm``), a second
-    process gets :class:`StoreLockedError` instead of interleaving its blocks with the first
-    one's; with it (a journal's pieces, committed by parallel tasks) it waits its turn. Results
-    of other names are not held up. A crashed holder never leaves a stale lock (the kernel
-    releases it). The store-wide lock is held shared meanwhile (:func:`store_lock`), so that the
-    store is not replaced under the result. Remote stores have no lock: there the user must make
-    sure one process writes a result at a time.
-    """
-    problem = check_name(name, "analysis")
-    if problem:
-        raise InvalidNameError(problem)
-    local = _zarr.local_path(path)
-    lock = _zarr.FileLock(local, f"{LOCKS}/{ANALYSES}/{name}", LOCKS)
-    busy = (
-        f"analysis {name!r} of {path} is being computed by another process; wait for it to finish "
-        "(or stop it), then run again"
-    )
-    whole = store_lock(path, exclusive=False)
-    try:
-        lock.acquire(blocking=blocking, busy_message=busy)
-        try:
-            yield
-        finally:
-            lock.release()
-    finally:
-        whole.release()
-
-
 def write_analysis(
     path: str | os.PathLike[str],
     name: str,
@@ -172,7 +106,7 @@ def write_analysis(
     attrs: dict[str, Any] | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> None:
-    """Write an analysis result to ``analyses/<name>`` and commit it.
+    """Write an analysis result to ``analyses/<name>`` and commit it (the lock is the caller's: :func:`result_lock`).
 
     Parameters
     ----------
@@ -190,30 +124,210 @@ def write_analysis(
     storage_options
         fsspec options for URLs.
     """
-    problem = check_name(name, "analysis")
-    if problem:
-        raise InvalidNameError(problem)
-    where = str(path)
-    zstore = open_zarr_store(where, read_only=False, storage_options=storage_options)
-    root_attrs, committed = _zarr.read_root(zstore, where)
-    check_format(root_attrs, where)
-    dataset = dataset.copy()
-    dataset.attrs = dict(attrs if attrs is not None else dataset.attrs)
-    for key, variable in list(dataset.variables.items()):
-        if variable.dtype.kind == "U":
-            # fixed-width unicode has no stable zarr v3 encoding (zarr and zarrs warn); strings do
-            if key in dataset.coords:
-                dataset = dataset.assign_coords({key: variable.astype(object)})
-            else:
-                dataset[key] = variable.astype(object)
-    try:
-        _write(zstore, where, name, dataset, append_dim, committed)
-    except BaseException:
-        # nothing of this write is committed; leave no half-written files behind (a full disk
-        # needs the space back, and plain zarr readers would see them): best effort
-        with contextlib.suppress(Exception):
-            _trim_to_committed(zstore, name, _zarr.read_root(zstore, where)[1])
-        raise
+    ResultSink(path, name, storage_options=storage_options).write(dataset, append_dim=append_dim, attrs=attrs)
+
+
+def _where(store: Any, storage_options: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
+    """The path and fsspec options of a store given as a path or as an opened :class:`~ckpt.store.Store`."""
+    from ckpt.store.reader import Store
+
+    if isinstance(store, Store):
+        return store.path, storage_options if storage_options is not None else store._storage_options
+    return str(store), storage_options
+
+
+class ResultSink:
+    """What writes one analysis result: its lock, the open store, its provenance, each commit.
+
+    Made by :meth:`open` (which takes the result's lock) and used as a context manager; see
+    the module's docstring. Constructed directly it holds no lock (what :func:`write_analysis`
+    does: the caller holds :func:`result_lock`).
+
+    Parameters
+    ----------
+    store
+        The store: a path, URL or opened :class:`~ckpt.store.Store`.
+    name
+        The result's name, ``analyses/<name>``.
+    provenance
+        The record of the request (its ``steps``: those already committed and kept).
+    storage_options
+        fsspec options for URLs (default: an opened store's own).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        name: str,
+        provenance: Provenance | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        problem = check_name(name, "analysis")
+        if problem:
+            raise InvalidNameError(problem)
+        self.where, self._storage_options = _where(store, storage_options)
+        self.name = name
+        self._provenance = provenance
+        self._steps: tuple[int, ...] = () if provenance is None else tuple(provenance.steps or ())
+        self._lock: ResultLock | None = None
+        self._zstore: Any = None
+
+    @classmethod
+    def open(
+        cls,
+        store: Any,
+        name: str,
+        provenance: Provenance | None = None,
+        *,
+        blocking: bool = False,
+        storage_options: dict[str, Any] | None = None,
+    ) -> ResultSink:
+        """Take the lock of result ``name`` of ``store`` and return its sink (release it with :meth:`close`).
+
+        Raises
+        ------
+        StoreLockedError
+            Another sink (this process's or another's) holds the result, or the store is being
+            replaced; with ``blocking``, waits for another sink of the result instead.
+        InvalidNameError
+            ``name`` is not a valid result name.
+        """
+        sink = cls(store, name, provenance, storage_options=storage_options)
+        sink._lock = ResultLock(sink.where, name, blocking=blocking)
+        return sink
+
+    @property
+    def provenance(self) -> Provenance | None:
+        """The record last committed by this sink (before any commit: the one it was given)."""
+        return self._provenance
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """The steps the committed result covers, by this sink's record."""
+        return self._steps
+
+    def append(self, block: xr.Dataset, *, dim: str = STEP, provenance: Provenance | None = None) -> Provenance:
+        """Commit ``block`` after the rows of the result along ``dim``; the record then covers its steps too.
+
+        When the record covers no step yet (a result computed anew), ``block`` replaces whatever
+        is stored. A journal's record (``partial``) names its pieces itself: ``block`` extends the
+        stored one unless the record names this piece alone.
+
+        Parameters
+        ----------
+        block
+            The rows to add (computed), with the result's variables.
+        dim
+            The dimension to append along; ``"step"`` for a result.
+        provenance
+            The record from now on (default: the sink's).
+
+        Returns
+        -------
+        Provenance
+            The record committed.
+
+        Raises
+        ------
+        InvalidArgumentError
+            A result's block whose steps are not after those the record covers, or one not along ``step``.
+        """
+        record = self._record(provenance)
+        if record.partial is not None:
+            extend = len(record.partial["keys"]) > 1
+            record = dataclasses.replace(record, created=utc_now())
+        else:
+            if dim != STEP or STEP not in block.coords:
+                msg = f"a block of result {self.name!r} is appended along {STEP!r}, with its steps; got dim {dim!r}"
+                raise InvalidArgumentError(msg)
+            new = [int(s) for s in np.atleast_1d(block[STEP].values)]
+            if sorted(set(new)) != new or (self._steps and new and new[0] <= self._steps[-1]):
+                msg = (
+                    f"the block of steps {new[:5]} of result {self.name!r} does not follow the steps it covers "
+                    f"({list(self._steps[-3:])} last): steps must increase, each once"
+                )
+                raise InvalidArgumentError(msg)
+            extend = bool(self._steps)
+            record = record.with_steps([*self._steps, *new])
+        return self._commit(block, dim if extend else None, record)
+
+    def replace(
+        self, dataset: xr.Dataset, *, steps: Sequence[int] | None = None, provenance: Provenance | None = None
+    ) -> Provenance:
+        """Commit ``dataset`` as the whole result; the record covers ``steps`` (default: its ``step`` coordinate).
+
+        A dataset without a ``step`` coordinate (a per-run result) covers the record's steps
+        unless ``steps`` are given. Returns the record committed.
+        """
+        record = self._record(provenance)
+        if record.partial is not None:
+            record = dataclasses.replace(record, created=utc_now())
+        else:
+            if steps is None:
+                steps = (
+                    [int(s) for s in np.atleast_1d(dataset[STEP].values)]
+                    if STEP in dataset.coords
+                    else list(record.steps or ())
+                )
+            record = record.with_steps(steps)
+        return self._commit(dataset, None, record)
+
+    def _record(self, provenance: Provenance | None) -> Provenance:
+        record = provenance if provenance is not None else self._provenance
+        if record is None:
+            msg = f"result {self.name!r} is committed with its provenance: give the sink a Provenance"
+            raise InvalidArgumentError(msg)
+        return record
+
+    def _commit(self, dataset: xr.Dataset, append_dim: str | None, record: Provenance) -> Provenance:
+        self.write(dataset, append_dim=append_dim, attrs={ROOT_ATTR: record.to_attrs()})
+        self._provenance = record
+        if record.partial is None:
+            self._steps = tuple(record.steps or ())
+        return record
+
+    def write(self, dataset: xr.Dataset, *, append_dim: str | None, attrs: dict[str, Any] | None) -> None:
+        """Write ``dataset`` (appended along ``append_dim``, or replacing the result) with ``attrs``, committed.
+
+        The raw commit beneath :meth:`append` and :meth:`replace` (and :func:`write_analysis`):
+        the group attributes are ``attrs`` as given (``dataset.attrs`` when None), unchecked.
+        """
+        where = self.where
+        if self._zstore is None:
+            self._zstore = open_zarr_store(where, read_only=False, storage_options=self._storage_options)
+        zstore = self._zstore
+        root_attrs, committed = _zarr.read_root(zstore, where)
+        check_format(root_attrs, where)
+        dataset = dataset.copy()
+        dataset.attrs = dict(attrs if attrs is not None else dataset.attrs)
+        for key, variable in list(dataset.variables.items()):
+            if variable.dtype.kind == "U":
+                # fixed-width unicode has no stable zarr v3 encoding (zarr and zarrs warn); strings do
+                if key in dataset.coords:
+                    dataset = dataset.assign_coords({key: variable.astype(object)})
+                else:
+                    dataset[key] = variable.astype(object)
+        try:
+            _write(zstore, where, self.name, dataset, append_dim, committed)
+        except BaseException:
+            # nothing of this write is committed; leave no half-written files behind (a full disk
+            # needs the space back, and plain zarr readers would see them): best effort
+            with contextlib.suppress(Exception):
+                _trim_to_committed(zstore, self.name, _zarr.read_root(zstore, where)[1])
+            raise
+
+    def close(self) -> None:
+        """Release the result's lock (nothing is committed that was not already)."""
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.release()
+
+    def __enter__(self) -> ResultSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _check_analyses_group(zstore: Any, where: str) -> None:
@@ -366,6 +480,7 @@ def load_result(dataset: xr.Dataset) -> xr.Dataset:
 __all__ = [
     "STEP",
     "STORE_LOCK",
+    "ResultSink",
     "delete_analysis",
     "load_result",
     "result_lock",
