@@ -33,7 +33,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ckpt.engine.worker import utc_timestamp
+from ckpt.engine.worker import open_store, utc_timestamp
 from ckpt.errors import CkptError
 from ckpt.store.format import PARTIAL_SUFFIX
 
@@ -75,9 +75,8 @@ class Journal:
         return f"{self.name}{PARTIAL_SUFFIX}"
 
     def _open(self) -> Store:
-        import ckpt.store as ckptstore
-
-        return ckptstore.open(self.where, storage_options=self.storage_options)
+        """The store as committed now (the one the engine lent this process, refreshed, or one opened now)."""
+        return open_store(self.where, self.storage_options, fresh=True)
 
     def _opened(self, store: Store) -> tuple[xr.Dataset, dict[str, Any]] | None:
         """The journal (lazy) and its record, or None when there is none or it cannot be read."""

@@ -97,6 +97,52 @@ def resolve_device(device: str, error: type[Exception] = AnalysisError) -> str:
     return device
 
 
+_lent: dict[tuple[str, str], Store] = {}
+"""The stores an engine run in this process lends its workers and journals, by path and storage options."""
+_lent_lock = threading.Lock()
+
+
+def _store_key(where: str, storage_options: Mapping[str, Any] | None) -> tuple[str, str]:
+    import json
+
+    return str(where), json.dumps(dict(storage_options or {}), sort_keys=True, default=str)
+
+
+@contextlib.contextmanager
+def lend_store(store: Store, storage_options: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Within: this process's workers and journals of ``store``'s path use ``store`` instead of opening it.
+
+    The engine opens a store once per run; a worker in the same process (the threads and sync
+    schedulers) reads through that one :class:`~ckpt.store.Store`, refreshing it where it must see
+    a later commit, as it refreshes one of its own. Workers in other processes open their own.
+    """
+    key = _store_key(store.path, storage_options)
+    with _lent_lock:
+        previous = _lent.get(key)
+        _lent[key] = store
+    try:
+        yield
+    finally:
+        with _lent_lock:
+            if previous is None:
+                _lent.pop(key, None)
+            else:
+                _lent[key] = previous
+
+
+def open_store(where: str, storage_options: Mapping[str, Any] | None = None, *, fresh: bool = False) -> Store:
+    """The store an engine run lent this process for ``where`` (refreshed with ``fresh``), else one opened now."""
+    with _lent_lock:
+        lent = _lent.get(_store_key(where, storage_options))
+    if lent is None:
+        import ckpt.store
+
+        return ckpt.store.open(where, storage_options=dict(storage_options or {}) or None)
+    if fresh:
+        lent.refresh()
+    return lent
+
+
 _process_lock = threading.Lock()
 _workers: dict[TaskSpec, Worker] = {}
 _thread_state = threading.local()
@@ -237,9 +283,7 @@ class Worker:
     def __init__(self, spec: TaskSpec) -> None:
         self.spec = spec
         self.device = spec.device
-        import ckpt.store
-
-        self._store = ckpt.store.open(spec.store, storage_options=dict(spec.storage_options or {}) or None)
+        self._store = open_store(spec.store, spec.storage_options)
         self._lock = threading.Lock()
         self._making: dict[tuple[int, Any], threading.RLock] = {}  # a lock for each value being made
         self._data: dict[str, dict[str, Any]] = {}
