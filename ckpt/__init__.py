@@ -24,21 +24,22 @@ of the garbage collector and the C allocator.
 from __future__ import annotations
 
 import importlib
-import os
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 DISTRIBUTION = "ckpt-dynamics"
 """The name ckpt is published under (``pip install ckpt-dynamics``); the import root and command stay ``ckpt``."""
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    import xarray as xr
-
+    from ckpt.engine.entry import analyze, analyze_runs
     from ckpt.errors import CkptError
     from ckpt.store import create, open
 
 # name -> module that defines it; resolved on first access (PEP 562)
 _LAZY = {
+    # ckpt.engine.entry imports neither dask nor xarray: resolving `ckpt.analyze` (a notebook's tab
+    # completion, a check that it is callable) does not load the engine; calling it does
+    "analyze": "ckpt.engine.entry",
+    "analyze_runs": "ckpt.engine.entry",
     "open": "ckpt.store",
     "create": "ckpt.store",
     "CkptError": "ckpt.errors",
@@ -64,57 +65,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(msg)
     globals()[name] = value  # resolved once
     return value
-
-
-# functions, not lazy names: resolving `ckpt.analyze` (a notebook's tab completion, a check that it is
-# callable) must not import the engine, and with it dask; calling it does
-def analyze(name: str, store: str | os.PathLike[str], **kwargs: Any) -> xr.Dataset:
-    """Run analyzer ``name`` on ``store`` and return its complete result (see :func:`ckpt.engine.pipeline.analyze`).
-
-    Parameters
-    ----------
-    name
-        A registered analyzer (``ckpt plugins`` lists them).
-    store
-        Path or URL of the checkpoint store.
-    **kwargs
-        Analyzer options and engine settings (``scheduler``, ``workers``, ``device``, ``force`` ...).
-
-    Returns
-    -------
-    xarray.Dataset
-        The stored result (lazy); ``result.ckpt`` holds its provenance.
-    """
-    from ckpt.engine.pipeline import analyze as _analyze
-
-    return _analyze(name, store, **kwargs)
-
-
-def analyze_runs(
-    name: str, stores: Sequence[str | os.PathLike[str]], *, lineage: bool = False, **kwargs: Any
-) -> xr.Dataset:
-    """Run ``name`` on several stores: one Dataset with a ``run`` dim (see :func:`ckpt.engine.pipeline.analyze_runs`).
-
-    Parameters
-    ----------
-    name
-        A registered analyzer.
-    stores
-        Paths or URLs of the runs.
-    lineage
-        Draw each run with the runs it was initialised from (``ckpt train --init-from``) as one
-        trajectory, the child's steps continuing its parent's (``parent_step + s``).
-    **kwargs
-        As for :func:`analyze`.
-
-    Returns
-    -------
-    xarray.Dataset
-        The runs' results concatenated along ``run``, with each run's recorded settings as coordinates.
-    """
-    from ckpt.engine.pipeline import analyze_runs as _analyze_runs
-
-    return _analyze_runs(name, stores, lineage=lineage, **kwargs)
 
 
 def __dir__() -> list[str]:

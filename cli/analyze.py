@@ -73,46 +73,32 @@ def click_option(name: str, option: Any) -> click.Option:
     return click.Option([*short, flag, name], type=kind, default=option.default, help=option.help, show_default=True)
 
 
+def _engine_option(setting: Any) -> click.Option:
+    """The click option of one engine setting (a field of :class:`ckpt.engine.settings.EngineSettings`)."""
+    meta = setting.metadata
+    flag = "--" + setting.name.replace("_", "-")
+    declared = list(meta["flags"]) or [flag]
+    shown: dict[str, Any] = {"help": meta["help"], "metavar": meta["metavar"]}
+    default = meta["cli_default"]
+    if meta["kind"] == "bool":
+        if not meta["negatable"]:
+            return click.Option(declared, is_flag=True, default=bool(default), help=meta["help"])
+        declared = [f"{flag}/--no-{setting.name.replace('_', '-')}"]
+        return click.Option(declared, default=bool(default), show_default=True, help=meta["help"])
+    kind: click.ParamType = click.STRING
+    if meta["choices"]:
+        kind = click.Choice(list(meta["choices"]))
+    elif meta["minimum"] is not None:
+        kind = click.IntRange(min=meta["minimum"])
+    return click.Option(declared, type=kind, default=default, show_default=default is not None, **shown)
+
+
 def _engine_options() -> list[click.Option]:
+    """The engine settings' options, made from their one declaration, then ``--trust-factory``."""
+    from ckpt.engine.settings import ENGINE_FIELDS
+
     return [
-        click.Option(
-            ["--scheduler"],
-            type=click.Choice(["threads", "processes", "sync"]),
-            default="threads",
-            show_default=True,
-            help="Local Dask scheduler.",
-        ),
-        click.Option(["--address"], metavar="TCP://HOST:PORT", help="Run on a running distributed scheduler."),
-        click.Option(
-            ["--workers"],
-            type=click.IntRange(min=1),
-            help="Start a LocalCluster of N worker processes (or N local ones).",
-        ),
-        click.Option(
-            ["--device"], default="cpu", show_default=True, metavar="cpu|cuda|auto", help="Torch device of the workers."
-        ),
-        click.Option(
-            ["--max-memory"],
-            metavar="SIZE",
-            help="Memory the run may use on this machine, shared by its parallel tasks (e.g. 12GiB); analyzers "
-            "size their blocks to it and say which knob to turn when even the smallest cannot fit. Default: 50% "
-            "of the RAM available at the start (80% of free GPU memory with --device cuda).",
-        ),
-        click.Option(["--force"], is_flag=True, help="Recompute even when a stored result matches."),
-        click.Option(
-            ["--block-steps"],
-            type=click.IntRange(min=1),
-            help="Steps computed and committed together (default: blocks grown until one takes about 2 s, "
-            "and one step more than are computed at once); an interrupted or killed run resumes after the "
-            "last committed block.",
-        ),
-        click.Option(["--progress/--no-progress"], default=True, show_default=True, help="Show a progress bar."),
-        click.Option(
-            ["--as", "save_as"],
-            metavar="NAME",
-            help="Keep the result as analyses/NAME instead of analyses/ANALYZER, beside other results of the "
-            "same analyzer (e.g. clusters on loss, fisher and polca).",
-        ),
+        *(_engine_option(setting) for setting in ENGINE_FIELDS if setting.metadata["cli"]),
         click.Option(
             ["--trust-factory"],
             multiple=True,
@@ -143,12 +129,12 @@ def expand_stores(patterns: tuple[str, ...]) -> list[str]:
 
 def _make_command(name: str, analyzer: Any) -> click.Command:
     def callback(stores: tuple[str, ...], **values: Any) -> None:
-        from ckpt.engine.pipeline import run
-        from ckpt.plugins.analyzer import ENGINE_SETTINGS  # analyzer options never take these names
+        from ckpt.engine.runner import run
+        from ckpt.engine.settings import EngineSettings  # analyzer options never take these names
         from ckpt.store import allow
 
         allow(*values.pop("trust_factory"))
-        engine = {k: values.pop(k) for k in ENGINE_SETTINGS if k in values}
+        engine = {k: values.pop(k) for k in EngineSettings.names() if k in values}
         options = {k: v for k, v in values.items() if v is not None}
         if engine["address"] is not None:
             import logging

@@ -58,20 +58,33 @@ PER_PAIR = "pair"
 PER_RUN = "run"
 """``Analyzer.per``: the whole result is recomputed when the run grows."""
 
-ENGINE_SETTINGS = (
-    "scheduler",
-    "address",
-    "workers",
-    "device",
-    "force",
-    "progress",
-    "block_steps",
-    "max_memory",
-    "storage_options",
-    "registry",
-    "save_as",
-)
-"""Keyword arguments that :func:`ckpt.analyze` gives the engine; no analyzer option may take these names."""
+ENGINE_SETTINGS: tuple[str, ...]
+"""Keyword arguments that :func:`ckpt.analyze` gives the engine; no analyzer option may take these names.
+
+The fields of :class:`ckpt.engine.settings.EngineSettings`, in order (read on first use)."""
+
+
+def _engine_settings() -> tuple[str, ...]:
+    """The names of the engine settings (:class:`ckpt.engine.settings.EngineSettings`' fields).
+
+    Keyword arguments that :func:`ckpt.analyze` gives the engine; no analyzer option may take
+    these names. Read from the engine's one declaration of them, which imports neither dask nor torch.
+    """
+    from ckpt.engine.settings import EngineSettings  # the host names the engine's settings only when asked
+
+    return EngineSettings.names()
+
+
+def __getattr__(name: str) -> Any:
+    # ENGINE_SETTINGS is derived from the engine's settings, which sit a layer above the host:
+    # read when first asked for (PEP 562), so that importing the host never imports the engine
+    if name == "ENGINE_SETTINGS":
+        value = _engine_settings()
+        globals()[name] = value
+        return value
+    msg = f"module {__name__!r} has no attribute {name!r}"
+    raise AttributeError(msg)
+
 
 OPTION_TYPES = (int, float, str, bool)
 """The types an :class:`Option` may have: each maps to one command-line value (lists are a ``str``)."""
@@ -289,11 +302,12 @@ def validate_analyzer(cls: Any) -> None:
     if cls.per not in (PER_CHECKPOINT, PER_PAIR, PER_RUN):
         msg = f"analyzer {cls.name!r}: per must be 'checkpoint', 'pair' or 'run', got {cls.per!r}"
         raise PluginError(msg)
-    shadowing = [name for name in cls.option_spec() if name in ENGINE_SETTINGS]
+    reserved = _engine_settings()
+    shadowing = [name for name in cls.option_spec() if name in reserved]
     if shadowing:
         msg = (
             f"analyzer {cls.name!r} declares option {shadowing[0]!r}, which is an engine setting "
-            f"({', '.join(ENGINE_SETTINGS)}); rename the option"
+            f"({', '.join(reserved)}); rename the option"
         )
         raise PluginError(msg)
     for option in cls.option_spec().values():
