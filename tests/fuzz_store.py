@@ -77,6 +77,8 @@ class Mutant:
     """A checkpoint chunk file was changed: ``verify`` must not pass."""
     kinds: list[str] = field(default_factory=list)
     """The kind of each mutation, for the counts the test prints."""
+    operators: list[str] = field(default_factory=list)
+    """Each mutation applied, as ``kind/how`` (one of :data:`OPERATORS`): the test checks each is exercised."""
 
 
 def _files(store: Path, pattern: str) -> list[Path]:
@@ -95,14 +97,15 @@ def _json_paths(document: Any, prefix: tuple = ()) -> list[tuple]:
     return paths
 
 
-def _edit_json(file: Path, rng: random.Random) -> str:
+def _edit_json(file: Path, rng: random.Random) -> tuple[str | None, str]:
+    """How ``file`` was edited (None: it was left as it was) and what was done."""
     try:
         document = json.loads(file.read_text())
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return f"{file.name}: unreadable, left"
+        return None, f"{file.name}: unreadable, left"
     paths = [p for p in _json_paths(document) if p]
     if not paths:
-        return "empty document"
+        return None, "empty document"
     target = rng.choice(paths)
     parent = document
     for key in target[:-1]:
@@ -120,7 +123,7 @@ def _edit_json(file: Path, rng: random.Random) -> str:
         parent[last] = rng.choice(HOSTILE_VALUES)
     text = json.dumps(document).replace('"__DEEP__"', "[" * 5000 + "]" * 5000)
     file.write_text(text)
-    return f"{file.parent.name}/{file.name}: {how} at {list(target)[:6]}"
+    return how, f"{file.parent.name}/{file.name}: {how} at {list(target)[:6]}"
 
 
 def mutate(mutant: Mutant, rng: random.Random) -> None:
@@ -131,11 +134,12 @@ def mutate(mutant: Mutant, rng: random.Random) -> None:
     mutant.kinds.append(kind)
     if kind in STRUCTURED:
         STRUCTURED[kind](mutant, rng)
-    elif kind == "root":
-        mutant.done.append(_edit_json(store / "zarr.json", rng))
-    elif kind == "node":
-        nodes = _files(store, "**/zarr.json")
-        mutant.done.append(_edit_json(rng.choice(nodes), rng))
+    elif kind in ("root", "node"):
+        file = store / "zarr.json" if kind == "root" else rng.choice(_files(store, "**/zarr.json"))
+        how, done = _edit_json(file, rng)
+        mutant.done.append(done)
+        if how is not None:
+            mutant.operators.append(f"{kind}/{how}")
     elif kind in ("truncate", "bytes"):
         file = rng.choice(_files(store, "**/*"))
         data = file.read_bytes()
@@ -143,6 +147,7 @@ def mutate(mutant: Mutant, rng: random.Random) -> None:
         file.write_bytes(new)
         mutant.damaged_checkpoint |= file in chunks and new != data
         mutant.done.append(f"{kind} {file.relative_to(store)}")
+        mutant.operators.append(kind)
     elif kind == "chunk" and chunks:
         _mutate_chunk(mutant, chunks, rng)
     else:
@@ -160,6 +165,7 @@ def mutate(mutant: Mutant, rng: random.Random) -> None:
             group.write_text("not a folder")
         mutant.damaged_checkpoint |= group.is_relative_to(store / "checkpoints")
         mutant.done.append(f"group {group.relative_to(store)} removed")
+        mutant.operators.append("group")
 
 
 def _mutate_chunk(mutant: Mutant, chunks: list[Path], rng: random.Random) -> None:
@@ -196,6 +202,7 @@ def _mutate_chunk(mutant: Mutant, chunks: list[Path], rng: random.Random) -> Non
         chunk.mkdir()
     mutant.damaged_checkpoint = True
     mutant.done.append(f"chunk {chunk.relative_to(mutant.path)}: {how}")
+    mutant.operators.append(f"chunk/{how}")
 
 
 # -- attacks a user's trust depends on: factories, provenance, links, codecs --------------------------
@@ -283,6 +290,7 @@ def _mutate_factory(mutant: Mutant, rng: random.Random) -> None:
         value = str(store / ".hf") if value == "@/.hf" else value
         _edit_root_attrs(store, lambda ckpt: ckpt["model"].setdefault("config", {}).__setitem__(key, value))
         mutant.done.append(f"model config {key}={str(value)[:40]}")
+        mutant.operators.append("factory/config")
     elif how == "huggingface":
         config = rng.choice(_hostile_hf_configs(store))
 
@@ -291,10 +299,12 @@ def _mutate_factory(mutant: Mutant, rng: random.Random) -> None:
 
         _edit_root_attrs(store, spec)
         mutant.done.append(f"huggingface config {sorted(config)[:4]} {config.get('model_type')!r}")
+        mutant.operators.append("factory/huggingface")
     else:
         factory = rng.choice(("os:system", "evil:Evil", "ckpt.cli.main:cli", "ckpt.store:create", "builtins:exec"))
         _edit_root_attrs(store, lambda ckpt: ckpt["model"].__setitem__("factory", factory))
         mutant.done.append(f"factory {factory}")
+        mutant.operators.append("factory/factory")
 
 
 HOSTILE_PROVENANCE: tuple[tuple[str, Any], ...] = (
@@ -341,6 +351,7 @@ def _mutate_provenance(mutant: Mutant, rng: random.Random) -> None:
     if node is not None:
         node_file.write_text(json.dumps(node))
     mutant.done.append(f"provenance {key} {'dropped' if drop else '= ' + str(value)[:30]}")
+    mutant.operators.append(f"provenance/{'drop' if drop else 'value'}")
 
 
 def _mutate_link(mutant: Mutant, rng: random.Random) -> None:
@@ -355,6 +366,7 @@ def _mutate_link(mutant: Mutant, rng: random.Random) -> None:
         shutil.rmtree(store / ".locks", ignore_errors=True)
         (store / ".locks").symlink_to(canary, target_is_directory=True)
         mutant.done.append("link .locks -> outside")
+        mutant.operators.append("link/locks")
     elif how == "locks-analyses":
         (store / ".locks").mkdir(exist_ok=True)
         if (store / ".locks" / "analyses").is_symlink():
@@ -362,6 +374,7 @@ def _mutate_link(mutant: Mutant, rng: random.Random) -> None:
         shutil.rmtree(store / ".locks" / "analyses", ignore_errors=True)
         (store / ".locks" / "analyses").symlink_to(canary / "analyses", target_is_directory=True)
         mutant.done.append("link .locks/analyses -> outside")
+        mutant.operators.append("link/locks-analyses")
     elif how == "moved":
         folders = [p for p in (store / "analyses" / "loss", store / "data" / "eval") if p.is_dir()]
         folders += [p for p in (store / "checkpoints").glob("*") if p.is_dir() and not p.is_symlink()]
@@ -374,12 +387,14 @@ def _mutate_link(mutant: Mutant, rng: random.Random) -> None:
         folder.symlink_to(outside, target_is_directory=True)
         mutant.damaged_checkpoint |= folder.is_relative_to(store / "checkpoints")
         mutant.done.append(f"link {folder.relative_to(store)} -> a copy outside")
+        mutant.operators.append("link/moved")
     elif (store / "zarr.json").is_file() and not (store / "zarr.json").is_symlink():
         outside = canary / "zarr.json"
         shutil.copy(store / "zarr.json", outside)
         (store / "zarr.json").unlink()
         (store / "zarr.json").symlink_to(outside)
         mutant.done.append("link zarr.json -> a copy outside")
+        mutant.operators.append("link/root-file")
 
 
 def zstd_bomb(declared: int = 8 * 2**30) -> bytes:
@@ -465,6 +480,7 @@ def _mutate_codec(mutant: Mutant, rng: random.Random) -> None:
 
             rng.choice(chunks).write_bytes(frame + google_crc32c.value(frame).to_bytes(4, "little"))
     mutant.done.append(f"codecs of {name}: {[c['name'] for c in codecs]}{' + a zstd bomb' if bomb else ''}")
+    mutant.operators.append(f"codec/{'bomb' if bomb else 'pipeline'}")
 
 
 STRUCTURED = {
@@ -474,6 +490,15 @@ STRUCTURED = {
     "codec": _mutate_codec,
 }
 """The kinds that know the store's structure (the others are blind edits of files)."""
+
+OPERATORS = (
+    *(f"{kind}/{how}" for kind in ("root", "node") for how in ("delete", "value", "rename", "deep")),
+    *("truncate", "bytes", "group"),
+    *(f"chunk/{how}" for how in ("delete", "flip", "copy", "swap", "link-file", "link-dir", "folder")),
+    *("factory/config", "factory/huggingface", "factory/factory", "provenance/value", "provenance/drop"),
+    *("link/locks", "link/locks-analyses", "link/moved", "link/root-file", "codec/pipeline", "codec/bomb"),
+)
+"""Every mutation operator (``kind/how``): a smaller sample of mutants must still apply each of them."""
 
 
 # -- running and judging --------------------------------------------------------------------------
