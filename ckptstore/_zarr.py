@@ -202,7 +202,7 @@ class WholeChunks:
         call, is several times slower than one ``writev`` per file, which is as fast
         as ``torch.save`` of the same tensors into one file (bench/store.py, "write
         bf16"; docs/performance.md, "Checkpoint I/O").
-        Creating the file is most of that cost: see ``Writer._write_rows``.
+        Creating the file is most of that cost: see :func:`ckpt.store.writer_rows.write_rows`.
         """
         if array.dtype != self.dtype or not array.flags.c_contiguous or array.nbytes != self.nbytes:
             return False

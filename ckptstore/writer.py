@@ -7,26 +7,25 @@ That single atomic put is the commit. A crash before it leaves the previous
 commit record in place, so readers never see a partial checkpoint and every
 earlier checkpoint is untouched: checkpoint chunks are written once and never
 rewritten. The next writer trims what a crashed one left beyond the record.
+
+By concern: the rows of checkpoint and metric arrays are written by :mod:`ckpt.store.writer_rows`,
+data splits by :mod:`ckpt.store.writer_data`, a new store's skeleton by :mod:`ckpt.store.creating`
+(whose :func:`create` this module re-exports).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import shutil
 import warnings
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
-from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
-from zarr.storage import StorePath
 
 from ckpt.errors import (
     CorruptChunkError,
@@ -37,43 +36,35 @@ from ckpt.errors import (
     ReadOnlyError,
     SchemaMismatchError,
     StepOrderError,
-    StoreExistsError,
-    StoreLockedError,
-    StoreNotFoundError,
     UnsupportedTensorError,
 )
 from ckpt.store import _zarr
-from ckpt.store.arrays import column_digest, count_nonfinite, tensor_digest, to_numpy
-from ckpt.store.data import check_data, data_digest
+from ckpt.store.arrays import count_nonfinite, tensor_digest, to_numpy
+from ckpt.store.creating import create
 from ckpt.store.format import (
     CHECKPOINTS,
     DATA,
     DIGESTS,
     FACTORY_RE,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    LABELS,
-    LOCKS,
     METRIC_DIGESTS,
     METRICS,
-    PARENT,
     ROOT_ATTR,
     STEP,
-    STEP_FILL_VALUE,
-    TOP_LEVEL_GROUPS,
     check_name,
     history_entry,
-    utc_now,
 )
-from ckpt.store.lineage import Parent, parent_problem
-from ckpt.store.publish import lock_replaceable, occupied, publish, publish_url, remove_store, staging_path, staging_url
 from ckpt.store.reader import INCOMPLETE, Store, check_complete, check_format, open_zarr_store
-
-STEP_CHUNK = 4096
-"""Rows per chunk of ``step`` and metric arrays (rewritten, atomically, at each commit)."""
-INITIAL_CAPACITY = 16
-"""Rows allocated in checkpoint arrays before the first growth (grown by doubling)."""
-DATA_CHUNK_BYTES = 8 << 20
+from ckpt.store.writer_data import DATA_CHUNK_BYTES, add_split
+from ckpt.store.writer_rows import (
+    INITIAL_CAPACITY,
+    STEP_CHUNK,
+    check_metric_digests,
+    check_metric_step,
+    create_tensor_arrays,
+    ensure_capacity,
+    stage_metrics,
+    write_rows,
+)
 
 
 def _compressors(compressor: str | None) -> list[Any]:
@@ -207,7 +198,7 @@ class Writer:
                 name: np.asarray(sync(array.getitem(slice(0, self._metric_count)))).tolist()
                 for name, array in self._metric_arrays.items()
             }
-            self._check_metric_digests()
+            check_metric_digests(self)
         digests = self._attrs[ROOT_ATTR].get(DIGESTS)
         if digests is not None and sorted(int(k) for k in digests) != self._steps_cache:
             msg = (
@@ -217,7 +208,7 @@ class Writer:
             raise CorruptChunkError(msg)
 
     def _find_whole_chunks(self) -> None:
-        """Note the checkpoint arrays whose chunks :meth:`_write_rows` writes to their files itself."""
+        """Note the checkpoint arrays whose chunks :func:`~ckpt.store.writer_rows.write_rows` writes itself."""
         for name, array in self._ckpt_arrays.items():
             chunks = _zarr.WholeChunks.of(self._zstore, array.store_path.path, array.metadata)
             if chunks is not None:
@@ -229,17 +220,6 @@ class Writer:
         # metrics) go through zarr's own pipeline, whose puts are atomic renames.
         array = zarr.open_array(self._zstore, path=key, mode="r+", zarr_format=3)._async_array
         return array if rewritten else _zarr.fast_io(array)
-
-    def _check_metric_digests(self) -> None:
-        recorded = self._attrs[ROOT_ATTR][METRIC_DIGESTS]
-        assert self._metric_columns is not None
-        for name, values in self._metric_columns.items():
-            if name in recorded and column_digest(name, values) != recorded[name]:
-                msg = (
-                    f"metrics {name!r} of {self._where} do not match the commit record (a chunk is missing or "
-                    "damaged); appending would build on them: restore the store from a copy"
-                )
-                raise CorruptChunkError(msg)
 
     def _read_steps(self, group: str, count: int) -> list[int]:
         return [int(s) for s in np.asarray(sync(self._ckpt_or_metric(group, STEP).getitem(slice(0, count))))]
@@ -361,7 +341,7 @@ class Writer:
             raise StepOrderError(msg)
         checked_metrics = _check_metrics(metrics, step)
         if checked_metrics:
-            self._check_metric_step(step)
+            check_metric_step(self, step)
         arrays = self._convert(step, _as_tensor_mapping(tensors))
         reject = self._reject_nonfinite if reject_nonfinite is None else reject_nonfinite
         if reject:
@@ -374,14 +354,14 @@ class Writer:
                     )
                     raise NonFiniteError(msg)
         if len(self._ckpt_arrays) == 1:  # only `step`: the first checkpoint defines the schema
-            self._create_tensor_arrays(arrays)
+            create_tensor_arrays(self, arrays)
         else:
             self._check_schema(step, arrays)
         index = self._count
-        self._ensure_capacity(CHECKPOINTS, index + 1)
+        ensure_capacity(self, CHECKPOINTS, index + 1)
         values = {name: array for name, (array, _) in arrays.items()}
         values[STEP] = np.asarray(step, dtype=np.int64)
-        self._write_rows(self._ckpt_arrays, index, values)
+        write_rows(self, self._ckpt_arrays, index, values)
         digests = self._attrs[ROOT_ATTR].get(DIGESTS)
         if digests is not None:  # v2: the commit record binds every tensor of the checkpoint to its step
             digests[str(step)] = [tensor_digest(values[name]) for name in self._tensor_order()]
@@ -390,7 +370,7 @@ class Writer:
         for name in self._ckpt_arrays:
             self._nodes[f"{CHECKPOINTS}/{name}"]["shape"][0] = self._count
         if checked_metrics:
-            self._stage_metrics(step, checked_metrics)
+            stage_metrics(self, step, checked_metrics)
         self._commit()
 
     def _convert(self, step: int, tensors: Mapping[str, Any]) -> dict[str, tuple[np.ndarray, str]]:
@@ -437,112 +417,7 @@ class Writer:
                 msg = f"tensor {name!r} at step {step} has dtype {logical}; expected {want} as in the first checkpoint"
                 raise SchemaMismatchError(msg)
 
-    def _create_tensor_arrays(self, arrays: Mapping[str, tuple[np.ndarray, str]]) -> None:
-        capacity = max(INITIAL_CAPACITY, 2 * self._count)
-
-        async def create_all() -> list[zarr.AsyncArray]:
-            # Made in memory, then every zarr.json put in one batch: create_array on the store itself
-            # also checks and writes each array's parent groups, which made the first write several times
-            # slower (docs/performance.md, "Checkpoint I/O"; bench/store.py, "1st write").
-            scratch = zarr.storage.MemoryStore()
-            made = await asyncio.gather(
-                *(
-                    zarr.api.asynchronous.create_array(
-                        scratch,
-                        name=f"{CHECKPOINTS}/{name}",
-                        shape=(capacity, *array.shape),
-                        chunks=(1, *array.shape),
-                        # "." keeps every chunk of a tensor in one folder (c.<row>.0.0): creating
-                        # a folder per step was a large share of a checkpoint write (bench/store.py)
-                        chunk_key_encoding={"name": "default", "separator": "."},
-                        dtype=array.dtype,
-                        fill_value=0,
-                        compressors=self._compressors,
-                        dimension_names=(STEP, *(f"{name}.{k}" for k in range(array.ndim))),
-                        attributes={ROOT_ATTR: {"dtype": logical}},
-                        config={"write_empty_chunks": True},
-                        zarr_format=3,
-                    )
-                    for name, (array, logical) in arrays.items()
-                )
-            )
-            paths = [f"{CHECKPOINTS}/{name}" for name in arrays]
-            documents = [array.metadata.to_buffer_dict(default_buffer_prototype())[_zarr.ROOT_KEY] for array in made]
-            await asyncio.gather(
-                *(self._zstore.set(f"{path}/{_zarr.ROOT_KEY}", doc) for path, doc in zip(paths, documents, strict=True))
-            )
-            return [
-                zarr.AsyncArray(metadata=array.metadata, store_path=StorePath(self._zstore, path), config=array.config)
-                for path, array in zip(paths, made, strict=True)
-            ]
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            created = [_zarr.fast_io(array) for array in sync(create_all())]
-        for name, array in zip(arrays, created, strict=True):
-            node = _zarr.node_json(array)
-            node["shape"][0] = self._count
-            self._nodes[f"{CHECKPOINTS}/{name}"] = node
-            self._ckpt_arrays[name] = array
-        self._find_whole_chunks()
-        # the tensor order of the first checkpoint (a state_dict's order) is part of the schema
-        group = _zarr.empty_group_json({ROOT_ATTR: {"tensors": list(arrays)}})
-        _zarr.write_json(
-            self._zstore,
-            f"{CHECKPOINTS}/{_zarr.ROOT_KEY}",
-            {k: v for k, v in group.items() if k != "consolidated_metadata"},
-        )
-        self._nodes[CHECKPOINTS] = group
-
-    def _ensure_capacity(self, group: str, rows: int) -> None:
-        arrays = self._ckpt_arrays if group == CHECKPOINTS else self._metric_arrays
-        short = [a for a in arrays.values() if a.shape[0] < rows]
-        if not short:
-            return
-        # grow by doubling: one metadata write per array every so often, not every step
-        target = max(rows, 2 * (rows - 1), INITIAL_CAPACITY)
-
-        async def grow() -> None:
-            await asyncio.gather(*(a.resize((target, *a.shape[1:])) for a in short))
-
-        sync(grow())
-
-    def _write_rows(self, arrays: Mapping[str, zarr.AsyncArray], index: int, values: Mapping[str, Any]) -> None:
-        """Write row ``index`` of every array: checkpoint chunks straight to their files where they can be.
-
-        The chunk files are written on the writer's threads while zarr writes the rest
-        (the ``step`` array) in this one. Why threads: creating a file is most of a chunk's
-        cost and varies with the file system journal's load (other processes deleting or
-        syncing files); threads overlap slow creates and cost nothing when creates are fast
-        (docs/performance.md, "Checkpoint I/O"; bench/store.py, "write bf16" and "write fp32").
-        """
-        direct = [name for name in values if name in self._whole_chunks and arrays is self._ckpt_arrays]
-        pending: dict[str, Future[bool]] = {}
-        if direct:
-            if self._chunk_writers is None:
-                self._chunk_writers = ThreadPoolExecutor(4, thread_name_prefix="ckpt-chunk-writer")
-            submit, chunks = self._chunk_writers.submit, self._whole_chunks
-            pending = {name: submit(chunks[name].write, index, np.asarray(values[name])) for name in direct}
-
-        def write_with_zarr(rows: Mapping[str, Any]) -> None:
-            async def write_all() -> None:
-                await asyncio.gather(*(arrays[name].setitem(index, value) for name, value in rows.items()))
-
-            if rows:
-                sync(write_all())
-
-        write_with_zarr({name: value for name, value in values.items() if name not in pending})
-        # arrays not in their stored layout (WholeChunks.write returned False) go through zarr
-        write_with_zarr({name: values[name] for name, future in pending.items() if not future.result()})
-
     # -- metrics ---------------------------------------------------------------------------
-    def _check_metric_step(self, step: int) -> None:
-        if self._metric_steps_cache and step <= self._metric_steps_cache[-1]:
-            msg = (
-                f"metrics step {step} is not after the last logged metrics step "
-                f"{self._metric_steps_cache[-1]}; log each step once, in increasing order"
-            )
-            raise StepOrderError(msg)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Log scalar metrics at ``step`` without a checkpoint (steps strictly increase)."""
@@ -551,50 +426,9 @@ class Writer:
         checked = _check_metrics(metrics, step)
         if not checked:
             return
-        self._check_metric_step(step)
-        self._stage_metrics(step, checked)
+        check_metric_step(self, step)
+        stage_metrics(self, step, checked)
         self._commit()
-
-    def _stage_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        index = self._metric_count
-        for name in metrics:
-            if name not in self._metric_arrays:
-                self._create_metric_array(name)
-        self._ensure_capacity(METRICS, index + 1)
-        row: dict[str, Any] = {name: np.float64(metrics.get(name, np.nan)) for name in self._metric_arrays}
-        row[STEP] = np.int64(step)
-        self._write_rows(self._metric_arrays, index, row)
-        if self._metric_columns is not None:  # v2: bind the metric columns, as they will be committed
-            for name, value in row.items():
-                self._metric_columns.setdefault(name, [float("nan")] * index).append(value.item())
-            self._attrs[ROOT_ATTR][METRIC_DIGESTS] = {
-                name: column_digest(name, values) for name, values in self._metric_columns.items()
-            }
-        self._metric_count = index + 1
-        self._metric_steps_cache.append(step)
-        for name in self._metric_arrays:
-            self._nodes[f"{METRICS}/{name}"]["shape"][0] = self._metric_count
-
-    def _create_metric_array(self, name: str) -> None:
-        key = f"{METRICS}/{name}"
-        created = zarr.create_array(
-            self._zstore,
-            name=key,
-            shape=(max(INITIAL_CAPACITY, 2 * self._metric_count),),
-            chunks=(STEP_CHUNK,),
-            dtype="float64",
-            fill_value=float("nan"),
-            compressors=[Crc32cCodec()],
-            dimension_names=(STEP,),
-            config={"write_empty_chunks": True},
-            overwrite=True,
-            zarr_format=3,
-        )
-        node = _zarr.node_json(created)
-        node["shape"][0] = self._metric_count
-        self._nodes[key] = node
-        # rows logged before this metric existed read as NaN, the fill value
-        self._metric_arrays[name] = created._async_array
 
     # -- data ------------------------------------------------------------------------------
     def add_data(
@@ -638,121 +472,7 @@ class Writer:
             ``overwrite`` of a local store's split while another process writes a result to it.
 
         """
-        self._check_open()
-        problem = check_name(split, "split")
-        if problem:
-            raise InvalidNameError(problem)
-        base = f"{DATA}/{split}"
-        if base in self._nodes and not overwrite:
-            msg = f"data split {split!r} already exists in {self._where}; pass overwrite=True to replace it"
-            raise DataError(msg)
-        variables = check_data(split, inputs, targets, mask, labels or {}, text)
-        n = len(variables["inputs"][0])
-        token_mask = variables.get("mask", (None,))[0]
-        datapoints = int(token_mask.sum()) if token_mask is not None else n
-        group_attrs = {
-            ROOT_ATTR: {
-                "examples": n,
-                "datapoints": datapoints,
-                "labels": sorted(k.removeprefix(f"{LABELS}/") for k in variables if k.startswith(f"{LABELS}/")),
-                "sha256": data_digest(variables),
-                "created": utc_now(),
-            }
-        }
-        if overwrite and base in self._nodes:
-            local = _zarr.local_path(self._where)
-            if local is not None:
-                self._replace_split(local, split, variables, group_attrs)
-                return
-            # an object store cannot swap folders: the old split leaves the record before the new one is written
-            for key in [k for k in self._nodes if k == base or k.startswith(base + "/")]:
-                del self._nodes[key]
-            self._commit()
-            sync(self._zstore.delete_dir(base))
-        self._nodes.update(self._write_split(self._zstore, split, variables, group_attrs))
-        self._commit()
-
-    def _write_split(
-        self, zstore: Any, split: str, variables: Mapping[str, Any], group_attrs: dict[str, Any]
-    ) -> dict[str, dict[str, Any]]:
-        """Write the checked split ``variables`` under ``data/<split>`` of ``zstore``; its nodes, to commit."""
-        base = f"{DATA}/{split}"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # zarr: variable-length strings are not in the v3 core spec yet
-            group = zarr.open_group(zstore, path=base, mode="w", zarr_format=3, attributes=group_attrs)
-            nodes = {base: _zarr.empty_group_json(group_attrs)}
-            for name, (array, dims) in variables.items():
-                if name.startswith(f"{LABELS}/") and f"{base}/{LABELS}" not in nodes:
-                    group.create_group(LABELS)
-                    nodes[f"{base}/{LABELS}"] = _zarr.empty_group_json()
-                row_bytes = max(1, array[:1].nbytes if array.dtype.kind != "O" else 64)
-                rows = int(max(1, min(len(array), DATA_CHUNK_BYTES // row_bytes)))
-                created = group.create_array(
-                    name,
-                    shape=array.shape,
-                    chunks=(rows, *array.shape[1:]),
-                    dtype=str if array.dtype.kind in "OU" else array.dtype,
-                    compressors=[Crc32cCodec()],
-                    dimension_names=dims,
-                )
-                created[...] = array
-                nodes[f"{base}/{name}"] = _zarr.node_json(created)
-            # never commit what verify would refuse: the split is read back and hashed as readers will
-            if _read_back_digest(group, variables) != group_attrs[ROOT_ATTR]["sha256"]:
-                sync(zstore.delete_dir(base))  # not in the record yet: nothing else saw it
-                msg = (
-                    f"data split {split!r} did not read back as it was given (its content hash differs), so it "
-                    f"was not added to {self._where}: this is a bug of ckpt, please report it with the arrays' dtypes"
-                )
-                raise DataError(msg)
-        return nodes
-
-    def _replace_split(
-        self, local: Path, split: str, variables: Mapping[str, Any], group_attrs: dict[str, Any]
-    ) -> None:
-        """Replace the committed split ``split`` of the local store ``local``: old or new at every instant.
-
-        The new split is written and committed in a hard-linked clone of the store
-        (:func:`ckpt.store.clone.link_clone`, the old split and the lock files left out), which is
-        swapped in (:func:`ckpt.store.publish.publish`); until then the store is not changed. The
-        store-wide lock is held exclusively meanwhile, as ``ckpt repair`` holds it: a result
-        committed into the old store during the swap would be lost. The writer lock is taken on the
-        clone's ``checkpoints/`` before the swap, so that this writer stays the store's one writer.
-        """
-        from ckpt.store.clone import link_clone
-        from ckpt.store.results import store_lock
-
-        base = f"{DATA}/{split}"
-        try:
-            store_wide = store_lock(self._where, exclusive=True)
-        except StoreLockedError:
-            msg = (
-                f"an analysis is being computed or removed in {self._where} by another process; data split "
-                f"{split!r} cannot be replaced until that finishes: wait for it (or stop it), then run again"
-            )
-            raise StoreLockedError(msg) from None
-        real = local.resolve()  # the user's path may be a link to the store: the store is swapped, not the link
-        staged = staging_path(real)
-        try:
-            link_clone(real, staged, leave_out=(base, LOCKS), where=self._where)
-            zstore = open_zarr_store(str(staged), read_only=False)
-            nodes = {k: v for k, v in self._nodes.items() if k != base and not k.startswith(base + "/")}
-            nodes.update(self._write_split(zstore, split, variables, group_attrs))
-            _zarr.commit(
-                zstore, str(staged), attributes=self._attrs, nodes=nodes, owns=lambda p: not _zarr.is_analysis_node(p)
-            )
-            writer_lock = _zarr.DirectoryLock(staged, CHECKPOINTS)
-            writer_lock.acquire(blocking=False)  # nobody else knows the clone
-            try:
-                publish(staged, real, replace=True)
-            except BaseException:
-                writer_lock.release()
-                raise
-            self._lock.release()  # the old store's, now gone
-            self._lock, self._nodes = writer_lock, nodes
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)  # left only when something failed before the swap
-            store_wide.release()
+        add_split(self, split, inputs, targets, mask, labels or {}, text, overwrite=overwrite)
 
     def set_model(
         self,
@@ -830,164 +550,4 @@ class Writer:
         self.close()
 
 
-def create(
-    path: str | os.PathLike[str],
-    *,
-    model: str | None = None,
-    config: Mapping[str, Any] | None = None,
-    objective: str | None = None,
-    framework: str | None = None,
-    attrs: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-    reject_nonfinite: bool = False,
-    compressor: str | None = None,
-    storage_options: dict[str, Any] | None = None,
-    parent: Parent | None = None,
-    _incomplete: str | None = None,
-) -> Writer:
-    """Create a new checkpoint store and return its :class:`Writer`.
-
-    Parameters
-    ----------
-    path
-        Local directory (``"run.zarr"``) or fsspec URL (``"memory://run.zarr"``, ``"s3://..."``).
-    model
-        Model factory as ``"package.module:function"``; analyzers rebuild the model with it.
-    config
-        JSON-serialisable keyword arguments of the factory.
-    objective
-        Name of the per-datapoint loss (``"cross-entropy"``, ``"token-cross-entropy"``).
-    framework
-        Framework that trains the run (``"torch"``, ``"jax"``, ...), informative.
-    attrs
-        Free-form JSON metadata of the run (seed, hyper-parameters ...).
-    overwrite
-        Replace whatever is at ``path``.
-    reject_nonfinite
-        Make :meth:`Writer.write` refuse tensors with NaN/inf.
-    compressor
-        ``None`` (checksums only, fastest) or ``"zstd"``.
-    storage_options
-        Passed to fsspec for URLs.
-    parent
-        The run whose checkpoint initialised this one (:class:`ckpt.store.lineage.Parent`),
-        recorded as ``attrs["ckpt"]["parent"]`` (docs/store-format.md §2.1).
-
-    Raises
-    ------
-    StoreExistsError
-        When ``path`` exists and ``overwrite`` is false.
-
-    """
-    if model is not None and (not isinstance(model, str) or not FACTORY_RE.fullmatch(model)):
-        msg = f"model must be an importable factory 'package.module:function', got {model!r}"
-        raise InvalidNameError(msg)
-    try:
-        config_json = json.loads(json.dumps(dict(config or {}), allow_nan=False))
-        attrs_json = json.loads(json.dumps(dict(attrs or {}), allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        msg = f"config and attrs must be JSON-serialisable: {exc}"
-        raise DataError(msg) from None
-    where = str(path)
-    local = _zarr.local_path(where)
-    exists = occupied(where, local, storage_options)
-    if exists and not overwrite:
-        msg = (
-            f"{where} already exists; append to it with ckpt.open({where!r}, mode='a'), "
-            "choose another path, or pass overwrite=True to replace it"
-        )
-        raise StoreExistsError(msg)
-    if local is not None and not local.parent.exists():
-        msg = f"cannot create {where}: the folder {local.parent} does not exist"
-        raise StoreNotFoundError(msg)
-    meta = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "framework": framework,
-        "model": None if model is None else {"factory": model, "config": config_json},
-        "objective": objective,
-        "created": utc_now(),
-        "attrs": attrs_json,
-        "history": [],
-        DIGESTS: {},
-        METRIC_DIGESTS: {},
-    }
-    if parent is not None:
-        problem = parent_problem(parent.to_json())
-        if problem is not None:  # never write what readers refuse
-            field, found, expected = problem
-            raise DataError(f"cannot record the parent run: {field} is {found!r}, expected {expected}")
-        meta[PARENT] = parent.to_json()
-    if _incomplete:  # an import marks what it builds until its last commit (Writer.mark_complete)
-        meta[INCOMPLETE] = _incomplete
-    if local is None:  # object stores have no rename (docs/store-format.md §4.3.1)
-        if exists:  # built aside, so the old store stays until the new one is complete
-            lock_replaceable(where, None, storage_options).release()
-            staged_url = staging_url(where)
-            try:
-                _write_skeleton(
-                    _zarr.open_zarr_store(staged_url, read_only=False, storage_options=storage_options), meta
-                )
-                publish_url(staged_url, where, storage_options)
-            finally:
-                remove_store(staged_url, storage_options)
-        else:  # the root record is written last: no store until the skeleton is complete
-            _write_skeleton(_zarr.open_zarr_store(where, read_only=False, storage_options=storage_options), meta)
-    else:
-        old_lock = lock_replaceable(where, local, storage_options) if exists else None
-        staged = staging_path(local)
-        try:
-            _write_skeleton(_zarr.open_zarr_store(staged, read_only=False), meta)
-            publish(staged, local, replace=exists)
-        finally:
-            if old_lock is not None:
-                old_lock.release()
-            shutil.rmtree(staged, ignore_errors=True)  # left only when something failed before publishing
-    return Writer(
-        where,
-        storage_options=storage_options,
-        reject_nonfinite=reject_nonfinite,
-        compressor=compressor,
-        _history=history_entry("create") | ({} if parent is None else {"init_from": str(parent)}),
-        _building=bool(_incomplete),
-    )
-
-
-def _read_back_digest(group: zarr.Group, variables: Mapping[str, tuple[np.ndarray, tuple[str, ...]]]) -> str:
-    """The content hash of a split's arrays as written to ``group``, read as the reader reads them."""
-    stored = {}
-    for name, (_, dims) in variables.items():
-        values = np.asarray(_zarr.array_at(group, name)[...])
-        stored[name] = (values.astype(object) if values.dtype.kind in "OTU" else values, dims)
-    return data_digest(stored)
-
-
-def _write_skeleton(zstore: Any, meta: dict[str, Any]) -> None:
-    """The groups and empty ``step`` arrays of a new store, then its root record (written last)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # The root zarr.json is written once, last: an object store (built in place) holds no root,
-        # so no store, until the skeleton is complete. zarr writes the parents' zarr.json of every
-        # node it creates, so the documents are made in memory and put here by hand.
-        nodes: dict[str, dict[str, Any]] = {name: _zarr.empty_group_json() for name in TOP_LEVEL_GROUPS}
-        for group in (CHECKPOINTS, METRICS):
-            step = zarr.create_array(
-                zarr.storage.MemoryStore(),
-                name=STEP,
-                shape=(0,),
-                chunks=(STEP_CHUNK,),
-                dtype="int64",
-                fill_value=STEP_FILL_VALUE,
-                compressors=[Crc32cCodec()],
-                dimension_names=(STEP,),
-                config={"write_empty_chunks": True},
-            )
-            nodes[f"{group}/{STEP}"] = _zarr.node_json(step)
-        for path, document in nodes.items():
-            # on disk as zarr writes a group: no (empty) consolidated metadata, which listings would trust
-            on_disk = {k: v for k, v in document.items() if k != "consolidated_metadata"}
-            _zarr.write_json(zstore, f"{path}/{_zarr.ROOT_KEY}", on_disk)
-    _zarr.write_json(zstore, _zarr.ROOT_KEY, _zarr.root_document({ROOT_ATTR: meta}, nodes))
-
-
-__all__ = ["Writer", "create"]
+__all__ = ["DATA_CHUNK_BYTES", "INITIAL_CAPACITY", "STEP_CHUNK", "Writer", "create"]
