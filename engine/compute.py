@@ -22,12 +22,12 @@ from ckpt.engine.context import AnalysisContext
 from ckpt.engine.failures import cluster_lost, out_of_memory
 from ckpt.engine.resume import Journal
 from ckpt.engine.schedule import compute_settings, local_threads, schedule_of
-from ckpt.engine.worker import TaskSpec, allow_tasks, forget_worker, stop_tasks, utc_timestamp
+from ckpt.engine.worker import TaskSpec, allow_tasks, forget_worker, stop_tasks
 from ckpt.errors import AnalysisError
 from ckpt.plugins import PER_CHECKPOINT, PER_PAIR, PER_RUN, Analyzer
 from ckpt.runtime import freed_memory_kept_for_reuse, release_freed_memory
 from ckpt.store.publish import local_path
-from ckpt.store.results import write_analysis
+from ckpt.store.results import ResultSink
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt.engine.plan import Plan
@@ -157,18 +157,6 @@ def compute(
     return []
 
 
-def _provenance(plan: Plan, steps: Sequence[int]) -> dict[str, Any]:
-    """The attrs a result is committed with: the request's provenance, its steps, who computed it and when."""
-    return {
-        "ckpt": {
-            **plan.provenance,
-            "steps": list(steps),
-            "ckpt_version": ckptstore.__version__,
-            "created": utc_timestamp(),
-        }
-    }
-
-
 def _compute_whole(
     analyzer: Analyzer,
     plan: Plan,
@@ -192,13 +180,7 @@ def _compute_whole(
     # a result streamed from the journal is copied by this process's threads, a few stored chunks
     # at a time, whatever scheduler computed it: its chunks are read where the store is
     with local_threads(unless_configured=False) if streamed else contextlib.nullcontext():
-        write_analysis(
-            store.path,
-            plan.target,
-            computed,
-            attrs=_provenance(plan, plan.missing),
-            storage_options=settings.storage_options,
-        )
+        _sink(plan, store, settings).replace(computed, steps=plan.missing)
     if journal is not None:  # the whole result is committed: its pieces are not needed any more
         journal.discard()
     return list(context.resumed)
@@ -225,6 +207,7 @@ def _compute_blocks(
     least = schedule_of(settings).busy(count) + 1
     size: int = settings.block_steps or max(least, 4)
     done = list(plan.reused)
+    sink = _sink(plan, store, settings)
     carry = stored_totals(analyzer, plan.target, store) if plan.reused else None
     start = 0
     with tqdm(total=len(missing), desc=analyzer.name, unit="step", disable=not settings.progress or None) as bar:
@@ -236,19 +219,21 @@ def _compute_blocks(
             carry = {total: part[total].isel(step=-1, drop=True) for total in analyzer.running_sums}
             steps = [int(s) for s in part["step"].values]
             done += steps
-            write_analysis(
-                store.path,
-                plan.target,
-                part,
-                append_dim="step" if len(done) > len(steps) else None,
-                attrs=_provenance(plan, done),
-                storage_options=settings.storage_options,
-            )
+            sink.append(part)  # after the reused steps; with none, the result anew
             bar.update(len(steps))
             start += len(steps)
             if not settings.block_steps:
                 seconds = (time.perf_counter() - began) / len(steps)  # per step of this block
                 size = max(least, min(4 * size, round(COMMIT_SECONDS / max(seconds, 1e-6))))
+
+
+def _sink(plan: Plan, store: ckptstore.Store, settings: EngineSettings) -> ResultSink:
+    """What commits the plan's result: its provenance stamped with the steps each commit covers.
+
+    The run holds the result's lock (:func:`~ckpt.store.results.result_lock`, taken before the
+    plan read what is stored), so the sink is made without taking it again.
+    """
+    return ResultSink(store, plan.target, plan.provenance, storage_options=settings.storage_options)
 
 
 def add_running_sums(analyzer: Analyzer, part: xr.Dataset, carry: Mapping[str, Any] | None) -> xr.Dataset:

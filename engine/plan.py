@@ -9,6 +9,7 @@ coordinate, nothing else: no graph is built and nothing computed, so it is teste
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import warnings
@@ -18,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from ckpt.errors import CkptWarning, MissingDataError
 from ckpt.plugins import PER_PAIR, PER_RUN, Analyzer
+from ckpt.store.provenance import IDENTITY, Provenance
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
 
     from ckpt.store import Store
 
-IDENTITY_KEYS = ("analyzer", "version", "options", "data_sha256", "model_sha256", "requires")
-"""The provenance entries that decide whether a stored result can be reused."""
+IDENTITY_KEYS = IDENTITY
+"""The provenance entries that decide whether a stored result is reused (:data:`ckpt.store.provenance.IDENTITY`)."""
 
 
 def data_hash(store: Store, splits: Sequence[str] | None = None) -> str:
@@ -48,8 +50,14 @@ def model_hash(store: Store) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
-def identity(provenance: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a provenance record that decides whether a stored result can be reused."""
+def identity(provenance: Mapping[str, Any] | Provenance) -> dict[str, Any]:
+    """The part of a provenance record that decides whether a stored result can be reused.
+
+    A stored record is read as it is stored (a damaged one is compared, and so replaced, not
+    refused); a request's is its :meth:`~ckpt.store.provenance.Provenance.identity`.
+    """
+    if isinstance(provenance, Provenance):
+        return provenance.identity()
     return {k: provenance.get(k) for k in IDENTITY_KEYS}
 
 
@@ -82,14 +90,18 @@ def stored_provenance(store: Store, name: str) -> dict[str, Any] | None:
     return None if result is None else result.ckpt.provenance
 
 
-def request_provenance(analyzer: Analyzer, store: Store, requirements: Mapping[str, Any]) -> dict[str, Any]:
-    """The provenance of a request: the analyzer's own, the hashes of its data and model, its requirements."""
-    return {
+def request_provenance(analyzer: Analyzer, store: Store, requirements: Mapping[str, Any]) -> Provenance:
+    """The provenance of a request: the analyzer's own, the hashes of its data and model, its requirements.
+
+    Covering no steps yet: each commit stamps the steps it covers (:class:`~ckpt.store.results.ResultSink`).
+    """
+    record = {
         **analyzer.provenance(),
         "data_sha256": data_hash(store, analyzer.data_splits(store)),
         "model_sha256": model_hash(store),
         "requires": dict(requirements),
     }
+    return Provenance.from_attrs(record, required=(), name=analyzer.name)
 
 
 def requirement_identity(result: xr.Dataset, per: str) -> dict[str, Any]:
@@ -116,7 +128,7 @@ class Plan:
     target
         The result's name (``analyses/<target>``).
     provenance
-        The request's provenance (what the result is saved with).
+        The request's provenance (what the result is saved with), covering the reused steps.
     wanted
         The steps a complete result holds.
     reused
@@ -132,7 +144,7 @@ class Plan:
     """
 
     target: str
-    provenance: dict[str, Any] = field(repr=False)
+    provenance: Provenance = field(repr=False)
     wanted: tuple[int, ...]
     reused: tuple[int, ...]
     missing: tuple[int, ...]
@@ -178,11 +190,12 @@ def plan(
         covered, missing, reason = [], wanted, "the stored steps leave a gap before the last one"
     reused = [s for s in wanted if s in set(covered)]
     computes = bool(missing) or (not covered and analyzer.per == PER_RUN)
+    provenance = dataclasses.replace(provenance, steps=tuple(reused))
     return Plan(target, provenance, tuple(wanted), tuple(reused), tuple(missing), computes, reason)
 
 
 def _covered(
-    analyzer: Analyzer, store: Store, target: str, provenance: Mapping[str, Any], wanted: list[int], force: bool
+    analyzer: Analyzer, store: Store, target: str, provenance: Provenance, wanted: list[int], force: bool
 ) -> tuple[list[int], str | None]:
     """The stored steps the request can keep, and why none can where there is a stored result."""
     result = stored_result(store, target)
@@ -191,7 +204,7 @@ def _covered(
         return [], None
     if force:
         return [], "forced"
-    found, asked = stored_identity(stored, store, provenance["model_sha256"]), identity(provenance)
+    found, asked = stored_identity(stored, store, str(provenance.model_sha256)), provenance.identity()
     if found != asked:
         differ = [key for key in IDENTITY_KEYS if found[key] != asked[key]]
         return [], f"the stored result's {', '.join(differ)} differ(s) from the request's"

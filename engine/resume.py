@@ -33,7 +33,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ckpt.engine.worker import open_store, utc_timestamp
+from ckpt.engine.worker import open_store
 from ckpt.errors import CkptError
 from ckpt.store.format import PARTIAL_SUFFIX
 
@@ -137,13 +137,13 @@ class Journal:
 
     def _write(self, piece: xr.Dataset, append_dim: str | None, keys: Sequence[Any]) -> None:
         """Commit ``piece`` (appended along ``append_dim``, or starting the journal) as holding ``keys``."""
-        from ckpt.store.results import write_analysis
+        from ckpt.store.provenance import Provenance
+        from ckpt.store.results import ResultSink
 
-        record = {"of": self.name, "identity": self.identity, "keys": keys}
-        attrs = {"ckpt": {"analyzer": self.analyzer, "partial": record, "created": utc_timestamp()}}
-        write_analysis(
-            self.where, self.partial, piece, append_dim=append_dim, attrs=attrs, storage_options=self.storage_options
-        )
+        # the record names the pieces: the sink extends the stored ones unless it names this one alone
+        record = Provenance(analyzer=self.analyzer, partial={"of": self.name, "identity": self.identity, "keys": keys})
+        sink = ResultSink(self.where, self.partial, record, storage_options=self.storage_options)
+        sink.append(piece, dim=append_dim or "step")
 
     def variables(
         self, keys: Sequence[Any], like: Mapping[str, xr.Variable], coords: Mapping[Hashable, Any]

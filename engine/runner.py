@@ -23,7 +23,7 @@ import xarray as xr
 
 import ckpt.store as ckptstore
 from ckpt.engine.compute import compute
-from ckpt.engine.plan import identity, plan, requirement_identity, stored_provenance
+from ckpt.engine.plan import plan, requirement_identity, stored_provenance
 from ckpt.engine.resume import Journal
 from ckpt.engine.schedule import local_threads
 from ckpt.engine.settings import EngineSettings, with_engine_settings
@@ -32,6 +32,7 @@ from ckpt.errors import AnalysisError, NonFiniteWarning, UnverifiedStoreWarning
 from ckpt.plugins import PER_RUN, Analyzer
 from ckpt.plugins.manager import Registry
 from ckpt.plugins.manager import registry as shared_registry
+from ckpt.store.provenance import Provenance
 from ckpt.store.results import result_lock
 
 
@@ -151,14 +152,14 @@ def _run(
 
 
 def _journal(
-    analyzer: Analyzer, target: str, where: str, provenance: Mapping[str, Any], storage_options: Any
+    analyzer: Analyzer, target: str, where: str, provenance: Provenance, storage_options: Any
 ) -> Journal | None:
     """Where a per-run result's pieces are committed as they are found (None for other analyzers)."""
     from ckpt.store.format import PARTIAL_SUFFIX, check_name
 
     if analyzer.per != PER_RUN or check_name(f"{target}{PARTIAL_SUFFIX}", "analysis") is not None:
         return None
-    digest = hashlib.sha256(json.dumps(identity(provenance), sort_keys=True, default=str).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(provenance.identity(), sort_keys=True, default=str).encode()).hexdigest()
     return Journal(where, target, analyzer.name, digest, storage_options)
 
 

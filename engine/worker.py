@@ -39,10 +39,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def utc_timestamp() -> str:
-    """Now, as the ``created`` of a result's provenance: ISO 8601 in UTC to the second (``...Z``)."""
-    import datetime
+    """Now, as the ``created`` of a result's provenance: ISO 8601 in UTC to the second (``...Z``).
 
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    The store's :func:`ckpt.store.provenance.utc_now`, which stamps every commit of a result.
+    """
+    from ckpt.store.provenance import utc_now
+
+    return utc_now()
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ def test_a_fresh_store_computes_every_step(mlp_store: Path, registry: Registry) 
     assert decided.wanted == decided.missing == (0, 1, 2, 3, 4, 5)
     assert decided.reused == ()
     assert decided.computes and decided.reason is None
-    assert decided.provenance["analyzer"] == "loss" and decided.provenance["requires"] == {}
+    assert decided.provenance.analyzer == "loss" and decided.provenance.requires == {}
+    assert decided.provenance.steps == (), "covering the steps it reuses"
     with pytest.raises(dataclasses.FrozenInstanceError):
         decided.missing = ()  # type: ignore[misc]
 
