@@ -313,11 +313,21 @@ class Provenance:
 
 
 __all__ = [
+    "ANALYZER",
+    "CKPT_VERSION",
+    "CREATED",
+    "DATA_SHA256",
     "IDENTITY",
     "JOURNAL_FIELDS",
     "KNOWN",
+    "MODEL_SHA256",
+    "OPTIONS",
+    "PARTIAL",
+    "REQUIRES",
     "RESULT_FIELDS",
     "SAME_MEASURE",
+    "STEPS",
+    "VERSION",
     "Provenance",
     "invalid_message",
     "provenance_problem",

@@ -2,19 +2,18 @@
 
 A Store shows the committed state of a run (see :mod:`ckpt.store._zarr` for the
 commit record). It never sees a checkpoint that is still being written, and
-:meth:`Store.refresh` picks up checkpoints committed since it was opened.
+:meth:`Store.refresh` picks up checkpoints committed since it was opened. What it reads besides
+checkpoints is read by :mod:`~ckpt.store.reader_data`, :mod:`~ckpt.store.reader_results` and
+:mod:`~ckpt.store.reader_summary`; :class:`ModelSpec` and :class:`TensorInfo` are re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,214 +24,38 @@ from zarr.core.sync import sync
 from ckpt.errors import (
     CorruptChunkError,
     InvalidArgumentError,
-    MissingDataError,
     SplitNotFoundError,
     StepNotFoundError,
     StoreError,
     StoreNotFoundError,
     TensorNotFoundError,
 )
-from ckpt.runtime import collection_paused
 from ckpt.store import _zarr, accessor  # noqa: F401 (registers ds.ckpt)
 from ckpt.store.arrays import decode_numpy, decode_torch, tensor_digest
-from ckpt.store.chunks import CHUNK_DIGESTS, verified
-from ckpt.store.data import data_digest
+from ckpt.store.chunk_source import (
+    ChunkSource,
+    TensorInfo,
+    describe_nonfinite,
+    logical_dtype,
+    nonfinite_counts,
+    steps_span,
+)
 from ckpt.store.format import (
     ANALYSES,
     CHECKPOINTS,
     DATA,
     DIGESTS,
-    LABELS,
-    METRIC_DIGESTS,
-    METRICS,
     PARENT,
     ROOT_ATTR,
     STEP,
-    current_factory,
 )
 from ckpt.store.lineage import Parent, read_parent
-from ckpt.store.model_build import build_model, check_model, model_on_meta
+from ckpt.store.model_spec import ModelSpec
+from ckpt.store.reader_data import read_metrics, read_split
+from ckpt.store.reader_results import open_result, result_analyzer
+from ckpt.store.reader_summary import store_info, unverifiable_counts, unverifiable_sentence
 from ckpt.store.record import check_claimed_bytes, is_compressed, row_bound, validate_meta
 from ckpt.store.selection import TensorSelection
-from ckpt.store.trust import check_trusted, trust_reason
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """How to rebuild the model of a run: an importable factory and its JSON config."""
-
-    factory: str
-    """``"package.module:function"``; called as ``function(**config)``."""
-    config: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the factory (JSON-serialisable)."""
-    source: str = field(default="", compare=False)
-    """The store the spec was read from (named in errors)."""
-    checkpoint: Mapping[str, tuple[Any, ...]] | None = field(default=None, compare=False, repr=False)
-    """Tensor name -> (shape, bytes) of one of the store's checkpoints: the model built must fit it.
-
-    :attr:`Store.model` sets it (with each tensor's logical dtype, a third entry); None (a spec made to
-    train a model) checks the config's schema only.
-    """
-    selection: TensorSelection | None = field(default=None, compare=False, repr=False)
-    """The store's tensor selection (``ckpt import --tensors``): ``checkpoint`` is that subset of the model's."""
-
-    def build(self) -> Any:
-        """Import the factory and call it with the config; returns the model.
-
-        The factory must be trusted (:mod:`ckpt.store.trust`): it is checked
-        before its module is imported, since importing runs code. A factory
-        named by an older ckpt is imported under its current name
-        (:data:`ckpt.store.format.RENAMED_FACTORIES`). The config is data: it is
-        checked against the factory's schema (:mod:`ckpt.store.factory_config`)
-        and, for a spec read from a store, the model is built on torch's ``meta``
-        device first and compared with the stored tensors, its own buffers bounded
-        by the stored bytes, before anything is allocated (:mod:`ckpt.store.model_build`).
-
-        Raises
-        ------
-        UntrustedFactoryError
-            The factory is neither ckpt's, nor an installed plugin package's, nor allowed by the user.
-        StoreError
-            The factory cannot be imported.
-        ModelConfigError
-            The config does not fit the factory or the checkpoints, or the factory failed.
-        """
-        check_trusted(self.factory, self.source or "the model spec")
-        with collection_paused():  # imports its library (transformers: seconds); see ckpt.runtime
-            factory = self._import()
-            name, where = current_factory(self.factory), self.source or "the model spec"
-            return build_model(factory, self.config, name, where, self.checkpoint, self.selection)
-
-    def check(self) -> bool:
-        """Check the spec as :meth:`build` does, allocating nothing: whether it could be checked.
-
-        The factory's schema, then the model built on ``meta`` and compared with the stored
-        tensors (``ckpt verify`` uses this). False when the factory is not trusted (its code is
-        never imported to check it), or when its code cannot run on ``meta``.
-
-        Raises
-        ------
-        StoreError
-            A trusted factory that cannot be imported.
-        ModelConfigError
-            The config does not fit the factory or the checkpoints, or the factory failed.
-        """
-        if trust_reason(self.factory) is None or self.checkpoint is None:
-            return False
-        with collection_paused():
-            factory = self._import()
-            name, where = current_factory(self.factory), self.source or "the model spec"
-            return check_model(factory, self.config, name, where, self.checkpoint, self.selection)
-
-    def on_meta(self) -> Any:
-        """The model as :meth:`check` builds it on ``meta``: modules, names, shapes and dtypes, no values.
-
-        For looking the model's structure up without allocating it, on a store imported with
-        ``--tensors`` too (only its stored tensors are compared). None when the spec records no
-        checkpoint or its factory's code cannot run on ``meta``.
-
-        Raises
-        ------
-        UntrustedFactoryError, StoreError, ModelConfigError
-            As :meth:`build`.
-        """
-        check_trusted(self.factory, self.source or "the model spec")
-        if self.checkpoint is None:
-            return None
-        with collection_paused():
-            factory = self._import()
-            name, where = current_factory(self.factory), self.source or "the model spec"
-            return model_on_meta(factory, self.config, name, where, self.checkpoint, self.selection)
-
-    def _import(self) -> Callable[..., Any]:
-        module_name, _, attr = current_factory(self.factory).partition(":")
-        try:
-            return getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            msg = f"cannot import the model factory {self.factory!r} ({exc}); install the package that defines it"
-            top = module_name.split(".")[0]
-            here = Path.cwd()
-            missing = isinstance(exc, ModuleNotFoundError) and exc.name == top
-            if missing and ((here / f"{top}.py").is_file() or (here / top).is_dir()):
-                # the ckpt command does not put the current folder on Python's path, as `python -c` would
-                msg += f" (pip install -e .), or put this folder on Python's path: PYTHONPATH={here}"
-            raise StoreError(msg) from exc
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """Name, shape and dtype of one tensor of the checkpoint schema."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    """Logical dtype name (``bfloat16`` even though the bits are stored as uint16)."""
-    nbytes: int
-    """Bytes of one checkpoint of this tensor."""
-
-
-def _logical_dtype(node: dict[str, Any]) -> str:
-    return node.get("attributes", {}).get(ROOT_ATTR, {}).get("dtype") or str(node["data_type"])
-
-
-class _ChunkSource:
-    """Array-like handed to ``dask.array.from_array``: reads a region, names what was corrupt."""
-
-    def __init__(
-        self,
-        array: zarr.Array,
-        name: str,
-        steps: np.ndarray,
-        verify: Callable[..., None],
-        check_rows: Callable[..., None],
-    ) -> None:
-        self.array = array
-        self.name = name
-        self.steps = steps
-        self.verify = verify
-        self.check_rows = check_rows
-        self.shape = array.shape
-        self.dtype = array.dtype
-        self.ndim = array.ndim
-
-    def __getitem__(self, key: Any) -> np.ndarray:
-        step_key = key[0] if isinstance(key, tuple) else key
-        steps = self.steps[step_key]
-        where = f"tensor {self.name!r} at step {np.atleast_1d(steps).tolist()}"
-        self.check_rows([self.name], np.atleast_1d(np.arange(len(self.steps))[step_key]).tolist())
-        with _zarr.translated_read_errors(where):
-            values = np.asarray(self.array[key])
-        rest = key[1:] if isinstance(key, tuple) else ()
-        whole = all(
-            isinstance(k, slice) and k.indices(n) == (0, n, 1) for k, n in zip(rest, self.shape[1:], strict=False)
-        )
-        if whole and len(rest) == len(self.shape) - 1:  # dask reads whole tensors (one chunk per step)
-            for row, step in zip(values.reshape(-1, *self.shape[1:]), np.atleast_1d(steps), strict=True):
-                self.verify(self.name, int(step), row)
-        return values
-
-
-def nonfinite_counts(values: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:
-    """Tensor name -> (NaN count, inf count) for the floating-point tensors holding any (decoded values)."""
-    found = {}
-    for name, value in values.items():
-        array = np.asarray(value)
-        if array.dtype.kind not in "fc" and "float" not in str(array.dtype):  # bf16/float8 are ml_dtypes
-            continue
-        finite = np.isfinite(array)
-        if not finite.all():
-            nan = int(np.isnan(array).sum())
-            found[name] = (nan, int(finite.size - finite.sum()) - nan)
-    return found
-
-
-def describe_nonfinite(step: int, counts: dict[str, tuple[int, int]]) -> str:
-    """``tensor 'w' at step 3 (2 NaN, 1 inf)``, one per tensor, joined."""
-    return "; ".join(f"tensor {n!r} at step {step} ({nan} NaN, {inf} inf)" for n, (nan, inf) in counts.items())
-
-
-def _span(steps: list[int]) -> str:
-    return f"{len(steps)} steps ({steps[0]}..{steps[-1]})" if steps else "no steps"
 
 
 def open_zarr_store(where: str, *, read_only: bool, storage_options: dict[str, Any] | None = None) -> Any:
@@ -318,7 +141,7 @@ class Store:
             if name == STEP or "/" in name:
                 continue
             shape = tuple(int(n) for n in node["shape"][1:])
-            dtype = _logical_dtype(node)
+            dtype = logical_dtype(node)
             itemsize = 2 if dtype == "bfloat16" else 1 if dtype.startswith("float8") else np.dtype(dtype).itemsize
             schema[name] = TensorInfo(name, shape, dtype, int(np.prod(shape, dtype=np.int64)) * itemsize)
         order = self._nodes.get(CHECKPOINTS, {}).get("attributes", {}).get(ROOT_ATTR, {}).get("tensors", [])
@@ -331,8 +154,8 @@ class Store:
             # the record names every committed step; the `step` array must agree (plain xarray reads it)
             msg = (
                 f"the step array of {self._where} does not match its commit record: it reads "
-                f"{_span(self._steps.tolist())} where {_span(sorted(self._digests))} were committed (a chunk of "
-                "checkpoints/step is missing or damaged); rewrite it from the record with `ckpt repair`"
+                f"{steps_span(self._steps.tolist())} where {steps_span(sorted(self._digests))} were committed (a "
+                "chunk of checkpoints/step is missing or damaged); rewrite it from the record with `ckpt repair`"
             )
             raise CorruptChunkError(msg)
 
@@ -637,7 +460,7 @@ class Store:
                 *(f"{name}.{k}" for k in range(len(info.shape))),
             )
             data = da.from_array(
-                _ChunkSource(array, name, self._steps, self._verify, self._check_rows),
+                ChunkSource(array, name, self._steps, self._verify, self._check_rows),
                 chunks=(1, *info.shape),
                 name=f"ckpt-{self._where}-{name}-{len(self._steps)}",
                 asarray=False,
@@ -654,30 +477,7 @@ class Store:
     @property
     def metrics(self) -> xr.Dataset:
         """Scalars logged by training (loss, lr, ...) on their own ``step`` coordinate."""
-        prefix = f"{METRICS}/"
-        names = [k[len(prefix) :] for k in self._nodes if k.startswith(prefix) and k != f"{METRICS}/{STEP}"]
-        step_path = f"{METRICS}/{STEP}"
-        steps = self._read_whole(step_path, "metrics") if step_path in self._nodes else np.zeros(0, np.int64)
-        variables = {n: (STEP, self._read_whole(f"{prefix}{n}", f"metrics {n!r}")) for n in names}
-        damaged = self._damaged_metrics({STEP: steps, **{n: v for n, (_, v) in variables.items()}})
-        if damaged:
-            msg = (
-                f"metrics {damaged[0]!r} of {self._where} do not match the commit record (a chunk is missing "
-                "and read as fill values, or was changed); drop them with `ckpt repair` or restore the store "
-                "from a copy"
-            )
-            raise CorruptChunkError(msg)
-        return xr.Dataset(variables, coords={STEP: steps})
-
-    def _damaged_metrics(self, columns: dict[str, np.ndarray] | None = None) -> list[str]:
-        """The metrics columns (``step`` included) that do not match their digests (v2; a v1 store has none)."""
-        recorded = self._attrs.get(ROOT_ATTR, {}).get(METRIC_DIGESTS)
-        if not recorded:
-            return []
-        if columns is None:
-            names = [k.split("/", 1)[1] for k in self._nodes if k.startswith(f"{METRICS}/")]
-            columns = {n: self._read_whole(f"{METRICS}/{n}", f"metrics {n!r}") for n in names}
-        return [n for n, values in columns.items() if n in recorded and tensor_digest(values) != recorded[n]]
+        return read_metrics(self)
 
     @property
     def splits(self) -> list[str]:
@@ -703,43 +503,7 @@ class Store:
         are listed in ``ds.attrs["labels"]``. The split's content hash is
         ``ds.attrs["sha256"]``.
         """
-        if split not in self.splits:
-            msg = f"no data split {split!r} in {self._where}; splits are: {', '.join(self.splits) or '(none)'}"
-            raise SplitNotFoundError(msg)
-        variables, stored, labels = self._split_arrays(split)
-        group_attrs = self._nodes[f"{DATA}/{split}"].get("attributes", {}).get(ROOT_ATTR, {})
-        expected = group_attrs.get("sha256")
-        if expected is not None and data_digest(stored) != expected:
-            # zarr reads a missing chunk as its fill value: a split is checked whole against its hash
-            msg = (
-                f"data split {split!r} of {self._where} does not match the content hash recorded when it was "
-                "written (a chunk is missing, was replaced, or was changed); restore the store from a copy or "
-                f"write the split again (Writer.add_data({split!r}, ..., overwrite=True))"
-            )
-            raise CorruptChunkError(msg)
-        attrs = {"split": split, "labels": sorted(labels), **group_attrs}
-        return xr.Dataset(variables, attrs=attrs)
-
-    def _split_arrays(self, split: str) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, tuple[str, ...]]], list]:
-        """A split's arrays, unchecked: (variables by name, arrays by stored path with dims, label names)."""
-        base = f"{DATA}/{split}"
-        variables: dict[str, Any] = {}
-        stored: dict[str, tuple[np.ndarray, tuple[str, ...]]] = {}
-        labels = []
-        for key, node in self._nodes.items():
-            if not key.startswith(base + "/") or node.get("node_type") != "array":
-                continue
-            rel = key[len(base) + 1 :]
-            name = rel.removeprefix(f"{LABELS}/")
-            if name != rel:
-                labels.append(name)
-            values = self._read_whole(key, f"data split {split!r} array {rel!r}")
-            if values.dtype.kind in "OTU":  # text: compared as the list of strings it was written as
-                values = values.astype(object)
-            dims = tuple(node["dimension_names"])
-            variables[name] = (dims, values)
-            stored[rel] = (values, dims)
-        return variables, stored, labels
+        return read_split(self, split)
 
     @property
     def analyses(self) -> list[str]:
@@ -762,32 +526,7 @@ class Store:
             It is committed but its files are gone (deleted by hand): reading it would
             give fill values, so it is refused; ``ckpt rm`` or a rerun with ``--force`` repairs it.
         """
-        if name not in self.analyses:
-            msg = f"no analysis {name!r} in {self._where}; stored analyses: {', '.join(self.analyses) or '(none)'}"
-            raise StoreError(msg)
-        prefix = f"{ANALYSES}/{name}"
-        nodes = [k for k in self._nodes if k == prefix or k.startswith(f"{prefix}/")]
-        gone = [k for k in nodes if not sync(self._zstore.exists(f"{k}/zarr.json"))]
-        if gone:
-            msg = (
-                f"analysis {name!r} of {self._where} is committed but {gone[0]} is gone from the store "
-                f"({len(gone)} of its {len(nodes)} parts missing; deleted by hand?); "
-                f"remove it with `ckpt rm {self._where} {name}` or recompute it with `ckpt analyze {name} --force`"
-            )
-            raise MissingDataError(msg)
-        describe = f"analysis {name!r} of {self._where}"
-        remedy = f"recompute it with `ckpt analyze {name} {self._where} --force` or drop it with `ckpt repair`"
-        for key in nodes:  # index coordinates are read whole when the result is opened: bound them first
-            node = self._nodes[key]
-            if node.get("node_type") == "array" and list(node.get("dimension_names") or []) == [key.rsplit("/")[-1]]:
-                check_claimed_bytes(node, _zarr.prefix_bytes(self._zstore, key), f"{describe}, {key}", self._where)
-        try:
-            with _zarr.translated_read_errors(describe, remedy):  # index coordinates are read now
-                opened = xr.open_zarr(self._zstore, group=prefix, consolidated=True, chunks=None)
-        except KeyError as exc:  # xarray: metadata it needs to name dimensions is not there
-            msg = f"{describe} cannot be opened ({exc.args[0] if exc.args else exc}); {remedy}"
-            raise CorruptChunkError(msg) from None
-        return verified(opened, self._nodes, prefix, describe, remedy)
+        return open_result(self, name)
 
     # -- what cannot be checked ----------------------------------------------------------------
     @property
@@ -800,74 +539,15 @@ class Store:
         zeros for a store every piece of which can be verified. ``ckpt upgrade`` adds what is
         missing, trusting the bytes as they are (docs/store-format.md §4.5.1).
         """
-        meta = self._attrs.get(ROOT_ATTR, {})
-        metric_digests = meta.get(METRIC_DIGESTS) or {}
-        columns = [k.split("/", 1)[1] for k, n in self._nodes.items() if k.startswith(f"{METRICS}/") and n["shape"][0]]
-        results = 0
-        for name in self.analyses:
-            prefix = f"{ANALYSES}/{name}/"
-            arrays = [n for k, n in self._nodes.items() if k.startswith(prefix) and n.get("node_type") == "array"]
-            results += any(CHUNK_DIGESTS not in (n.get("attributes") or {}) for n in arrays)
-        return {
-            "checkpoints": len(self._steps) if self._digests is None else 0,
-            "metrics": sum(c not in metric_digests for c in columns) if METRICS in self._nodes else 0,
-            "splits": sum(not self.split_hash(s) or self.split_hash(s) == "None" for s in self.splits),
-            "results": results,
-        }
+        return unverifiable_counts(self)
 
     def unverifiable_summary(self) -> str | None:
         """One sentence saying what of the store cannot be checked, or None when everything can."""
-        counts = {kind: n for kind, n in self.unverifiable.items() if n}
-        if not counts:
-            return None
-        names = {"checkpoints": "checkpoint(s)", "metrics": "metric column(s)", "splits": "data split(s)"}
-        listed = ", ".join(f"{n} {names.get(kind, 'result(s)')}" for kind, n in counts.items())
-        version = f"format v{self.format_version}"
-        return (
-            f"{self._where} cannot be verified: {listed} have no digest in its commit record ({version}), so "
-            f"a missing, swapped or changed chunk there reads as data; `ckpt upgrade {self._where}` adds digests "
-            "(trusting the store as it is now)"
-        )
+        return unverifiable_sentence(self)
 
-    # -- summary ---------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         """A JSON-able summary: metadata, steps, tensors, data splits and analyses."""
-        steps = self._steps
-        return {
-            "path": self._where,
-            "format_version": self.format_version,
-            "framework": self.framework,
-            "model": None
-            if self.model is None
-            else {
-                "factory": self.model.factory,
-                "current": current_factory(self.model.factory),
-                "config": self.model.config,
-                "trusted": trust_reason(self.model.factory),
-            },
-            "objective": self.objective,
-            "unverifiable": self.unverifiable_summary(),
-            "created": self.created,
-            "checkpoints": {
-                "count": len(steps),
-                "first": int(steps[0]) if len(steps) else None,
-                "last": int(steps[-1]) if len(steps) else None,
-            },
-            "tensors": [
-                {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
-                for t in self._schema.values()
-            ],
-            "parameters": int(sum(int(np.prod(t.shape, dtype=np.int64)) for t in self._schema.values())),
-            "bytes_per_checkpoint": int(sum(t.nbytes for t in self._schema.values())),
-            "metrics": [
-                k.split("/", 1)[1] for k in self._nodes if k.startswith(f"{METRICS}/") and k != f"{METRICS}/{STEP}"
-            ],
-            "splits": {s: self._split_summary(s) for s in self.splits},
-            "analyses": self.analyses,
-            "analyzers": {name: self.analyzer_of(name) for name in self.analyses},
-            "parent": None if self.parent is None else self.parent.to_json(),
-            "history": self.history,
-        }
+        return store_info(self)
 
     def analyzer_of(self, name: str) -> str:
         """The analyzer that computed result ``name``, from the commit record (no result is opened).
@@ -875,16 +555,7 @@ class Store:
         Its provenance's ``analyzer``; the name itself when unrecorded. Differs from ``name`` for
         results kept under another name (``ckpt analyze ... --as NAME``).
         """
-        attrs = self._nodes.get(f"{ANALYSES}/{name}", {}).get("attributes", {}).get(ROOT_ATTR, {})
-        return str(attrs.get("analyzer") or name) if isinstance(attrs, dict) else name
-
-    def _split_summary(self, split: str) -> dict[str, Any]:
-        attrs = self._nodes[f"{DATA}/{split}"].get("attributes", {}).get(ROOT_ATTR, {})
-        return {
-            "examples": attrs.get("examples"),
-            "datapoints": attrs.get("datapoints"),
-            "labels": attrs.get("labels", []),
-        }
+        return result_analyzer(self, name)
 
     def close(self) -> None:
         """Release the store (a no-op for readers; writers release their lock)."""

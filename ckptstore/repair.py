@@ -50,6 +50,7 @@ from ckpt.store.format import (
 )
 from ckpt.store.publish import lock_replaceable, publish, staging_path
 from ckpt.store.reader import Store, check_format
+from ckpt.store.reader_data import damaged_metrics
 from ckpt.store.results import load_result
 
 
@@ -315,7 +316,7 @@ def _find_damaged_data(store: Store, report: RepairReport) -> None:
         except CorruptChunkError:
             report.dropped_splits.append(split)
     try:
-        damaged = store._damaged_metrics()
+        damaged = damaged_metrics(store)
     except CorruptChunkError:  # a chunk that does not decode: every column is suspect
         damaged = [STEP]
     metric_names = [k.split("/", 1)[1] for k in store._nodes if k.startswith(f"{METRICS}/")]

@@ -36,6 +36,7 @@ from ckpt.store.format import (
     history_entry,
 )
 from ckpt.store.reader import Store, open_zarr_store
+from ckpt.store.reader_data import split_arrays
 
 
 @dataclass
@@ -104,7 +105,7 @@ def upgrade(path: str | os.PathLike[str], *, storage_options: dict[str, Any] | N
             node = store._nodes[f"{DATA}/{split}"]
             attrs = node.get("attributes", {}).get(ROOT_ATTR, {})
             if not attrs.get("sha256"):
-                _, stored, _ = store._split_arrays(split)
+                _, stored, _ = split_arrays(store, split)
                 node = _with_ckpt_attr(node, "sha256", data_digest(stored))
                 nodes[f"{DATA}/{split}"] = node
                 report.splits.append(split)
