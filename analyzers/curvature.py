@@ -41,7 +41,8 @@ from ckpt.analyzers.hessian_basis import graph_growth, hessian_operator, plan_se
 from ckpt.analyzers.spike_causes import check_model_and_split, learning_rates
 from ckpt.engine.memory import format_size
 from ckpt.numerics.derivatives import DTYPES, ParamSpace
-from ckpt.numerics.lanczos import product_limit, top_eigenpairs
+from ckpt.numerics.lanczos import top_eigenpairs
+from ckpt.numerics.lanczos_sizes import product_limit
 from ckpt.plugins import (
     AnalysisContext,
     AnalysisError,

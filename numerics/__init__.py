@@ -1,9 +1,12 @@
 """ckpt.numerics: the torch math of ckpt's analyzers. Provisional: it may change without a deprecation.
 
-Per-datapoint derivatives, Jacobian- and Hessian-vector products and the loss over a
-parameter space (:mod:`~ckpt.numerics.derivatives`), their compiled first-order passes
-(:mod:`~ckpt.numerics.compiled`), Lanczos eigenpairs (:mod:`~ckpt.numerics.lanczos`),
-activation capture (:mod:`~ckpt.numerics.activations`), models built without weights
+The parameter space (:mod:`~ckpt.numerics.params`); per-datapoint derivatives, Jacobian- and
+Hessian-vector products and the loss over it (:mod:`~ckpt.numerics.derivatives`, with the
+forward-mode rules of :mod:`~ckpt.numerics.norms`), their compiled first-order passes
+(:mod:`~ckpt.numerics.compiled`); Lanczos eigenpairs (:mod:`~ckpt.numerics.lanczos`, its sizes
+:mod:`~ckpt.numerics.lanczos_sizes`, its vectors :mod:`~ckpt.numerics.vector_rows`); the stored
+basis format (:mod:`~ckpt.numerics.basis_format`); activation capture
+(:mod:`~ckpt.numerics.activations`), models built without weights
 (:mod:`~ckpt.numerics.weightless`), a twice-differentiable token cross-entropy
 (:mod:`~ckpt.numerics.cross_entropy`) and allocation counts (:mod:`~ckpt.numerics.footprint`).
 

@@ -34,38 +34,28 @@ every product, was over a third of a product (docs/performance.md, "Lanczos vect
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ckpt.errors import AnalysisError
+from ckpt.numerics._recurrence import first_coupled, next_overlaps, restart_recurrence
+from ckpt.numerics.lanczos_sizes import (
+    DOT_BLOCK_BYTES,
+    MIN_VECTORS_BEYOND_K,
+    RITZ_VECTORS_BEYOND_K,
+    SPILLED_VECTORS,
+    accelerator_block_width,
+    lanczos_bytes,
+    product_limit,
+)
+from ckpt.numerics.vector_rows import MemoryRows, SpilledRows, Tail
 
-DOT_BLOCK_BYTES = 16 * 2**20
-"""Float64 scratch of one block of a chunked dot product or update on an accelerator (bounded whatever D is):
-large, so that a pass over D launches few kernels."""
 CPU_DOT_BLOCK_BYTES = 1 * 2**20
-"""The same on the CPU, for the rows and two vectors (x as read and as updated): small enough that a block
+"""DOT_BLOCK_BYTES on the CPU, for the rows and two vectors (x as read and as updated): small enough that a block
 stays in a typical L2 cache between its conversion to float64 and its use; larger blocks made a search's
 vector work measurably slower (docs/performance.md, "Lanczos vectors")."""
-MIN_VECTORS_BEYOND_K = 4
-"""A thick restart keeps k Ritz vectors and needs room to grow past them. With k + 2 vectors the top
-eigenpair of a 1.7M-parameter GPT-2 (tol 1e-6) had not converged after 100 products; k + 4 took 56,
-k + 6 43, k + 8 39, unbounded 35."""
-RITZ_VECTORS_BEYOND_K = 2
-"""Ritz vectors a thick restart keeps beyond the k wanted (the room allowing). Why not half the room, as
-this module kept before: a restart reads every kept Lanczos vector and rewrites those it keeps,
-and the product after it is orthogonalized against all of them, so keeping fewer makes restarts both
-rarer and cheaper, at almost no cost in products. Products at tol 1e-6 on the Hessians of a 1.3M-parameter
-GPT-2 at init, after 5 and after 20 AdamW steps, half the room against k + 2: k 1 with 9 vectors 35, 16,
-24 against 35, 16, 25; k 1 with 7 37, 16, 26 against 37, 16, 27; k 2 with 10 57, 28, 32 against 57, 31,
-32; k 4 with 12 71, 30, 36 against 71, 30, 37 (k + 1: up to 9 more; k + 3 no better than k + 2). With
-vectors spilled, k + 2 cut a search's vector work per product by about a third, for the same eigenvalue
-to 9 digits (docs/performance.md, "Lanczos vectors")."""
-SPILLED_VECTORS = 3
-"""Vectors of D a spilled search still holds in memory: the current Lanczos vector, the buffer each product
-is copied into (the residual, then the next vector, in place) and the product as ``hvp`` returns it."""
 
 
 @dataclass
@@ -87,23 +77,6 @@ class Eigenpairs:
     vectors T couples it to only, while Simon's estimate kept them semi-orthogonal)."""
 
 
-def product_limit(free: int, k: int) -> int:
-    """Most products one search may make before it gives up (:class:`AnalysisError`: raise ``--tol``)."""
-    return min(free, max(100, 20 * k))
-
-
-def lanczos_bytes(dimension: int, vectors: int, itemsize: int = 4, *, spilled: bool = False) -> int:
-    """Bytes of a search that keeps ``vectors`` Lanczos vectors: those, the residual, the product and scratch.
-
-    ``spilled``: the vectors live in a temporary file (:class:`SpilledRows`) and only
-    :data:`SPILLED_VECTORS` of them, and a block of the rest, are in memory at once.
-    """
-    width = _block_width(vectors, dimension, "cuda")  # an accelerator's blocks, the larger: a bound on any device
-    # one block of rows in float64 (and, spilled, as read), and the block of x, of the update and of the result
-    scratch = 8 * width * (vectors + 3) + (itemsize * width * vectors if spilled else 0)
-    return (SPILLED_VECTORS if spilled else vectors + 2) * dimension * itemsize + scratch
-
-
 def _block_width(rows: int, dimension: int, device: Any = None) -> int:
     """Columns per block, so that ``rows`` of them in float64 take at most :data:`DOT_BLOCK_BYTES`.
 
@@ -111,149 +84,7 @@ def _block_width(rows: int, dimension: int, device: Any = None) -> int:
     """
     if device is None or str(device) == "cpu":
         return min(dimension, max(1, CPU_DOT_BLOCK_BYTES // (8 * (max(rows, 0) + 2))))
-    return min(dimension, max(1, DOT_BLOCK_BYTES // (8 * max(rows, 1))))
-
-
-class MemoryRows:
-    """Rows ``[capacity, D]`` of one torch tensor (on any device), read and written by column blocks."""
-
-    def __init__(self, capacity: int, dimension: int, dtype: Any, device: str) -> None:
-        import torch
-
-        # torch.empty only reserves: pages are touched as rows are written
-        self.data = torch.empty(capacity, dimension, dtype=dtype, device=device)
-        self.dtype = dtype
-
-    @classmethod
-    def of(cls, data: Any) -> MemoryRows:
-        """Rows over an existing ``[n, D]`` tensor, not copied."""
-        rows = cls.__new__(cls)
-        rows.data, rows.dtype = data, data.dtype
-        return rows
-
-    def block(self, count: int, columns: slice, first: int = 0) -> Any:
-        """Rows ``[first:first + count]`` of the columns ``columns``."""
-        return self.data[first : first + count, columns]
-
-    def write(self, index: int, vector: Any) -> None:
-        """Row ``index`` = ``vector``."""
-        self.data[index] = vector
-
-    def write_block(self, count: int, columns: slice, values: Any, first: int = 0) -> None:
-        """Rows ``[first:first + count]`` of ``columns`` = ``values``."""
-        self.data[first : first + count, columns] = values
-
-    def wait(self) -> None:
-        """Nothing to wait for: rows in memory are written at once."""
-
-    def close(self) -> None:
-        """Free the rows."""
-        self.data = self.data.new_empty((0, self.data.shape[1]))  # no rows: their memory is freed
-
-
-class SpilledRows:
-    """Rows ``[capacity, D]`` in an unlinked temporary file, read and written by column blocks (CPU only).
-
-    Why a file: at GPT-2 small a Lanczos vector is 0.5 GB, and the kept Hessian graphs of
-    ``--samples 8`` (7.3 GiB while a product runs) leave no room for k + 4 of them in the
-    default budget of a modest machine. Read back by ``pread`` into one block buffer, not mapped, so
-    that the rows are never in the process's memory: the operating system's page cache holds
-    them while memory is free and drops them to disk when it is not. A block read from the page
-    cache is cheap beside a product (docs/performance.md, "Lanczos vectors").
-    The file is unlinked as soon as it is made, so that a killed run leaves nothing behind.
-
-    :meth:`write` of a whole row returns at once and writes in a background thread. Why: once a
-    few GB of a search's rows are dirty, the kernel throttles the writer to the disk's speed, and the next
-    Hessian-vector product, the longest part of a step, has no use for the row. Every other call
-    waits for that write first (:meth:`wait`).
-    """
-
-    def __init__(self, capacity: int, dimension: int, dtype: Any, directory: str | None = None) -> None:
-        import tempfile
-
-        import torch
-
-        self.capacity = capacity
-        self.dimension = dimension
-        self.dtype = dtype
-        self.itemsize = torch.empty(0, dtype=dtype).element_size()
-        self.numpy_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-        self.file = tempfile.TemporaryFile(dir=directory, prefix="ckpt-lanczos-")  # noqa: SIM115 (closed by close())
-        self.file.truncate(capacity * dimension * self.itemsize)
-        self.buffer = np.empty(0, self.numpy_dtype)
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-lanczos-spill")
-        self.pending: Future | None = None
-
-    def wait(self) -> None:
-        """Until the row given to :meth:`write` is in the file (its errors are raised here)."""
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            pending.result()
-
-    def _offset(self, row: int, column: int) -> int:
-        return (row * self.dimension + column) * self.itemsize
-
-    def block(self, count: int, columns: slice, first: int = 0) -> Any:
-        """Rows ``[first:first + count]`` of ``columns``, read into a reused buffer (valid until the next read)."""
-        import os
-
-        import torch
-
-        self.wait()
-        width = columns.stop - columns.start
-        if self.buffer.size < count * width:
-            self.buffer = np.empty(count * width, self.numpy_dtype)
-        out = self.buffer[: count * width].reshape(count, width)
-        for row in range(count):
-            view = memoryview(out[row]).cast("B")
-            if os.preadv(self.file.fileno(), [view], self._offset(first + row, columns.start)) != view.nbytes:
-                msg = f"a spilled Lanczos vector could not be read back from {self.file.name!r} (disk full?)"
-                raise AnalysisError(msg)
-        return torch.from_numpy(out)
-
-    def write(self, index: int, vector: Any) -> None:
-        """Row ``index`` = ``vector`` (a CPU tensor), written in the background.
-
-        ``vector`` must not change until the next call on these rows (or :meth:`wait`).
-        """
-        self.wait()
-        data = np.ascontiguousarray(vector.detach().cpu().numpy(), self.numpy_dtype)  # a view where it can be
-        self.pending = self.writer.submit(self._write, index, 0, data)
-
-    def write_block(self, count: int, columns: slice, values: Any, first: int = 0) -> None:
-        """Rows ``[first:first + count]`` of ``columns`` = ``values``."""
-        self.wait()
-        data = values.detach().cpu().contiguous().numpy()
-        for row in range(count):
-            self._write(first + row, columns.start, data[row])
-
-    def _write(self, row: int, column: int, data: np.ndarray) -> None:
-        import os
-
-        # numpy declares ndarray a Buffer only for Python >= 3.12; it is one on 3.11 too
-        view = memoryview(np.ascontiguousarray(data, self.numpy_dtype)).cast("B")  # type: ignore[arg-type]
-        if os.pwrite(self.file.fileno(), view, self._offset(row, column)) != view.nbytes:
-            msg = "a Lanczos vector could not be spilled to the temporary directory (disk full?): raise --max-memory"
-            raise AnalysisError(msg)
-
-    def close(self) -> None:
-        """Delete the file."""
-        try:
-            self.wait()
-        finally:
-            self.writer.shutdown()
-            self.file.close()
-            self.buffer = np.empty(0, self.numpy_dtype)
-
-
-class _Tail:
-    """Rows ``[first:]`` of some rows, as a source of their own (the rows a new product is coupled to)."""
-
-    def __init__(self, rows: Any, first: int) -> None:
-        self.rows, self.first = rows, first
-
-    def block(self, count: int, columns: slice) -> Any:
-        return self.rows.block(count, columns, self.first)
+    return accelerator_block_width(rows, dimension)
 
 
 class _Stacked:
@@ -397,32 +228,6 @@ def _orthogonalize(
     if always_twice or (again.numel() > 0 and float(again.abs().max()) > rounding):
         square = _subtract(x, sources if again_from is None else again_from, again, then_norm=True)
     return coefficients, square**0.5
-
-
-def _first_coupled(projected: np.ndarray, used: int) -> int:
-    """The first kept vector that T couples the newest one (row ``used - 1``) to; that one itself when none."""
-    coupled = np.flatnonzero(projected[: used - 1, used - 1])
-    return int(coupled[0]) if coupled.size else used - 1
-
-
-def _next_overlaps(
-    projected: np.ndarray, overlaps: np.ndarray, first: int, beta: float, noise: float, eps: float
-) -> np.ndarray:
-    """Estimated overlaps of the next Lanczos vector with the kept ones (Simon's ω recurrence, any T).
-
-    With A V = V T + β q eᵀ and A symmetric, q's overlaps with the kept vectors satisfy
-    β Vᵀq = (T Ω - Ω T) e_last + rounding, where Ω = VᵀV: the three-term ω recurrence of
-    partial reorthogonalization (Simon 1984) when T is tridiagonal, and the same relation for
-    the arrow T a thick restart leaves. ``noise`` bounds the rounding a product adds (ε||A||, or
-    the product's own asymmetry measured against T when larger), given each estimate's sign so
-    that it only grows. The vectors the residual was just orthogonalized against (``first`` on)
-    are at ``eps``.
-    """
-    last = projected.shape[0] - 1
-    commutator = projected @ overlaps[:, last] - overlaps @ projected[:, last]
-    estimate = (commutator + np.copysign(noise, commutator)) / max(beta, 1e-300)
-    estimate[first:] = eps
-    return estimate
 
 
 def _orthonormalize_rows(rows: Any) -> None:
@@ -680,9 +485,9 @@ def top_eigenpairs(
                 # spilled, so is the previous one: `spare` still holds it. The first pass reads each block
                 # of it before writing that block of r there; a second pass reads it from the file.
                 # Two reads of a vector of D fewer a product (docs/performance.md, "Lanczos vectors").
-                first = _first_coupled(projected, used)
+                first = first_coupled(projected, used)
                 current_row = (MemoryRows.of(current[None]), 1)
-                older = [(_Tail(vectors, first), used - 1 - first)]
+                older = [(Tail(vectors, first), used - 1 - first)]
                 older_now = [(MemoryRows.of(spare[None]), 1)] if (spare_row == first == used - 2) else older
                 local, beta = _orthogonalize(
                     r,
@@ -698,7 +503,7 @@ def top_eigenpairs(
                 coupled = local[len(local) - (used - first) : -1].cpu().numpy()
                 asymmetry = np.abs(coupled - projected[first : used - 1, used - 1])  # H's rounding, seen
                 noise = max(eps * scale, float(np.max(asymmetry, initial=0.0)))
-                overlap = _next_overlaps(projected[:used, :used], overlaps[:used, :used], first, beta, noise, eps)
+                overlap = next_overlaps(projected[:used, :used], overlaps[:used, :used], first, beta, noise, eps)
                 lost = bool(np.max(np.abs(overlap), initial=0.0) > semi_orthogonal)
                 if again or lost:
                     coefficients, beta = _orthogonalize(r, [(vectors, used)])
@@ -752,16 +557,7 @@ def top_eigenpairs(
                 keep = max(k, min(room - 1, (room + k) // 2, k + RITZ_VECTORS_BEYOND_K))
                 order = np.argsort(theta)[::-1][:keep]
                 _combine_in_place(vectors, used, torch.as_tensor(ritz[:, order].copy(), device=device), dimension)
-                projected[:] = 0.0
-                projected[np.arange(keep), np.arange(keep)] = theta[order]
-                projected[keep, :keep] = projected[:keep, keep] = coupling * ritz[-1, order]
-                kept = ritz[:, order]  # the kept Ritz vectors' overlaps follow from the Lanczos vectors'
-                restarted = kept.T @ overlaps[:used, :used] @ kept
-                np.fill_diagonal(restarted, 1.0)
-                overlaps[:] = 0.0
-                overlaps[:keep, :keep] = restarted
-                overlaps[keep, :keep] = overlaps[:keep, keep] = kept.T @ overlap
-                overlaps[keep, keep] = 1.0
+                restart_recurrence(projected, overlaps, theta, ritz, order, overlap, used=used, coupling=coupling)
                 current = keep_row(keep, current)
                 spare_row = None  # its row was combined into the kept ones
                 used = keep + 1
