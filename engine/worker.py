@@ -134,9 +134,18 @@ def lend_store(store: Store, storage_options: Mapping[str, Any] | None = None) -
 
 
 def open_store(where: str, storage_options: Mapping[str, Any] | None = None, *, fresh: bool = False) -> Store:
-    """The store an engine run lent this process for ``where`` (refreshed with ``fresh``), else one opened now."""
+    """The store an engine run lent this process for ``where`` (refreshed with ``fresh``), else one opened now.
+
+    With ``fresh`` (a journal's reads, in whichever process its tasks run), a worker's store of
+    ``where`` in this process is taken too: a worker process opens the store once, not per piece.
+    """
+    key = _store_key(where, storage_options)
     with _lent_lock:
-        lent = _lent.get(_store_key(where, storage_options))
+        lent = _lent.get(key)
+    if lent is None and fresh:
+        with _process_lock:  # a Worker is made under it, and opens its store with fresh=False
+            held = [w for s, w in _workers.items() if _store_key(s.store, s.storage_options) == key]
+        lent = held[-1].store if held else None
     if lent is None:
         import ckpt.store
 

@@ -145,3 +145,38 @@ def test_a_run_opens_its_store_once_with_its_dependency(mlp_store: Path, monkeyp
     opened.clear()
     ckpt.analyze("polca", mlp_store, progress=False)
     assert len(opened) == 1, "reused: one open to find it so"
+
+
+def test_a_journal_reads_through_its_processs_worker_store(mlp_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a worker process (no engine run lending it a store) a journal refreshes the worker's store, never opens one.
+
+    Without it every piece a task committed opened the store again.
+    """
+    import xarray as xr
+
+    from ckpt.engine.resume import Journal
+    from ckpt.engine.worker import TaskSpec, forget_worker, worker_for
+    from ckpt.store.reader import Store
+
+    spec = TaskSpec(str(mlp_store))
+    worker_for(spec)  # what a task does first in its process
+    opened: list[object] = []
+    init = Store.__init__
+
+    def counting(self: Store, *args: Any, **kwargs: Any) -> None:
+        opened.append(args)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "__init__", counting)
+    journal = Journal(str(mlp_store), "result", "lca", "request")
+    try:
+        for step in (3, 1):
+            piece = xr.Dataset({"value": (("step",), [float(step)])}, coords={"step": [step]})
+            journal.add(piece, "step", [step])
+        held = journal.pieces([[1], [2], [3]])
+    finally:
+        forget_worker(spec)
+    assert held is not None and sorted(held[1]) == [0, 2], "both pieces committed and read back"
+    assert opened == []
+    journal.discard()
+    assert len(opened) == 1, "with no worker in the process, it opens the store"
