@@ -1,4 +1,8 @@
-"""Helpers shared by the test modules: the real ``ckpt`` command, refusals, deterministic tensors, a GPT-2 run.
+"""Helpers shared by the test modules: ``ckpt`` commands, refusals, deterministic tensors, a GPT-2 run.
+
+A command runs in the test's process (:func:`invoke_ckpt`) unless the test is about its process
+(:func:`run_ckpt`: exit status and the one ``Error:`` line of a refusal, no traceback, signals,
+the environment, isolation between processes).
 
 Fixtures live in ``tests/conftest.py``; plugin authors' helpers (``write_example_run``,
 ``tree_digest``) are public, in :mod:`ckpt.plugins.testing`. This module imports no pytest: the
@@ -20,7 +24,16 @@ import numpy as np
 # from the light module, not ckpt.plugins.testing: the writer and crash processes import these helpers
 from ckpt.plugins.examples import tree_digest
 
-__all__ = ["CKPT", "assert_refused", "make_tensors", "run_ckpt", "state_dict", "tree_digest", "write_gpt2_run"]
+__all__ = [
+    "CKPT",
+    "assert_refused",
+    "invoke_ckpt",
+    "make_tensors",
+    "run_ckpt",
+    "state_dict",
+    "tree_digest",
+    "write_gpt2_run",
+]
 
 CKPT = Path(sys.executable).with_name("ckpt")
 
@@ -148,3 +161,30 @@ def set_provenance(store: Path, name: str, fields: dict[str, Any]) -> None:
     node = json.loads(node_path.read_text())
     node["attributes"]["ckpt"].update(fields)
     node_path.write_text(json.dumps(node))
+
+
+def invoke_ckpt(
+    *args: str, cwd: Path | None = None, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``ckpt ARGS`` in this process (click's ``CliRunner`` on ckpt's group): what a command does, fast.
+
+    For tests of a command's output and of what it leaves in a store, not of its process: the same
+    group, error handling and exit status as the console script, minus the interpreter start and
+    the imports (:func:`run_ckpt` costs a process and ckpt's imports a command). A test of the
+    process itself (exit status on a refusal, the one ``Error:`` line with no traceback, signals,
+    the environment a process starts with, isolation between processes) uses :func:`run_ckpt`.
+    An exception the group does not turn into an exit status is raised here, so the test fails
+    on it with its traceback; warnings are ignored as ``run_ckpt``'s ``PYTHONWARNINGS`` does.
+    """
+    import contextlib
+    import warnings
+
+    from click.testing import CliRunner
+
+    from ckpt.cli.main import cli
+
+    runner = CliRunner(catch_exceptions=False)
+    with contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = runner.invoke(cli, list(args), env=extra_env, prog_name="ckpt")
+    return subprocess.CompletedProcess(["ckpt", *args], result.exit_code, result.stdout, result.stderr)

@@ -10,7 +10,7 @@ import torch
 
 import ckpt.store as ckptstore
 from ckpt.plugins.testing import write_example_run
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 
 pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
 
@@ -32,7 +32,7 @@ def weights_only_store(tmp_path: Path, dtype: torch.dtype = torch.float32) -> tu
         torch.save(state, folder / f"step_{step}.pt")
         states.append(state)
     path = tmp_path / "run.zarr"
-    result = run_ckpt("import", str(folder), str(path))
+    result = invoke_ckpt("import", str(folder), str(path))
     assert result.returncode == 0, result.stderr
     return path, states
 
@@ -47,20 +47,20 @@ def test_model_objective_and_data_added_after_import_make_loss_work(tmp_path: Pa
     refused = run_ckpt("analyze", "loss", str(path), "--no-progress")
     assert refused.returncode == 1 and refused.stderr.startswith("Error: "), refused.stderr
 
-    added = run_ckpt(
+    added = invoke_ckpt(
         "data", "add", str(path), "eval", "--inputs", str(tmp_path / "x.npy"), "--targets", str(tmp_path / "y.npy"),
         "--labels", f"odd={tmp_path / 'odd.npy'}",
     )  # fmt: skip
     assert added.returncode == 0, added.stderr
     assert "20 examples, 20 datapoints" in added.stdout
-    model = run_ckpt("set-model", str(path), "--model", "tests.models:mlp", "--objective", "cross-entropy")
+    model = invoke_ckpt("set-model", str(path), "--model", "tests.models:mlp", "--objective", "cross-entropy")
     assert model.returncode == 0, model.stderr
     store = ckptstore.open(path)
     assert store.model.factory == "tests.models:mlp" and store.objective == "cross-entropy"
     assert store.history[-1]["event"] == "set-model"
     assert store.data("eval")["odd"].values.tolist() == (targets % 2).tolist()
 
-    analyzed = run_ckpt("analyze", "loss", str(path), "--no-progress", "--trust-factory", "tests.models")
+    analyzed = invoke_ckpt("analyze", "loss", str(path), "--no-progress", "--trust-factory", "tests.models")
     assert analyzed.returncode == 0, analyzed.stderr
     loss = ckptstore.open(path).analysis("loss")["loss"].values
     from tests.models import mlp
@@ -78,18 +78,18 @@ def test_model_objective_and_data_added_after_import_make_loss_work(tmp_path: Pa
 def test_a_changed_model_or_data_makes_stored_results_stale_not_wrong(tmp_path: Path) -> None:
     path = write_example_run(tmp_path / "mlp.zarr")
     trust = ("--trust-factory", "tests.models")
-    first = run_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
+    first = invoke_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
     assert "computed 6 step(s)" in first.stdout, first.stdout
-    again = run_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
+    again = invoke_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
     assert "computed 0 step(s), reused 6 stored" in again.stdout
 
-    changed = run_ckpt("set-model", str(path), "--model", "tests.models:mlp", "--config", '{"hidden": 8}')
+    changed = invoke_ckpt("set-model", str(path), "--model", "tests.models:mlp", "--config", '{"hidden": 8}')
     assert changed.returncode == 0, changed.stderr
     page = tmp_path / "report.html"
-    reported = run_ckpt("report", str(path), "--out", str(page))
+    reported = invoke_ckpt("report", str(path), "--out", str(page))
     assert reported.returncode == 0, reported.stderr
     assert "stale: the store's data or model changed" in page.read_text()
-    rerun = run_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
+    rerun = invoke_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
     assert "computed 6 step(s), reused 0 stored" in rerun.stdout, rerun.stdout
 
     np.save(tmp_path / "x.npy", np.zeros((5, 3), np.float32))
@@ -99,9 +99,9 @@ def test_a_changed_model_or_data_makes_stored_results_stale_not_wrong(tmp_path: 
     exists = run_ckpt("data", "add", str(path), "eval", *arrays)
     assert exists.returncode == 1 and "already exists" in exists.stderr and "overwrite" in exists.stderr
     assert tree_digest(path) == before
-    replaced = run_ckpt("data", "add", str(path), "eval", *arrays, "--overwrite")
+    replaced = invoke_ckpt("data", "add", str(path), "eval", *arrays, "--overwrite")
     assert replaced.returncode == 0, replaced.stderr
-    after = run_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
+    after = invoke_ckpt("analyze", "loss", str(path), "--no-progress", *trust)
     assert "computed 6 step(s), reused 0 stored" in after.stdout, after.stdout
     assert ckptstore.open(path).analysis("loss").sizes["datapoint"] == 5
 
@@ -136,9 +136,9 @@ def test_bfloat16_checkpoints_are_analyzed_in_float32(tmp_path: Path) -> None:
         writer.add_data("eval", inputs=inputs, targets=targets)
         writer.set_model("tests.models:mlp", objective="cross-entropy")
     assert {info.dtype for info in ckptstore.open(path).schema.values()} == {"bfloat16"}
-    result = run_ckpt("analyze", "loss", str(path), "--no-progress", "--trust-factory", "tests.models")
+    result = invoke_ckpt("analyze", "loss", str(path), "--no-progress", "--trust-factory", "tests.models")
     assert result.returncode == 0, result.stderr
-    grads = run_ckpt("analyze", "grad-norms", str(path), "--no-progress", "--trust-factory", "tests.models")
+    grads = invoke_ckpt("analyze", "grad-norms", str(path), "--no-progress", "--trust-factory", "tests.models")
     assert grads.returncode == 0, grads.stderr
     loss = ckptstore.open(path).analysis("loss")["loss"].values
     from tests.models import mlp
@@ -171,15 +171,15 @@ def test_importing_again_appends_the_new_checkpoints_of_a_run_still_training(tmp
     for step in (0, 10):
         save(step)
     path = tmp_path / "run.zarr"
-    assert run_ckpt("import", str(folder), str(path)).returncode == 0
+    assert invoke_ckpt("import", str(folder), str(path)).returncode == 0
     first = tree_digest(path)
-    up_to_date = run_ckpt("import", str(folder), str(path))
+    up_to_date = invoke_ckpt("import", str(folder), str(path))
     assert up_to_date.returncode == 0, up_to_date.stderr
     assert "is up to date" in up_to_date.stdout and "holds all 2 checkpoints" in up_to_date.stdout
     assert tree_digest(path) == first
     for step in (20, 30):
         save(step)
-    appended = run_ckpt("import", str(folder), str(path))
+    appended = invoke_ckpt("import", str(folder), str(path))
     assert appended.returncode == 0, appended.stderr
     assert "appended 2 new torch checkpoints (steps 20 .. 30)" in appended.stdout
     store = ckptstore.open(path)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import ckpt.store as ckptstore
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 
 pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
 
@@ -39,7 +39,7 @@ def _contents(path: Path) -> dict[str, str]:
 
 
 def test_a_read_only_store_is_one_error_line_for_commands_that_write(mlp_store: Path, tmpfs: Path) -> None:
-    assert run_ckpt("analyze", "grad-norms", str(mlp_store)).returncode == 0
+    assert invoke_ckpt("analyze", "grad-norms", str(mlp_store)).returncode == 0
     store = tmpfs / "run.zarr"
     shutil.copytree(mlp_store, store)
     subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
@@ -57,7 +57,7 @@ def test_a_read_only_store_is_one_error_line_for_commands_that_write(mlp_store: 
 def test_a_full_disk_is_one_error_line_and_the_store_keeps_its_committed_state(mlp_store: Path, tmpfs: Path) -> None:
     store = tmpfs / "run.zarr"
     shutil.copytree(mlp_store, store)
-    analyzed = run_ckpt("analyze", "grad-norms", str(store))
+    analyzed = invoke_ckpt("analyze", "grad-norms", str(store))
     assert analyzed.returncode == 0, analyzed.stderr
     filler = tmpfs / "filler"
     descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
@@ -78,9 +78,9 @@ def test_a_full_disk_is_one_error_line_and_the_store_keeps_its_committed_state(m
     assert _contents(store) == before, "nothing half-written is left behind"
     assert ckptstore.open(store).analyses == ["grad-norms"]
     filler.unlink()  # space again: the same command now works
-    again = run_ckpt("analyze", "loss", str(store))
+    again = invoke_ckpt("analyze", "loss", str(store))
     assert again.returncode == 0, again.stderr
-    assert run_ckpt("verify", str(store)).returncode == 0
+    assert invoke_ckpt("verify", str(store)).returncode == 0
 
 
 def _free_port() -> int:
@@ -147,7 +147,7 @@ def test_a_scheduler_that_dies_mid_run_is_one_error_line_and_keeps_what_was_comm
     kept = ckptstore.open(path).analysis("loss").ckpt.steps
     assert 3 <= len(kept) < 40 and kept == list(range(len(kept)))
     assert f"the {len(kept)} step(s) committed before are kept" in stderr
-    assert run_ckpt("verify", str(path)).returncode == 0
-    resumed = run_ckpt("analyze", "loss", str(path), "--no-progress")
+    assert invoke_ckpt("verify", str(path)).returncode == 0
+    resumed = invoke_ckpt("analyze", "loss", str(path), "--no-progress")
     assert resumed.returncode == 0, resumed.stderr
     assert f"computed {40 - len(kept)} step(s), reused {len(kept)} stored" in resumed.stdout

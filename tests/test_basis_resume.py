@@ -16,7 +16,7 @@ import ckpt.store as ckptstore
 from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
 from tests import resume
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt
 
 pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
 
@@ -67,7 +67,7 @@ def test_new_data_or_force_compute_everything_again(store: Path) -> None:
         targets = eval_split["targets"].values[::-1].copy()
         writer.add_data("eval", inputs=eval_split["inputs"].values[::-1].copy(), targets=targets, overwrite=True)
     assert run("hessian-basis", store, scheduler="sync", every=1, k=1, dtype="float64", tol=1e-10).resumed == []
-    assert run_ckpt("rm", str(store), "hessian-basis").returncode == 0
+    assert invoke_ckpt("rm", str(store), "hessian-basis").returncode == 0
     killed_mid_run(store)
     forced = run("hessian-basis", store, scheduler="sync", force=True, every=1, k=1, dtype="float64", tol=1e-10)
     assert forced.resumed == []

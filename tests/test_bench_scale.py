@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import ckpt.store as ckptstore
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt
 
 pytestmark = pytest.mark.slow  # repro, bench and demo scripts end to end at small sizes
 
@@ -65,7 +65,7 @@ def test_the_built_run_is_a_trainer_folder_ckpt_imports(scale, tmp_path: Path) -
     folders = scale.checkpoint_folders(tmp_path)
     assert [f.name for f in folders] == [f"checkpoint-{2 * i}" for i in range(1, scale.CHECKPOINTS + 1)]
     assert json.loads((folders[-1] / "trainer_state.json").read_text())["global_step"] == 2 * scale.CHECKPOINTS
-    imported = run_ckpt("import", str(tmp_path / "trainer-out"), str(tmp_path / "run.zarr"))
+    imported = invoke_ckpt("import", str(tmp_path / "trainer-out"), str(tmp_path / "run.zarr"))
     assert imported.returncode == 0, imported.stderr
     store = ckptstore.open(tmp_path / "run.zarr")
     assert [int(s) for s in store.steps] == [2, 4, 6, 8]
@@ -73,7 +73,7 @@ def test_the_built_run_is_a_trainer_folder_ckpt_imports(scale, tmp_path: Path) -
     assert list(store.metrics["loss"].values) == [
         e["loss"] for e in json.loads((folders[-1] / "trainer_state.json").read_text())["log_history"][1::2]
     ]
-    added = run_ckpt("data", "add", str(tmp_path / "run.zarr"), "eval", "--inputs", str(tmp_path / "eval_ids.npy"))
+    added = invoke_ckpt("data", "add", str(tmp_path / "run.zarr"), "eval", "--inputs", str(tmp_path / "eval_ids.npy"))
     assert added.returncode == 0, added.stderr
 
 

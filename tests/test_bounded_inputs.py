@@ -24,7 +24,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.errors import CorruptChunkError
 from ckpt.plugins.testing import write_example_run
-from tests.helpers import CKPT, run_ckpt, tree_digest
+from tests.helpers import CKPT, invoke_ckpt, run_ckpt, tree_digest
 
 MEMORY = 2 * 2**30
 """The data segment of a ``ckpt`` child reading a bomb: a decoded frame beyond it is a crash, not a machine's swap."""
@@ -88,7 +88,7 @@ def test_a_big_endian_npy_is_stored_with_its_values_and_verifies(tmp_path: Path)
     label = np.asfortranarray(np.arange(12, dtype=">f4").reshape(6, 2))  # byte order and layout at once
     for name, array in (("x", inputs), ("y", targets), ("lab", label)):
         np.save(tmp_path / f"{name}.npy", array)
-    added = run_ckpt(
+    added = invoke_ckpt(
         "data", "add", str(path), "be", "--inputs", str(tmp_path / "x.npy"), "--targets", str(tmp_path / "y.npy"),
         "--labels", f"lab={tmp_path / 'lab.npy'}",
     )  # fmt: skip
@@ -97,7 +97,7 @@ def test_a_big_endian_npy_is_stored_with_its_values_and_verifies(tmp_path: Path)
     assert split["inputs"].values.tolist() == inputs.tolist()
     assert split["targets"].values.tolist() == targets.tolist()
     assert split["lab"].values.tolist() == label.tolist()
-    verified = run_ckpt("verify", str(path))
+    verified = invoke_ckpt("verify", str(path))
     assert verified.returncode == 0, verified.stderr
 
 
@@ -114,7 +114,7 @@ def test_a_big_endian_or_strided_checkpoint_is_stored_native_and_verifies(tmp_pa
     store = ckptstore.open(path)
     assert store.tensors(0)["big"].tolist() == big.tolist()
     assert store.tensors(1)["strided"].tolist() == (strided + 1).tolist()
-    assert run_ckpt("verify", str(path)).returncode == 0
+    assert invoke_ckpt("verify", str(path)).returncode == 0
 
 
 # -- finding 5 and "what to build" 6: bounded decoding, an allow-list of codecs ---------------------------
@@ -145,7 +145,7 @@ def test_a_zstd_bomb_in_a_checkpoint_chunk_is_refused_before_it_is_decoded(tmp_p
 
 def test_a_zstd_bomb_in_a_result_chunk_is_refused_before_it_is_decoded(tmp_path: Path) -> None:
     path = write_example_run(tmp_path / "run.zarr", steps=2, examples=6)
-    assert run_ckpt("analyze", "loss", str(path), "--no-progress").returncode == 0
+    assert invoke_ckpt("analyze", "loss", str(path), "--no-progress").returncode == 0
     (chunk,) = (path / "analyses" / "loss" / "loss").glob("c/0/0")  # [step, datapoint]: zstd, crc32c
     chunk.write_bytes(_with_crc32c(_rle_frame(4 * 2**30, 4 * 2**30)))
     done = _limited_ckpt("verify", str(path))

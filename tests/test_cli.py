@@ -10,7 +10,7 @@ import torch
 
 import ckpt.plugins
 import ckpt.store as ckptstore
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 
 
 def _assert_one_line_error(result, expected: str, code: int = 1) -> None:
@@ -23,13 +23,27 @@ def _assert_one_line_error(result, expected: str, code: int = 1) -> None:
 
 
 def test_version_and_help() -> None:
-    version = run_ckpt("--version")
+    version = invoke_ckpt("--version")
     assert version.returncode == 0
     assert version.stdout.strip() == f"ckpt {ckptstore.__version__}"
-    helped = run_ckpt("--help")
+    helped = invoke_ckpt("--help")
     assert helped.returncode == 0
     for command in ("info", "import", "verify", "repair"):
         assert command in helped.stdout
+
+
+def test_a_command_run_in_process_answers_as_the_console_script_does(small_store: Path, tmp_path: Path) -> None:
+    """``invoke_ckpt`` (most tests) and ``run_ckpt`` (tests of the process): same exit status, stdout and stderr."""
+    for args in (
+        ("info", str(small_store)),
+        ("verify", str(small_store)),
+        ("info", str(tmp_path / "nope.zarr")),
+        ("info", str(small_store), "--bogus"),
+        ("--version",),
+    ):
+        here, there = invoke_ckpt(*args), run_ckpt(*args)
+        assert (here.returncode, here.stdout, here.stderr) == (there.returncode, there.stdout, there.stderr), args
+    assert invoke_ckpt("info", str(tmp_path / "nope.zarr")).returncode == 1  # not click's default exit status
 
 
 def test_no_help_shows_raw_rst_markup() -> None:
@@ -49,7 +63,7 @@ def test_no_help_shows_raw_rst_markup() -> None:
 
 
 def test_info_shows_metadata_tensors_and_data(small_store: Path) -> None:
-    result = run_ckpt("info", str(small_store))
+    result = invoke_ckpt("info", str(small_store))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "checkpoints  3 (steps 0 .. 20)" in out
@@ -58,14 +72,14 @@ def test_info_shows_metadata_tensors_and_data(small_store: Path) -> None:
     assert "(8,)" in out
     assert "float16" in out
     assert "eval: 6 examples, 6 datapoints, labels: parity" in out
-    summary = json.loads(run_ckpt("info", str(small_store), "--json").stdout)
+    summary = json.loads(invoke_ckpt("info", str(small_store), "--json").stdout)
     assert summary["checkpoints"] == {"count": 3, "first": 0, "last": 20}
     assert summary["parameters"] == 10 * 4 + 8 * 4 + 8 + 1
     assert {t["name"]: t["bytes"] for t in summary["tensors"]}["block.0.fc.bias"] == 16
 
 
 def test_verify_passes_on_a_good_store(small_store: Path) -> None:
-    result = run_ckpt("verify", str(small_store))
+    result = invoke_ckpt("verify", str(small_store))
     assert result.returncode == 0, result.stderr
     assert "3 checkpoints x 4 tensors, 1 data splits, the metrics and 0 analyses OK" in result.stdout
 
@@ -104,7 +118,7 @@ def _torch_run(folder: Path, steps: list[int]) -> None:
 
 def test_import_then_info(tmp_path: Path) -> None:
     _torch_run(tmp_path / "run", [0, 100, 200])
-    result = run_ckpt(
+    result = invoke_ckpt(
         "import", str(tmp_path / "run"), str(tmp_path / "run.zarr"), "--model", "m.models:mlp", "--config", '{"h": 2}'
     )
     assert result.returncode == 0, result.stderr

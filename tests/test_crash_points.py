@@ -25,7 +25,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.errors import StoreError, StoreExistsError, StoreLockedError
 from tests.crash_process import MODEL, provenance, result, split, tensors, write_sources
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 
 pytestmark = pytest.mark.slow  # crash trials: every file write of a store killed
 
@@ -419,7 +419,7 @@ def test_overwrite_waits_for_no_one_and_refuses_a_store_being_written(tmp_path: 
         refused = run_ckpt("import", str(src), str(path), "--overwrite")
         assert refused.returncode == 1 and "cannot be overwritten until that writer closes" in refused.stderr
     assert _holds(path, [0, 1], run=2)
-    replaced = run_ckpt("import", str(src), str(path), "--overwrite")
+    replaced = invoke_ckpt("import", str(src), str(path), "--overwrite")
     assert replaced.returncode == 0, replaced.stderr
     assert _holds(path, [0, 1, 2], run=1)
 
@@ -444,7 +444,7 @@ def test_data_add_overwrite_replaces_the_split_and_leaves_the_old_files_as_they_
     shutil.copytree(path, snapshot, copy_function=os.link)
     before = tree_digest(snapshot)
     arrays = [f"--{name}={tmp_path / f'{name}.npy'}" for name in ("inputs", "targets")]
-    replaced = run_ckpt("data", "add", str(path), "eval", *arrays, "--overwrite")
+    replaced = invoke_ckpt("data", "add", str(path), "eval", *arrays, "--overwrite")
     assert replaced.returncode == 0, replaced.stderr
     store = ckptstore.open(path)
     np.testing.assert_array_equal(store.data("eval")["inputs"].values, split(1)["inputs"])

@@ -24,7 +24,7 @@ from ckpt.engine.pipeline import run
 from ckpt.engine.worker import TaskSpec
 from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, load_registry
 from ckpt.plugins.testing import raise_if_dask_computes, write_example_run
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt, run_ckpt
 from tests.models import mlp, tiny_lm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,7 +242,7 @@ def test_an_interrupt_stops_the_tasks_in_flight_and_queued(tmp_path: Path) -> No
     assert set(bars) == started, f"steps {sorted(set(bars) - started)} began after the interrupt"
     finished = [step for step, lines in bars.items() if lines[-1][0] == lines[-1][1]]
     assert finished == [], f"steps {finished} ran all their passes after the interrupt"
-    assert run_ckpt("verify", str(path)).returncode == 0
+    assert invoke_ckpt("verify", str(path)).returncode == 0
     assert "polca" not in ckptstore.open(path).analyses, "a block of 8 steps: nothing was committed"
     assert run("polca", path, basis="random-basis").reused_steps == []
 
@@ -424,16 +424,16 @@ def test_dependency_cycles_and_unknown_names_are_errors(mlp_store: Path) -> None
 
 
 def test_cli_analyze_and_show(mlp_store: Path) -> None:
-    result = run_ckpt("analyze", "loss", str(mlp_store), "--no-progress")
+    result = invoke_ckpt("analyze", "loss", str(mlp_store), "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "loss: computed 6 step(s), reused 0 stored" in result.stdout
-    again = run_ckpt("analyze", "loss", str(mlp_store), "--no-progress")
+    again = invoke_ckpt("analyze", "loss", str(mlp_store), "--no-progress")
     assert "loss: computed 0 step(s), reused 6 stored" in again.stdout
-    shown = run_ckpt("show", str(mlp_store), "loss")
+    shown = invoke_ckpt("show", str(mlp_store), "loss")
     assert shown.returncode == 0, shown.stderr
     assert "analyzer     loss v1" in shown.stdout
     assert "50 datapoints, 6 checkpoints" in shown.stdout
-    listed = run_ckpt("analyze", "--help")
+    listed = invoke_ckpt("analyze", "--help")
     assert re.search(r"\n  loss +Exact loss of every datapoint", listed.stdout), listed.stdout
 
 

@@ -23,7 +23,7 @@ import ckpt.store as ckptstore
 from ckpt.errors import CkptError
 from ckpt.plugins.testing import write_example_run
 from ckpt.store.importers import HF_FACTORY, hf_model_config
-from tests.helpers import CKPT, run_ckpt, tree_digest, write_gpt2_run
+from tests.helpers import CKPT, invoke_ckpt, run_ckpt, tree_digest, write_gpt2_run
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
 # what transformers says before it runs a repository's code (it asks on standard input)
@@ -191,7 +191,7 @@ def _gpt_neo_store(tmp_path: Path) -> Path:
         ["import", str(tmp_path / "run"), str(store)],
         ["data", "add", str(store), "eval", "--inputs", str(tmp_path / "ids.npy")],
     ):
-        done = run_ckpt(*args)
+        done = invoke_ckpt(*args)
         assert done.returncode == 0, done.stderr
     return store
 
@@ -199,11 +199,11 @@ def _gpt_neo_store(tmp_path: Path) -> Path:
 def test_buffers_beyond_the_stored_bytes_are_refused_before_they_are_allocated(tmp_path: Path) -> None:
     """Finding 7: 50,000 positions for a 16-position store built a 10 GB causal mask before the shapes were compared."""
     store = _gpt_neo_store(tmp_path)
-    analyzed = run_ckpt("analyze", "loss", str(store), "--no-progress")
+    analyzed = invoke_ckpt("analyze", "loss", str(store), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
     saved = json.loads((tmp_path / "run" / "checkpoint-1" / "config.json").read_text())
     (tmp_path / "big.json").write_text(json.dumps({**saved, "max_position_embeddings": 50000}))
-    changed = run_ckpt("set-model", str(store), "--hf-config", str(tmp_path / "big.json"))
+    changed = invoke_ckpt("set-model", str(store), "--hf-config", str(tmp_path / "big.json"))
     assert changed.returncode == 0, changed.stderr
     started = time.monotonic()
     line = _one_error_line(run_ckpt("analyze", "loss", str(store), "--no-progress", "--force"))
@@ -218,10 +218,10 @@ def test_a_real_gpt2_run_still_builds_and_analyzes(tmp_path: Path) -> None:
     assert set(spec.config) >= {"model_type", "architectures"} and "_name_or_path" not in spec.config
     model = spec.build()
     assert type(model).__name__ == "GPT2LMHeadModel"
-    analyzed = run_ckpt("analyze", "loss", str(store), "--no-progress")
+    analyzed = invoke_ckpt("analyze", "loss", str(store), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
     assert spec.check() is True, "checked on meta"
-    verified = run_ckpt("verify", str(store))
+    verified = invoke_ckpt("verify", str(store))
     assert verified.returncode == 0 and not verified.stderr.strip(), verified.stderr
 
 
@@ -231,7 +231,7 @@ def test_verify_checks_the_model_config_against_the_checkpoints(tmp_path: Path) 
     assert verified.returncode == 1, verified.stderr
     assert "model spec:" in verified.stderr and "'0.weight' of shape [9, 3] (stored [8, 3])" in verified.stderr
     untrusted = write_example_run(tmp_path / "mine.zarr", steps=2, examples=4, factory="mypkg.models:build")
-    verified = run_ckpt("verify", str(untrusted))
+    verified = invoke_ckpt("verify", str(untrusted))
     assert verified.returncode == 0 and not verified.stderr.strip(), verified.stderr
     assert "(the model spec was not checked: mypkg.models:build is not trusted" in verified.stdout
 

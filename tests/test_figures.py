@@ -19,7 +19,7 @@ from ckpt.plugins.testing import check_figure
 from ckpt.sandboxes.addition import Addition
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt, run_ckpt
 
 pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
 
@@ -168,7 +168,7 @@ def test_clusters_kept_under_another_name_are_compared_side_by_side(addition: Pa
     heights = [bar.get_height() for bar in figure.axes[0].patches]
     expected = [float(np.nan_to_num(r["top_homogeneity"].values[rank])) for rank in range(3) for r in results.values()]
     np.testing.assert_allclose(heights, expected)
-    info = run_ckpt("info", str(addition))
+    info = invoke_ckpt("info", str(addition))
     assert "clusters-loss (clusters)" in info.stdout
     # reused by provenance like any other result
     again = run("clusters", addition, on="loss", save_as="clusters-loss", **CLUSTERING)
@@ -253,7 +253,7 @@ def test_curvature_and_normalization_draw_their_learning_rate_lines(sparse: Path
         np.testing.assert_allclose(lines["median"].get_ydata(), quantiles.sel(quantile=0.5).values)
         np.testing.assert_allclose(lines["minimum"].get_ydata(), quantiles.sel(quantile=0.0).values)
     for name in ("curvature", "normalization"):
-        done = run_ckpt("plot", str(sparse), name, "--out", str(tmp_path / f"{name}.png"))
+        done = invoke_ckpt("plot", str(sparse), name, "--out", str(tmp_path / f"{name}.png"))
         assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "curvature.png",
@@ -293,14 +293,14 @@ def test_attention_draws_the_first_and_last_maps_with_their_correlation(sparse: 
 
 
 def test_ckpt_plot_writes_each_format_and_refuses_bad_input(addition: Path, tmp_path: Path) -> None:
-    png = run_ckpt("plot", str(addition), "hessian-basis", "--out", str(tmp_path / "basis.png"))
+    png = invoke_ckpt("plot", str(addition), "hessian-basis", "--out", str(tmp_path / "basis.png"))
     assert png.returncode == 0, png.stderr
     assert (tmp_path / "basis.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    several = run_ckpt("plot", str(addition), "polca", "--out", str(tmp_path / "polca.svg"))
+    several = invoke_ckpt("plot", str(addition), "polca", "--out", str(tmp_path / "polca.svg"))
     assert several.returncode == 0, several.stderr
     assert (tmp_path / "polca-trajectories.svg").read_text().lstrip().startswith("<?xml")
     assert (tmp_path / "polca-explained.svg").exists()
-    pdf = run_ckpt("plot", str(addition), "loss", "--out", str(tmp_path / "loss.pdf"))
+    pdf = invoke_ckpt("plot", str(addition), "loss", "--out", str(tmp_path / "loss.pdf"))
     assert pdf.returncode == 0, pdf.stderr
     assert (tmp_path / "loss.pdf").read_bytes()[:5] == b"%PDF-"
     for args, message in (
@@ -318,7 +318,7 @@ def test_ckpt_animate_writes_one_gif_frame_per_checkpoint(sparse: Path, tmp_path
     from PIL import Image
 
     out = tmp_path / "sparse.gif"
-    result = run_ckpt("animate", str(sparse), "--out", str(out), "--fps", "10")
+    result = invoke_ckpt("animate", str(sparse), "--out", str(out), "--fps", "10")
     assert result.returncode == 0, result.stderr
     with Image.open(out) as gif:
         assert gif.n_frames == len(ckptstore.open(sparse).steps)
@@ -350,7 +350,7 @@ def test_report_opens_in_a_real_browser_with_every_figure(addition: Path, tmp_pa
     from tests.browser import open_report
 
     out = tmp_path / "report.html"
-    result = run_ckpt("report", str(addition), "--out", str(out))
+    result = invoke_ckpt("report", str(addition), "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert result.stderr == "", "no figure failed"
     page = open_report(out, tmp_path / "report.png")
@@ -406,7 +406,7 @@ def test_runs_compared_grid_imperfection_against_accuracy_and_sparsity_overlaid(
         run("embedding-geometry", path)
         runs.append(path)
     out = tmp_path / "grids.png"
-    result = run_ckpt("plot", *map(str, runs), "embedding-geometry", "--out", str(out))
+    result = invoke_ckpt("plot", *map(str, runs), "embedding-geometry", "--out", str(out))
     assert result.returncode == 0, result.stderr
     from ckpt.analyzers.figures.geometry import runs_figure
 
@@ -462,7 +462,7 @@ def test_a_damaged_checkpoint_is_named_in_the_report_not_dropped_with_the_slider
     (chunk,) = (damaged / "checkpoints" / "embed.weight").glob("c.2.*")
     chunk.unlink()
     out = tmp_path / "report.html"
-    result = run_ckpt("report", str(damaged), "--out", str(out))
+    result = invoke_ckpt("report", str(damaged), "--out", str(out))
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "embeddings over training" in line]
     assert len(warnings) == 1 and warnings[0].startswith("Warning: embeddings over training: not drawn"), result.stderr

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 
 pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
 
@@ -62,7 +62,7 @@ def trainer_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_trainer_run_is_imported_and_analyzed_with_no_code(trainer_run: Path, tmp_path: Path) -> None:
     store_path = tmp_path / "gpt2.zarr"
-    imported = run_ckpt("import", str(trainer_run), str(store_path))
+    imported = invoke_ckpt("import", str(trainer_run), str(store_path))
     assert imported.returncode == 0, imported.stderr
     store = ckptstore.open(store_path)
     assert [int(s) for s in store.steps] == [2, 4, 6]
@@ -77,9 +77,9 @@ def test_a_trainer_run_is_imported_and_analyzed_with_no_code(trainer_run: Path, 
 
     ids = token_ids(16, seed=1)
     np.save(tmp_path / "ids.npy", ids)
-    added = run_ckpt("data", "add", str(store_path), "eval", "--inputs", str(tmp_path / "ids.npy"))
+    added = invoke_ckpt("data", "add", str(store_path), "eval", "--inputs", str(tmp_path / "ids.npy"))
     assert added.returncode == 0, added.stderr
-    analyzed = run_ckpt("analyze", "loss", str(store_path), "--no-progress")
+    analyzed = invoke_ckpt("analyze", "loss", str(store_path), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
     loss = ckptstore.open(store_path).analysis("loss").load()
     assert loss.sizes["datapoint"] == 16 * (LENGTH - 1), "every token but the first is predicted"
@@ -96,7 +96,7 @@ def test_a_trainer_run_is_imported_and_analyzed_with_no_code(trainer_run: Path, 
         ("grad-norms", ()),
         ("polca", ("--every", "2", "--samples", "8", "--second-order", "none")),
     ):
-        result = run_ckpt("analyze", analyzer, str(store_path), *options, "--no-progress")
+        result = invoke_ckpt("analyze", analyzer, str(store_path), *options, "--no-progress")
         assert result.returncode == 0, result.stderr
     grads = ckptstore.open(store_path).analysis("grad-norms")
     assert np.isfinite(grads["total_grad_norm"].values).all()
@@ -153,7 +153,7 @@ def test_lightning_checkpoints_are_imported_at_their_own_global_step(tmp_path: P
     names = sorted(p.name for p in folder.iterdir())
     assert names[0].startswith("model-step=000005-train_loss=") and names[0].endswith(".ckpt"), names
     store_path = tmp_path / "run.zarr"
-    imported = run_ckpt("import", str(folder), str(store_path))
+    imported = invoke_ckpt("import", str(folder), str(store_path))
     assert imported.returncode == 0, imported.stderr
     store = ckptstore.open(store_path)
     assert [int(s) for s in store.steps] == [5, 10, 15, 20], "the global_step in each file, in order"
@@ -197,7 +197,7 @@ def test_ambiguous_names_are_not_guessed_and_skipped_files_are_named(tmp_path: P
     (folder / "notes.txt").write_text("lr 0.1")
     (folder / "hparams.yaml").write_text("lr: 0.1")
     before = tree_digest(folder)
-    result = run_ckpt("import", str(folder), str(tmp_path / "b.zarr"))
+    result = invoke_ckpt("import", str(folder), str(tmp_path / "b.zarr"))
     assert result.returncode == 0, result.stderr
     assert [int(s) for s in ckptstore.open(tmp_path / "b.zarr").steps] == [100, 200]
     assert "Warning: skipped 2 files that are not torch checkpoints: hparams.yaml, notes.txt" in result.stderr
@@ -217,8 +217,8 @@ def test_text_data_is_added_with_the_run_s_tokenizer(trainer_run: Path, tmp_path
     (tmp_path / "text.txt").write_text("\n".join(lines))
 
     store_path = tmp_path / "gpt2.zarr"
-    assert run_ckpt("import", str(trainer_run), str(store_path)).returncode == 0
-    added = run_ckpt(
+    assert invoke_ckpt("import", str(trainer_run), str(store_path)).returncode == 0
+    added = invoke_ckpt(
         "data", "add", str(store_path), "text", "--text", str(tmp_path / "text.txt"),
         "--tokenizer", str(tmp_path / "tokenizer"), "--length", "8",
     )  # fmt: skip
@@ -226,7 +226,7 @@ def test_text_data_is_added_with_the_run_s_tokenizer(trainer_run: Path, tmp_path
     data = ckptstore.open(store_path).data("text")
     assert list(data["text"].values) == [lines[0], lines[2]], "one example per non-empty line"
     assert data["mask"].values.sum(axis=1).tolist() == [8, 4], "truncated to --length, padding masked out"
-    analyzed = run_ckpt("analyze", "loss", str(store_path), "--split", "text", "--no-progress")
+    analyzed = invoke_ckpt("analyze", "loss", str(store_path), "--split", "text", "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
     loss = ckptstore.open(store_path).analysis("loss")
     assert loss.sizes["datapoint"] == (8 - 1) + (4 - 1), "every kept token but each line's first"
@@ -280,7 +280,7 @@ def test_the_trainer_callback_writes_a_store_while_training(tmp_path: Path) -> N
     metrics = store.metrics
     for step in (1, 2, 3, 4, 5):
         np.testing.assert_allclose(float(metrics["loss"].sel(step=step)), logged[step]["loss"])
-    analyzed = run_ckpt("analyze", "loss", str(store_path), "--no-progress")
+    analyzed = invoke_ckpt("analyze", "loss", str(store_path), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
     final = ckptstore.open(store_path).analysis("loss")["mean_loss"].sel(step=5)
     with torch.no_grad():

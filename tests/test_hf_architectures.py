@@ -18,7 +18,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.errors import ImportFormatError, ModelConfigError
 from ckpt.store.importers import HF_FACTORY, import_checkpoints
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt, run_ckpt
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -100,7 +100,7 @@ def own_token_losses(model: Any, ids: np.ndarray) -> np.ndarray:
 
 
 def ok(*args: str) -> str:
-    done = run_ckpt(*args)
+    done = invoke_ckpt(*args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

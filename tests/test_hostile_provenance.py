@@ -15,7 +15,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
-from tests.helpers import run_ckpt, set_provenance, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, set_provenance, tree_digest
 
 pytestmark = pytest.mark.slow  # a few ckpt processes per hostile record
 
@@ -91,7 +91,7 @@ def test_a_result_whose_provenance_claims_other_steps_is_computed_anew(
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert f"where its provenance claims {steps}: it is computed anew" in result.stderr, result.stderr
     assert "computed 3 step(s), reused 0 stored" in result.stdout, result.stdout
-    assert run_ckpt("verify", str(store)).returncode == 0
+    assert invoke_ckpt("verify", str(store)).returncode == 0
     fresh, stored = ckptstore.open(base).analysis("loss"), ckptstore.open(store).analysis("loss")
     assert stored.ckpt.steps == [0, 1, 2]
     assert (fresh["loss"].values == stored["loss"].values).all()
@@ -103,7 +103,7 @@ def test_verify_accepts_a_per_run_result_that_holds_some_of_its_steps(tmp_path: 
     result = run("lca", store, progress=False).dataset
     assert result is not None and [int(s) for s in result["step"].values] == [0, 1]
     assert result.ckpt.steps == [0, 1, 2]
-    verified = run_ckpt("verify", str(store))
+    verified = invoke_ckpt("verify", str(store))
     assert verified.returncode == 0, verified.stdout + verified.stderr
     again = run("lca", store, progress=False)
     assert again.computed_steps == [], "and the engine reuses it"

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.helpers import CKPT, run_ckpt, tiny_gpt2
+from tests.helpers import CKPT, invoke_ckpt, run_ckpt, tiny_gpt2
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -110,7 +110,7 @@ def cache_state(root: Path) -> dict[str, str]:
 
 
 def import_events(store: Path) -> list[dict]:
-    shown = run_ckpt("info", str(store), "--json", "--no-finite-check")
+    shown = invoke_ckpt("info", str(store), "--json", "--no-finite-check")
     assert shown.returncode == 0, shown.stderr
     return [e for e in json.loads(shown.stdout)["history"] if e["event"] == "import"]
 
@@ -148,20 +148,20 @@ def test_a_suite_imports_one_checkpoint_per_step_branch_and_is_analyzed(cache: P
     events = import_events(store)
     assert [(e["step"], e["revision"], e["commit"]) for e in events] == [(s, f"step{s}", commits[s]) for s in commits]
     assert all(e["source"] == "hf://org/tiny" and e["files"] == ["model.safetensors"] for e in events)
-    plain = run_ckpt("info", str(store), "--no-finite-check")
+    plain = invoke_ckpt("info", str(store), "--no-finite-check")
     listed = "imported     from hf://org/tiny, 4 revision(s) (step0 .. step4; --json lists each one's commit)"
     assert listed in plain.stdout, plain.stdout
-    source = json.loads(run_ckpt("info", str(store), "--json", "--no-finite-check").stdout)["source"]
+    source = json.loads(invoke_ckpt("info", str(store), "--json", "--no-finite-check").stdout)["source"]
     assert source["revisions"] == [{"step": s, "revision": f"step{s}", "commit": commits[s]} for s in commits]
     assert cache_state(cache) == before, "the cache holds what it held: nothing was downloaded, nothing removed"
-    verified = run_ckpt("verify", str(store))
+    verified = invoke_ckpt("verify", str(store))
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
     ids = np.random.default_rng(1).integers(0, VOCAB, (6, LENGTH))
     np.save(tmp_path / "ids.npy", ids)
-    added = run_ckpt("data", "add", str(store), "eval", "--inputs", str(tmp_path / "ids.npy"))
+    added = invoke_ckpt("data", "add", str(store), "eval", "--inputs", str(tmp_path / "ids.npy"))
     assert added.returncode == 0, added.stderr
-    analyzed = run_ckpt("analyze", "loss", str(store), "--no-progress")
+    analyzed = invoke_ckpt("analyze", "loss", str(store), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
     loss = ckptstore.open(store).analysis("loss").load()
     for step, commit in commits.items():  # the model's own loss, from the revision's files
@@ -276,7 +276,7 @@ def test_an_import_killed_between_revisions_is_completed_by_a_rerun(cache: Path,
     assert "importing 2 revision(s)" in resumed.stdout and "1 already in" in resumed.stdout
     assert [int(s) for s in ckptstore.open(store).steps] == [0, 1, 2]
     assert [e["step"] for e in import_events(store)] == [0, 1, 2]
-    verified = run_ckpt("verify", str(store))
+    verified = invoke_ckpt("verify", str(store))
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 

@@ -21,7 +21,7 @@ from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition, build_model
 from ckpt.store.importers import import_checkpoints
 from ckpt.store.lineage import Parent, parent_status
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -98,11 +98,11 @@ def test_ckpt_info_shows_the_lineage(parent: Path, tmp_path: Path) -> None:
     child = tmp_path / "child.zarr"
     run(child, steps=5, every=5, init_from=f"{parent}@10")
     digest = ckptstore.open(parent).checkpoint_digest(10)
-    done = run_ckpt("info", str(child), "--no-finite-check", "--tensors", "0")
+    done = invoke_ckpt("info", str(child), "--no-finite-check", "--tensors", "0")
     assert done.returncode == 0, done.stderr
     assert f"parent       {parent} at step 10 (checkpoint digest {digest})" in done.stdout
     assert "OK: reachable, checkpoint digest matches" in done.stdout
-    as_json = json.loads(run_ckpt("info", str(child), "--json", "--no-finite-check").stdout)
+    as_json = json.loads(invoke_ckpt("info", str(child), "--json", "--no-finite-check").stdout)
     assert as_json["parent"] == {"path": str(parent), "step": 10, "digest": digest, "grown": []}
     assert as_json["parent_status"]["state"] == "matches"
 
@@ -111,7 +111,7 @@ def test_stores_without_lineage_still_read(small_store: Path) -> None:
     store = ckptstore.open(small_store)
     assert store.parent is None
     assert store.info()["parent"] is None
-    done = run_ckpt("info", str(small_store), "--no-finite-check")
+    done = invoke_ckpt("info", str(small_store), "--no-finite-check")
     assert done.returncode == 0, done.stderr
     assert "parent" not in done.stdout
 
@@ -197,13 +197,13 @@ def test_a_changed_or_lost_parent_is_reported_never_taken(parent: Path, tmp_path
     run(child, steps=5, every=5, init_from=f"{copy}@10")
     shutil.rmtree(copy)
     run(copy, seed=1)  # the parent's path now holds another run, with other weights at step 10
-    done = run_ckpt("info", str(child), "--no-finite-check")
+    done = invoke_ckpt("info", str(child), "--no-finite-check")
     assert done.returncode == 0, done.stderr
     assert "WARNING: the parent's checkpoint digest no longer matches" in done.stdout
     with pytest.raises(AnalysisError, match="no longer matches"):
         ckpt.analyze_runs("loss", [child], lineage=True, progress=False)
     shutil.rmtree(copy)
-    done = run_ckpt("info", str(child), "--no-finite-check")
+    done = invoke_ckpt("info", str(child), "--no-finite-check")
     assert "WARNING: parent not reachable" in done.stdout
 
 
@@ -221,7 +221,7 @@ def test_parent_and_child_as_one_trajectory(parent: Path, tmp_path: Path) -> Non
     # the child's step 0 holds the parent's weights at step 10: the same losses, bit for bit
     np.testing.assert_array_equal(alone[child].sel(step=0).values, alone[parent].sel(step=10).values)
     out = tmp_path / "lineage.png"
-    done = run_ckpt("plot", str(child), "loss", "--with-parent", "--out", str(out))
+    done = invoke_ckpt("plot", str(child), "loss", "--with-parent", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert out.stat().st_size > 0
 
@@ -233,7 +233,7 @@ def test_a_trajectory_over_other_data_or_without_a_parent_result_is_refused(pare
         ckpt.analyze_runs("loss", [child], lineage=True, progress=False)
     copy = tmp_path / "bare.zarr"
     shutil.copytree(parent, copy)
-    assert run_ckpt("rm", str(copy), "loss").returncode == 0
+    assert invoke_ckpt("rm", str(copy), "loss").returncode == 0
     other = tmp_path / "other.zarr"
     run(other, steps=5, every=5, init_from=str(copy))
     ckpt.analyze("loss", str(other), progress=False)
@@ -244,7 +244,7 @@ def test_a_trajectory_over_other_data_or_without_a_parent_result_is_refused(pare
 
 # -- d > 2 -------------------------------------------------------------------------------------------------------
 def test_dim_is_an_option_and_d4_runs_are_analyzed(tmp_path: Path) -> None:
-    done = run_ckpt("train", "sparse-modular-addition", "--help")
+    done = invoke_ckpt("train", "sparse-modular-addition", "--help")
     assert "--dim" in done.stdout
     path = tmp_path / "d4.zarr"
     store = run(path, dim=4)
@@ -256,7 +256,7 @@ def test_dim_is_an_option_and_d4_runs_are_analyzed(tmp_path: Path) -> None:
     sparsity = ckpt.analyze("sparsity", str(path), modules="mlp.fc1", progress=False)
     assert np.isfinite(sparsity["sparsity"].values).all()
     for name in ("embedding-geometry", "sparsity"):
-        done = run_ckpt("plot", str(path), name, "--out", str(tmp_path / f"{name}.png"))
+        done = invoke_ckpt("plot", str(path), name, "--out", str(tmp_path / f"{name}.png"))
         assert done.returncode == 0, done.stderr
-    done = run_ckpt("animate", str(path), "--out", str(tmp_path / "d4.gif"))
+    done = invoke_ckpt("animate", str(path), "--out", str(tmp_path / "d4.gif"))
     assert done.returncode == 0, done.stderr

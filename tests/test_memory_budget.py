@@ -33,7 +33,7 @@ from ckpt.numerics.derivatives import parameter_space
 from ckpt.numerics.lanczos import lanczos_bytes
 from ckpt.plugins import AnalysisContext, AnalysisError, load_registry
 from ckpt.plugins.testing import write_example_run
-from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest, write_gpt2_run
 
 CHILD = Path(__file__).with_name("memory_child.py")
 MiB = 2**20
@@ -78,7 +78,7 @@ def test_the_budget_is_honoured_under_an_address_space_limit(gpt2_store: Path) -
     assert honoured.returncode == 0, honoured.stderr
     bounded = ckptstore.open(gpt2_store).analysis("hessian-basis").load()
     # the same search with room to spare (no limit, kept graphs, no restarts) finds the same eigenpair
-    free = run_ckpt(*args, "--force", "--max-memory", "8GiB", timeout=600)
+    free = invoke_ckpt(*args, "--force", "--max-memory", "8GiB")
     assert free.returncode == 0, free.stderr
     unbounded = ckptstore.open(gpt2_store).analysis("hessian-basis").load()
     np.testing.assert_allclose(bounded["eigenvalue"].values, unbounded["eigenvalue"].values, rtol=1e-5)

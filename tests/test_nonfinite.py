@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ckpt.store as ckptstore
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt, run_ckpt
 from tests.models import mlp
 
 
@@ -46,24 +46,24 @@ def _lines(text: str) -> list[str]:
 
 
 def test_verify_and_info_name_the_tensors_and_steps(poisoned: Path) -> None:
-    verified = run_ckpt("verify", str(poisoned))
+    verified = invoke_ckpt("verify", str(poisoned))
     assert verified.returncode == 0, verified.stderr  # what was written, intact: not corruption
     (warning,) = _lines(verified.stderr)
     assert warning.startswith(f"Warning: {poisoned} holds non-finite weights") and all(n in warning for n in NAMED)
-    skipped = run_ckpt("verify", str(poisoned), "--no-finite-check")
+    skipped = invoke_ckpt("verify", str(poisoned), "--no-finite-check")
     assert skipped.returncode == 0 and skipped.stderr == ""
 
-    shown = run_ckpt("info", str(poisoned))
+    shown = invoke_ckpt("info", str(poisoned))
     assert shown.returncode == 0, shown.stderr
     (weights,) = [line for line in shown.stdout.splitlines() if line.strip().startswith("weights")]
     assert "NaN or inf at 1 checkpoint(s)" in weights and all(n in weights for n in NAMED)
-    fast = run_ckpt("info", str(poisoned), "--no-finite-check")
+    fast = invoke_ckpt("info", str(poisoned), "--no-finite-check")
     assert "weights      not checked (--no-finite-check)" in fast.stdout
 
 
 @pytest.mark.parametrize("analyzer", ["loss", "grad-norms"])
 def test_the_engine_warns_once_naming_the_result_variables_and_steps(poisoned: Path, analyzer: str) -> None:
-    result = run_ckpt("analyze", analyzer, str(poisoned), "--no-progress")
+    result = invoke_ckpt("analyze", analyzer, str(poisoned), "--no-progress")
     assert result.returncode == 0, result.stderr
     warnings = _lines(result.stderr)
     assert len(warnings) == 1, result.stderr
@@ -74,9 +74,9 @@ def test_the_engine_warns_once_naming_the_result_variables_and_steps(poisoned: P
 def test_a_finite_run_gets_no_warning(tmp_path: Path) -> None:
     store = _run(tmp_path / "ok.zarr", poisoned=False)
     for command in (["verify"], ["analyze", "loss"], ["analyze", "grad-norms"]):
-        result = run_ckpt(*command, str(store), *(["--no-progress"] if command[0] == "analyze" else []))
+        result = invoke_ckpt(*command, str(store), *(["--no-progress"] if command[0] == "analyze" else []))
         assert result.returncode == 0 and result.stderr == "", (command, result.stderr)
-    assert "weights      all finite" in run_ckpt("info", str(store)).stdout
+    assert "weights      all finite" in invoke_ckpt("info", str(store)).stdout
 
 
 def test_hessian_basis_names_the_checkpoint_whose_weights_are_not_finite(poisoned: Path) -> None:

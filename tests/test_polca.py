@@ -36,7 +36,7 @@ from ckpt.plugins import (
     parameter_space,
 )
 from ckpt.plugins.testing import write_example_run
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 from tests.models import mlp
 
 pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
@@ -438,13 +438,13 @@ def test_cli_polca_computes_the_basis_first_and_rejects_bad_input(store: Path) -
         assert "Traceback" not in done.stderr
         assert words in done.stderr, done.stderr
         assert tree_digest(store) == before
-    done = run_ckpt("analyze", "polca", str(store), "--every", "2", "--no-progress", timeout=300)
+    done = invoke_ckpt("analyze", "polca", str(store), "--every", "2", "--no-progress")
     assert done.returncode == 0, done.stderr
     assert "hessian-basis: computed" in done.stdout
     assert "polca: computed 3 step(s)" in done.stdout
-    shown = run_ckpt("show", str(store), "polca")
+    shown = invoke_ckpt("show", str(store), "polca")
     assert shown.returncode == 0 and "explained by the basis" in shown.stdout
-    shown = run_ckpt("show", str(store), "hessian-basis")
+    shown = invoke_ckpt("show", str(store), "hessian-basis")
     assert shown.returncode == 0 and "eigenvalue" in shown.stdout
 
 

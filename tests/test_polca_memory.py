@@ -18,7 +18,7 @@ import ckpt.store as ckptstore
 from ckpt.analyzers.polca import CPU_TOKEN_VECTORS, PASS_PEAK, PassCost, plan_basis, plan_passes
 from ckpt.numerics.footprint import peak_bytes
 from ckpt.plugins import AnalysisError
-from tests.helpers import run_ckpt, tree_digest, write_gpt2_run
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest, write_gpt2_run
 from tests.test_memory_budget import error_lines, limited
 
 pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
@@ -32,7 +32,7 @@ POLCA = ("--basis", "random-basis", "--second-order", "exact", "--scheduler", "s
 def gpt2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two checkpoints, 32 eval sequences of 48 tokens and a stored random basis of 8 vectors."""
     store = write_gpt2_run(tmp_path_factory.mktemp("gpt2-polca"), checkpoints=2, sequences=32, length=48)
-    done = run_ckpt("analyze", "random-basis", str(store), "--vectors", str(VECTORS), "--no-progress")
+    done = invoke_ckpt("analyze", "random-basis", str(store), "--vectors", str(VECTORS), "--no-progress")
     assert done.returncode == 0, done.stderr
     return store
 
@@ -55,14 +55,14 @@ def test_a_small_budget_gives_the_same_numbers_in_smaller_passes(gpt2_store: Pat
     shutil.copytree(gpt2_store, other)
     # first order: the second order's passes run the same code, at three times the cost
     first = (*POLCA, "--second-order", "none", "--progress")
-    roomy = run_ckpt("analyze", "polca", str(gpt2_store), *first, "--max-memory", "16GiB", timeout=300)
+    roomy = invoke_ckpt("analyze", "polca", str(gpt2_store), *first, "--max-memory", "16GiB")
     assert roomy.returncode == 0, roomy.stderr
     # on the CPU a language model's pass holds at most CPU_TOKEN_VECTORS tokens x vectors (48 a sequence)
     assert planned_passes(roomy.stderr) == {(CPU_TOKEN_VECTORS // (48 * VECTORS), VECTORS)}
     # 100 MiB: the split head (ckpt.numerics._head) makes no logits' tangents, and 150 MiB fits a pass of
     # 8 examples x 6 vectors, more than the roomy plan's 5 x 8 once the token bound caps that. At 100 MiB
     # the 8 vectors (54 MB) held would leave small passes: each pass reads its own (plan_basis)
-    tight = run_ckpt("analyze", "polca", str(other), *first, "--max-memory", "100MiB", timeout=300)
+    tight = invoke_ckpt("analyze", "polca", str(other), *first, "--max-memory", "100MiB")
     assert tight.returncode == 0, tight.stderr
     assert "basis read per pass" in tight.stderr
     plans = planned_passes(tight.stderr)
@@ -77,14 +77,14 @@ def test_a_small_budget_gives_the_same_numbers_in_smaller_passes(gpt2_store: Pat
 def test_a_basis_larger_than_the_budget_is_read_a_pass_of_vectors_at_a_time(gpt2_store: Path, tmp_path: Path) -> None:
     """24 random vectors (163 MB) cannot be held in 150 MiB: each pass reads its own, with the same numbers."""
     other = tmp_path / "other.zarr"
-    done = run_ckpt("analyze", "random-basis", str(gpt2_store), "--vectors", "24", "--force", "--no-progress")
+    done = invoke_ckpt("analyze", "random-basis", str(gpt2_store), "--vectors", "24", "--force", "--no-progress")
     assert done.returncode == 0, done.stderr
     shutil.copytree(gpt2_store, other)
     first = (*POLCA, "--second-order", "none", "--progress")
-    held = run_ckpt("analyze", "polca", str(gpt2_store), *first, "--max-memory", "16GiB", timeout=300)
+    held = invoke_ckpt("analyze", "polca", str(gpt2_store), *first, "--max-memory", "16GiB")
     assert held.returncode == 0, held.stderr
     assert "basis held" in held.stderr and "basis read per pass" not in held.stderr
-    read = run_ckpt("analyze", "polca", str(other), *first, "--max-memory", "150MiB", timeout=300)
+    read = invoke_ckpt("analyze", "polca", str(other), *first, "--max-memory", "150MiB")
     assert read.returncode == 0, read.stderr
     assert "basis read per pass" in read.stderr and "basis held" not in read.stderr
     roomy = ckptstore.open(gpt2_store).analysis("polca").load()
@@ -131,8 +131,8 @@ def test_lca_plans_its_passes_with_its_dense_directions(gpt2_store: Path, tmp_pa
     other = tmp_path / "other.zarr"
     shutil.copytree(gpt2_store, other)
     lca = ("--parameters", "6", "--scheduler", "sync", "--no-progress")
-    assert run_ckpt("analyze", "lca", str(gpt2_store), *lca, "--max-memory", "16GiB", timeout=300).returncode == 0
-    tight = run_ckpt("analyze", "lca", str(other), *lca, "--max-memory", "150MiB", timeout=300)
+    assert invoke_ckpt("analyze", "lca", str(gpt2_store), *lca, "--max-memory", "16GiB").returncode == 0
+    tight = invoke_ckpt("analyze", "lca", str(other), *lca, "--max-memory", "150MiB")
     assert tight.returncode == 0, tight.stderr
     roomy, bounded = (ckptstore.open(p).analysis("lca").load() for p in (gpt2_store, other))
     for name in ("first_order", "lca"):

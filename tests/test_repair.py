@@ -15,7 +15,7 @@ import pytest
 import ckpt
 import ckpt.store as ckptstore
 from ckpt.engine.pipeline import run
-from tests.helpers import make_tensors, run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, make_tensors, run_ckpt, tree_digest
 
 
 @pytest.fixture
@@ -35,9 +35,9 @@ def _tensors(path: Path) -> dict[int, dict[str, np.ndarray]]:
 
 
 def _repair(path: Path) -> list[str]:
-    result = run_ckpt("repair", str(path))
+    result = invoke_ckpt("repair", str(path))
     assert result.returncode == 0, result.stderr
-    assert run_ckpt("verify", str(path)).returncode == 0
+    assert invoke_ckpt("verify", str(path)).returncode == 0
     return result.stdout.splitlines()
 
 
@@ -123,7 +123,7 @@ def test_a_damaged_result_is_dropped_and_the_checkpoints_kept(mlp_store: Path) -
 def test_a_sound_store_is_left_as_it_was_but_for_the_history_event(mlp_store: Path) -> None:
     ckpt.analyze("loss", mlp_store)
     before = {k: v for k, v in tree_digest(mlp_store).items() if k != "zarr.json"}
-    result = run_ckpt("repair", str(mlp_store))
+    result = invoke_ckpt("repair", str(mlp_store))
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{mlp_store}: 6 committed checkpoints; nothing damaged or uncommitted found\n"
     assert {k: v for k, v in tree_digest(mlp_store).items() if k != "zarr.json"} == before
@@ -148,5 +148,5 @@ def test_a_result_covering_a_step_that_is_not_a_committed_checkpoint_fails_verif
     lines = _repair(logged_store)
     assert "  dropped analysis 'toy' (covers step(s) 60, which are not committed checkpoints)" in lines
     assert ckptstore.open(logged_store).analyses == []
-    again = run_ckpt("repair", str(logged_store))
+    again = invoke_ckpt("repair", str(logged_store))
     assert again.stdout.endswith("6 committed checkpoints; nothing damaged or uncommitted found\n")

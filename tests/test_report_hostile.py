@@ -21,7 +21,7 @@ import pytest
 import ckpt.store as ckptstore
 from ckpt.engine.pipeline import run
 from ckpt.plugins.examples import EXAMPLE_FACTORY, mlp
-from tests.helpers import run_ckpt, set_provenance
+from tests.helpers import invoke_ckpt, run_ckpt, set_provenance
 
 pytestmark = pytest.mark.slow  # trains a tiny run, analyzes it, and opens its report in a browser
 
@@ -191,5 +191,5 @@ def test_a_store_folder_whose_name_is_not_utf8_is_reported(tmp_path: Path) -> No
     assert seen.console_errors == []
     assert seen.images and all(image["loaded"] for image in seen.images), seen.images
     assert seen.slider_steps == ["step 0", "step 3"] and seen.slider_frames[0] != seen.slider_frames[1]
-    animated = run_ckpt("animate", str(store), "--out", str(tmp_path / "run.gif"), "--frames", "2")
+    animated = invoke_ckpt("animate", str(store), "--out", str(tmp_path / "run.gif"), "--frames", "2")
     assert animated.returncode == 0, animated.stderr

@@ -19,7 +19,7 @@ import pytest
 
 import ckpt
 from ckpt.analyzers.figures.report import POLICY
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt
 from tests.test_trajectory import train, write
 
 STEPS = [0, 1, 2, 4, 8, *range(12, 120, 6)]
@@ -42,7 +42,7 @@ def planted_store(path: Path) -> Path:
 
 def report_of(store: Path, out: Path, *options: str) -> tuple[str, list[str]]:
     """The page ``ckpt report`` wrote, and its ``Warning:`` lines (nothing else may reach stderr)."""
-    done = run_ckpt("report", str(store), "--out", str(out), *options)
+    done = invoke_ckpt("report", str(store), "--out", str(out), *options)
     assert done.returncode == 0, done.stderr
     warnings = [line for line in done.stderr.splitlines() if line.startswith("Warning:")]
     assert len(warnings) == len(done.stderr.splitlines()), done.stderr

@@ -21,7 +21,7 @@ from ckpt.errors import CorruptChunkError, MissingDataError, StoreLockedError
 from ckpt.plugins import PER_PAIR, AnalysisContext, AnalysisError, Analyzer, Option, PluginWarning, load_registry
 from ckpt.store.format import TOP_LEVEL_GROUPS
 from ckpt.store.results import result_lock, store_lock, write_analysis
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 
 # --------------------------------------------------------------------------- files gone
 
@@ -35,7 +35,7 @@ def test_a_hand_deleted_result_is_missing_not_nan(mlp_store: Path) -> None:
     assert shown.returncode == 1
     assert shown.stderr.startswith("Error: analysis 'loss'") and "ckpt rm" in shown.stderr
     assert "nan" not in shown.stdout.lower()
-    again = run_ckpt("analyze", "loss", str(mlp_store), "--no-progress")
+    again = invoke_ckpt("analyze", "loss", str(mlp_store), "--no-progress")
     assert again.returncode == 0, again.stderr
     assert "loss: computed 6 step(s), reused 0 stored" in again.stdout
     np.testing.assert_array_equal(ckptstore.open(mlp_store).analysis("loss")["loss"].values, first["loss"].values)
@@ -53,7 +53,7 @@ def test_a_result_missing_one_variable_is_refused_and_recomputed(mlp_store: Path
 
 def test_rm_deletes_a_result_and_says_what_it_did(mlp_store: Path) -> None:
     ckpt.analyze("loss", mlp_store)
-    removed = run_ckpt("rm", str(mlp_store), "loss")
+    removed = invoke_ckpt("rm", str(mlp_store), "loss")
     assert removed.returncode == 0, removed.stderr
     assert removed.stdout.strip() == f"removed analyses/loss from {mlp_store}"
     assert "loss" not in ckptstore.open(mlp_store).analyses
@@ -68,7 +68,7 @@ def test_rm_deletes_a_result_and_says_what_it_did(mlp_store: Path) -> None:
 def test_rm_clears_a_result_whose_files_were_deleted_by_hand(mlp_store: Path) -> None:
     ckpt.analyze("loss", mlp_store)
     shutil.rmtree(mlp_store / "analyses" / "loss")
-    assert run_ckpt("rm", str(mlp_store), "loss").returncode == 0
+    assert invoke_ckpt("rm", str(mlp_store), "loss").returncode == 0
     assert ckptstore.open(mlp_store).analyses == []
 
 
@@ -370,7 +370,7 @@ def test_well_formed_options_register() -> None:
 def test_verify_names_results_whose_files_are_gone_or_whose_rows_disagree(mlp_store: Path) -> None:
     ckpt.analyze("loss", mlp_store)
     ckpt.analyze("grad-norms", mlp_store)
-    assert run_ckpt("verify", str(mlp_store)).returncode == 0
+    assert invoke_ckpt("verify", str(mlp_store)).returncode == 0
     shutil.rmtree(mlp_store / "analyses" / "grad-norms")
     verified = run_ckpt("verify", str(mlp_store))
     assert verified.returncode == 1
@@ -414,7 +414,7 @@ def test_every_chunk_of_a_result_is_bound_by_its_digest_also_across_appends(mlp_
     assert verified.returncode == 1 and f"variable 'loss': chunk {key}" in verified.stdout
     lost.write_bytes(saved)
     assert tree_digest(mlp_store) == before
-    assert run_ckpt("verify", str(mlp_store)).returncode == 0
+    assert invoke_ckpt("verify", str(mlp_store)).returncode == 0
 
 
 def test_chunk_digests_read_in_bounded_slabs_are_those_of_the_whole(mlp_store: Path, monkeypatch) -> None:

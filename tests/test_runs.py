@@ -12,7 +12,7 @@ import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.engine.worker import clear_cache
 from ckpt.plugins.testing import write_example_run
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 
 pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
 
@@ -58,7 +58,7 @@ def test_analyze_runs_stacks_results_with_the_run_settings_as_coordinates(runs: 
 
 def test_cli_analyzes_every_store_of_a_glob(runs: list[Path]) -> None:
     pattern = str(runs[0].parent / "wd1-*.zarr")
-    done = run_ckpt("analyze", "loss", pattern, str(runs[0]), "--no-progress")
+    done = invoke_ckpt("analyze", "loss", pattern, str(runs[0]), "--no-progress")
     assert done.returncode == 0, done.stderr
     for path in runs:
         assert f"{path}: loss: computed" in done.stdout

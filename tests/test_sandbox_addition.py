@@ -16,7 +16,7 @@ import ckpt.store as ckptstore
 from ckpt.sandboxes import TASKS
 from ckpt.sandboxes.addition import ANSWER_POSITIONS, Addition, build_model, split_arrays
 from ckpt.sandboxes.base import train
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt
 
 pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
 
@@ -197,9 +197,9 @@ def test_short_run_writes_a_store_the_cli_accepts(tmp_path: Path) -> None:
     eval_data = store.data("eval")
     assert eval_data.attrs["datapoints"] == 5000 and eval_data.attrs["labels"] == ["carry", "place"]
 
-    info = run_ckpt("info", str(path))
+    info = invoke_ckpt("info", str(path))
     assert info.returncode == 0, info.stderr
-    analyzed = run_ckpt("analyze", "loss", str(path), "--no-progress")
+    analyzed = invoke_ckpt("analyze", "loss", str(path), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
 
     loss = ckptstore.open(path).analysis("loss")

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import ckpt.store as ckptstore
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.modular_addition import ModularAddition, ModularAdditionModel, build_model
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt
 
 pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
 
@@ -140,9 +140,9 @@ def test_short_run_writes_a_store_the_cli_accepts(task: ModularAddition, tmp_pat
     store = train(task, path, steps=60, every=20, seed=5, weight_decay=0.6)
     assert store.attrs["config"]["weight_decay"] == 0.6  # the option was applied to this run
     assert store.model.factory == "ckpt.sandboxes.modular_addition:build_model"
-    info = run_ckpt("info", str(path))
+    info = invoke_ckpt("info", str(path))
     assert info.returncode == 0, info.stderr
-    analyzed = run_ckpt("analyze", "loss", str(path), "--no-progress")
+    analyzed = invoke_ckpt("analyze", "loss", str(path), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
 
     store = ckptstore.open(path)

@@ -13,7 +13,7 @@ import ckpt.store as ckptstore
 from ckpt.errors import TaskError
 from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition, build_model
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -168,9 +168,9 @@ def test_short_run_writes_a_store_the_cli_reads(tmp_path: Path) -> None:
     for name in ("train_loss", "test_loss", "train_accuracy", "test_accuracy"):
         assert metrics[name].shape == (3,)
 
-    info = run_ckpt("info", str(path))
+    info = invoke_ckpt("info", str(path))
     assert info.returncode == 0, info.stderr
-    result = run_ckpt("analyze", "loss", str(path), "--no-progress")
+    result = invoke_ckpt("analyze", "loss", str(path), "--no-progress")
     assert result.returncode == 0, result.stderr
 
     stored = ckptstore.open(path).analysis("loss")

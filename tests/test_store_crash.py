@@ -16,7 +16,7 @@ import xarray as xr
 
 import ckpt.store as ckptstore
 from ckpt import errors
-from tests.helpers import make_tensors, run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, make_tensors, run_ckpt, tree_digest
 from tests.writer_process import checkpoint
 
 pytestmark = pytest.mark.slow  # crash trials: every file write of a store killed
@@ -156,7 +156,7 @@ def test_crash_leftovers_are_repaired_on_append(small_store: Path) -> None:
     assert (small_store / "checkpoints" / "embed.weight" / "c.3.0.0").exists()
     zarr.open_group(small_store / "data", mode="r+").create_group("half-written")
     assert ckptstore.open(small_store).steps.tolist() == [0, 10, 20]  # invisible to readers
-    result = run_ckpt("repair", str(small_store))
+    result = invoke_ckpt("repair", str(small_store))
     assert result.returncode == 0, result.stderr
     assert "  removed uncommitted data/half-written" in result.stdout.splitlines()
     assert not (small_store / "data" / "half-written").exists()

@@ -20,7 +20,7 @@ import ckpt
 import ckpt.store as ckptstore
 from ckpt.errors import StoreLinkError
 from ckpt.plugins.testing import write_example_run
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 
 MUTATING = (
     ("analyze", "loss", "@", "--no-progress", "--force"),
@@ -172,5 +172,5 @@ def test_a_store_replaced_through_the_users_link_is_replaced_where_the_link_poin
     assert report.dropped_steps == [2]
     assert os.path.islink(alias) and os.path.realpath(alias) == str(store.resolve())
     assert list(ckptstore.open(store).steps) == [0, 1, 3, 4, 5]
-    assert run_ckpt("verify", str(store)).returncode == 0
+    assert invoke_ckpt("verify", str(store)).returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [], "no staging copy left"

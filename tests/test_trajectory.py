@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 import ckpt
 from ckpt.plugins.testing import write_example_run
 from ckpt.store.trajectory import OUTLIER_RATIO, duplicate_steps, trajectory_distances
-from tests.helpers import run_ckpt
+from tests.helpers import invoke_ckpt, run_ckpt
 
 State = dict[str, torch.Tensor]
 
@@ -86,7 +86,7 @@ def test_a_clean_run_is_not_flagged(tmp_path: Path) -> None:
     assert np.nanmax(path.ratio) < 1.0  # far below k: the test has room
     example = ckpt.open(write_example_run(tmp_path / "example.zarr", steps=8))  # SGD, no frozen tensor
     assert duplicate_steps(example).groups == () and trajectory_distances(example).mislabeled == []
-    done = run_ckpt("verify", str(tmp_path / "run.zarr"), "--trajectory", "--json")
+    done = invoke_ckpt("verify", str(tmp_path / "run.zarr"), "--trajectory", "--json")
     assert done.returncode == 0 and warnings_of(done.stderr) == [], done.stderr
     report = json.loads(done.stdout)
     assert report["duplicates"] == {"checked": True, "groups": [], "identical_to_final": [], "partial": []}
@@ -146,17 +146,17 @@ def test_import_verify_and_info_name_duplicates(tmp_path: Path) -> None:
         save_file(states[2 if step == 6 else step], folder / "model.safetensors")
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     store = tmp_path / "run.zarr"
-    done = run_ckpt("import", str(src), str(store))
+    done = invoke_ckpt("import", str(src), str(store))
     assert done.returncode == 0, done.stderr
     (line,) = warnings_of(done.stderr)
     assert "steps 2 and 6 are identical" in line and str(store) in line
     for command in (["verify"], ["info"]):
-        done = run_ckpt(*command, str(store))
+        done = invoke_ckpt(*command, str(store))
         assert done.returncode == 0, done.stderr
         assert warnings_of(done.stderr) == [line], done.stderr
-    info = run_ckpt("info", str(store))
+    info = invoke_ckpt("info", str(store))
     assert "duplicates   WARNING: 1 group(s) of identical checkpoints" in info.stdout
-    summary = json.loads(run_ckpt("info", str(store), "--json").stdout)
+    summary = json.loads(invoke_ckpt("info", str(store), "--json").stdout)
     assert summary["duplicates"]["groups"] == [[2, 6]]
 
 
@@ -166,11 +166,11 @@ def test_a_safetensors_folder_with_the_final_model_as_a_step(tmp_path: Path) -> 
     src.mkdir()
     for step in range(0, 10, 3):
         save_file(states[9] if step == 3 else states[step], src / f"step_{step}.safetensors")
-    done = run_ckpt("import", str(src), str(tmp_path / "run.zarr"))
+    done = invoke_ckpt("import", str(src), str(tmp_path / "run.zarr"))
     assert done.returncode == 0, done.stderr
     (line,) = warnings_of(done.stderr)
     assert "step 3 is identical to the final checkpoint (step 9)" in line
-    clean = run_ckpt("info", str(tmp_path / "run.zarr"), "--json")
+    clean = invoke_ckpt("info", str(tmp_path / "run.zarr"), "--json")
     assert json.loads(clean.stdout)["duplicates"]["identical_to_final"] == [3]
 
 
@@ -185,7 +185,7 @@ def test_a_checkpoint_from_far_along_the_run_is_possibly_mislabeled(tmp_path: Pa
     # step 80's head.bias is the frozen phase's (steps 0 .. 60, with step 8 foreign in it): a copy, named
     (copy,) = duplicate_steps(ckpt.open(path)).partial
     assert (copy.step, copy.source, copy.tensors) == (80, 60, ("head.bias",))
-    done = run_ckpt("verify", str(path), "--trajectory", "--json")
+    done = invoke_ckpt("verify", str(path), "--trajectory", "--json")
     assert done.returncode == 0, done.stderr
     copied, line = warnings_of(done.stderr)  # one line from the record, one from the distances
     assert "step 80: 1 of 4 tensors that change along the run identical to step 60's" in copied
@@ -194,9 +194,9 @@ def test_a_checkpoint_from_far_along_the_run_is_possibly_mislabeled(tmp_path: Pa
     assert report["mislabeled"] == [8, 80] and report["k"] == OUTLIER_RATIO
     ratio = {row["step"]: row["ratio"] for row in report["steps"]}
     assert ratio[8] > OUTLIER_RATIO and ratio[4] < 1 and ratio[12] < 1  # the neighbours stay on the path
-    text = run_ckpt("verify", str(path), "--trajectory")
+    text = invoke_ckpt("verify", str(path), "--trajectory")
     assert "possibly mislabeled (> 2x)" in next(r for r in text.stdout.splitlines() if r.strip().startswith("80 "))
-    stricter = run_ckpt("verify", str(path), "--trajectory", "--json", "--outlier-ratio", f"{ratio[80] + 1}")
+    stricter = invoke_ckpt("verify", str(path), "--trajectory", "--json", "--outlier-ratio", f"{ratio[80] + 1}")
     assert json.loads(stricter.stdout)["trajectory"]["mislabeled"] == []
 
 
@@ -226,7 +226,7 @@ def test_distances_are_the_float64_distances_of_the_weights(tmp_path: Path) -> N
     spans = [np.linalg.norm(c - a) for a, c in zip(flat, flat[2:], strict=False)]
     np.testing.assert_allclose(found.span[1:-1], spans, rtol=1e-9)
     assert np.isnan(found.distance[0]) and np.isnan(found.cosine[[0, -1]]).all()
-    report = json.loads(run_ckpt("verify", str(path), "--trajectory", "--json").stdout)["trajectory"]
+    report = json.loads(invoke_ckpt("verify", str(path), "--trajectory", "--json").stdout)["trajectory"]
     np.testing.assert_allclose([r["distance"] for r in report["steps"][1:]], found.distance[1:], rtol=1e-12)
     assert report["steps"][0]["distance"] is None
 
@@ -253,9 +253,9 @@ def test_a_store_without_digests_is_said_unchecked(tmp_path: Path) -> None:
     store = tmp_path / "v1.zarr"
     shutil.copytree(Path(__file__).parent / "data" / "v0.1.0-modular-addition.zarr", store)
     assert not duplicate_steps(ckpt.open(store)).checked
-    shown = run_ckpt("info", str(store))
+    shown = invoke_ckpt("info", str(store))
     assert "duplicates   not checked (no digests: format v1)" in shown.stdout, shown.stdout + shown.stderr
-    assert json.loads(run_ckpt("info", str(store), "--json").stdout)["duplicates"]["checked"] is False
+    assert json.loads(invoke_ckpt("info", str(store), "--json").stdout)["duplicates"]["checked"] is False
 
 
 def test_a_damaged_tensor_is_an_error_and_its_distances_unknown(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.plugins.testing import write_example_run
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
 
 pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
 
@@ -46,7 +46,7 @@ def test_a_downgraded_store_with_damage_is_never_reported_verified(tmp_path: Pat
     assert "OK" not in verified.stdout
     assert "NOT verified" in verified.stdout and "4 checkpoint(s) have no digest" in verified.stdout
     assert f"ckpt upgrade {store}" in verified.stdout
-    analyzed = run_ckpt("analyze", "loss", str(store), "--no-progress")
+    analyzed = invoke_ckpt("analyze", "loss", str(store), "--no-progress")
     assert analyzed.returncode == 0, analyzed.stderr
     warnings = [line for line in analyzed.stderr.splitlines() if line.strip()]
     assert len(warnings) == 1 and warnings[0].startswith(f"Warning: {store} cannot be verified"), analyzed.stderr
@@ -61,21 +61,21 @@ def test_a_genuine_v1_store_says_so_and_upgrade_makes_it_verifiable(tmp_path: Pa
     verified = run_ckpt("verify", str(store))
     assert verified.returncode == EXIT_UNVERIFIED
     assert "3 checkpoint(s), 5 metric column(s), 1 result(s) have no digest" in verified.stdout, verified.stdout
-    allowed = run_ckpt("verify", str(store), "--allow-unverified")
+    allowed = invoke_ckpt("verify", str(store), "--allow-unverified")
     assert allowed.returncode == 0 and "NOT verified" in allowed.stdout
-    shown = run_ckpt("info", str(store))
+    shown = invoke_ckpt("info", str(store))
     assert "integrity    " in shown.stdout and "cannot be verified" in shown.stdout
     assert tree_digest(store) == before  # verify and info change nothing
 
-    upgraded = run_ckpt("upgrade", str(store))
+    upgraded = invoke_ckpt("upgrade", str(store))
     assert upgraded.returncode == 0, upgraded.stderr
     assert "format v1 -> v2" in upgraded.stdout and "3 checkpoint(s), 5 metric column(s)" in upgraded.stdout
     assert "1 result(s)" in upgraded.stdout
     opened = ckptstore.open(store)
     assert opened.format_version == 2 and opened.unverifiable_summary() is None
     assert opened.history[-1]["event"] == "upgrade" and "trust on first use" in opened.history[-1]["trust"]
-    assert run_ckpt("verify", str(store)).returncode == 0
-    again = run_ckpt("upgrade", str(store))
+    assert invoke_ckpt("verify", str(store)).returncode == 0
+    again = invoke_ckpt("upgrade", str(store))
     assert again.returncode == 0 and "nothing to do" in again.stdout
 
     # damage after the upgrade is caught, on every path
@@ -92,7 +92,7 @@ def test_an_upgraded_store_is_appended_to_as_v2(tmp_path: Path) -> None:
     tensors = ckptstore.open(store).tensors(last)
     with ckptstore.open(store, mode="a") as writer:
         writer.write(last + 10, {name: np.asarray(value) + 1 for name, value in tensors.items()}, metrics={"x": 1.0})
-    assert run_ckpt("verify", str(store)).returncode == 0
+    assert invoke_ckpt("verify", str(store)).returncode == 0
 
 
 def test_a_v2_record_that_lost_its_digests_is_an_error(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_a_v2_record_that_lost_its_digests_is_an_error(tmp_path: Path) -> None:
 def test_upgrade_of_a_v2_store_changes_nothing_and_waits_for_no_writer(tmp_path: Path) -> None:
     store = write_example_run(tmp_path / "run.zarr", steps=2, examples=8)
     before = tree_digest(store)
-    result = run_ckpt("upgrade", str(store))
+    result = invoke_ckpt("upgrade", str(store))
     assert result.returncode == 0 and "nothing to do" in result.stdout
     assert tree_digest(store) == before
     v1 = tmp_path / "v1.zarr"
