@@ -18,6 +18,7 @@ call supplies the checkpoint's tensors.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -39,10 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def utc_timestamp() -> str:
-    """Now, as the ``created`` of a result's provenance: ISO 8601 in UTC to the second (``...Z``).
-
-    The store's :func:`ckpt.store.provenance.utc_now`, which stamps every commit of a result.
-    """
+    """Now, as the ``created`` of a result's provenance (``...Z``): :func:`ckpt.store.provenance.utc_now`."""
     from ckpt.store.provenance import utc_now
 
     return utc_now()
@@ -106,8 +104,6 @@ _lent_lock = threading.Lock()
 
 
 def _store_key(where: str, storage_options: Mapping[str, Any] | None) -> tuple[str, str]:
-    import json
-
     return str(where), json.dumps(dict(storage_options or {}), sort_keys=True, default=str)
 
 
