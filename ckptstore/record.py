@@ -40,6 +40,7 @@ from ckpt.store.format import (
     STEP,
 )
 from ckpt.store.lineage import parent_problem
+from ckpt.store.provenance import STEPS
 
 MAX_RECORD_BYTES = 256 * 2**20
 """Largest ``zarr.json`` read (the root record of a 1,000-checkpoint, 150-tensor run is ~3 MB)."""
@@ -234,7 +235,7 @@ def validate_nodes(nodes: Any, where: str) -> dict[str, dict[str, Any]]:
         if not isinstance(node.get("attributes", {}).get(ROOT_ATTR, {}), dict):
             _fail(where, f"attributes.ckpt of {path!r}", node["attributes"][ROOT_ATTR], "an object")
         provenance = node.get("attributes", {}).get(ROOT_ATTR, {})
-        steps = provenance.get("steps", [])
+        steps = provenance.get(STEPS, [])  # checked whole by Provenance where a result is read
         if (
             path.count("/") == 1
             and path.startswith("analyses/")
