@@ -19,6 +19,7 @@ import base64
 import hashlib
 import html
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,8 @@ def _table(rows: list[tuple[str, Any]]) -> str:
     return f"<table>{cells}</table>"
 
 
-def _metadata(store: Any) -> list[tuple[str, Any]]:
+def metadata(store: Any) -> list[tuple[str, Any]]:
+    """The run's table: path, checkpoints, tensors, parameters, model spec, data splits and recorded settings."""
     steps = [int(s) for s in store.steps]
     attrs = store.attrs
     rows: list[tuple[str, Any]] = [
@@ -94,7 +96,8 @@ def _metadata(store: Any) -> list[tuple[str, Any]]:
     return rows
 
 
-def _metrics_figure(store: Any) -> bytes | None:
+def metrics_figure(store: Any) -> bytes | None:
+    """PNG of the metrics recorded during training (losses, others, learning rate), or None when there are none."""
     metrics = store.metrics
     names = list(metrics.data_vars)
     if not names:
@@ -235,10 +238,31 @@ def _readable(store: Any, registry: Any) -> tuple[dict[str, Any], dict[str, str]
     return results, refused
 
 
-def _analysis_section(
-    store: Any, name: str, result: Any, registry: Any, current_data: tuple[str, str]
-) -> tuple[str, list[str]]:
-    """The section of one stored result, and the problems met drawing it (also shown in the page)."""
+@dataclass
+class AnalysisParts:
+    """What the report (and ``ckpt serve``'s live page) shows of one stored result, as data, not HTML."""
+
+    rows: list[tuple[str, Any]]
+    """Its provenance table: analyzer, options, steps, when and by what it was computed."""
+    stale: bool
+    """The store's data or model changed after it was computed."""
+    analyzer: str
+    """The analyzer that computed it (what to rerun)."""
+    summary: str | None
+    """Its analyzer's text summary (None when the summary failed: see ``problems``)."""
+    figures: dict[str, Any]
+    """Its analyzer's figures by key (matplotlib Figures)."""
+    problems: list[str]
+    """What could not be drawn, and why (also printed by ``ckpt report``)."""
+
+
+def analysis_parts(store: Any, name: str, result: Any, registry: Any, current_data: tuple[str, str]) -> AnalysisParts:
+    """The table, summary and figures of one stored result, and the problems met drawing them.
+
+    ``current_data`` is the store's (data hash, model hash) now: a result computed on other data
+    or another model is marked stale.
+    """
+    from ckpt.engine.pipeline import stored_identity
     from ckpt.errors import CkptError
     from ckpt.plugins import Analyzer
 
@@ -246,11 +270,9 @@ def _analysis_section(
     record = result.ckpt
     analyzer_name = record.analyzer or name
     steps = record.steps
-    from ckpt.engine.pipeline import stored_identity
-
     identity = stored_identity(record.provenance, store, current_data[1])
     stale = identity["data_sha256"] not in (None, current_data[0]) or identity["model_sha256"] != current_data[1]
-    rows = [
+    rows: list[tuple[str, Any]] = [
         ("analyzer", f"{analyzer_name} v{record.version or '?'}"),
         ("options", json.dumps(record.options)),
         ("steps", f"{len(steps)} ({steps[0]} .. {steps[-1]})" if steps else "-"),
@@ -259,12 +281,6 @@ def _analysis_section(
     ]
     if record.requires:
         rows.append(("requires", ", ".join(record.requires)))
-    heading = f'<h2 id="{_text(name)}">{_text(name)}</h2>'
-    if stale:
-        heading += (
-            '<p class="stale">stale: the store\'s data or model changed after this result was computed; rerun '
-            f"<code>ckpt analyze {_text(analyzer_name)}</code></p>"
-        )
     cls = registry.analyzers.get(analyzer_name)
     analyzer = Analyzer()
     if cls is not None:
@@ -272,10 +288,10 @@ def _analysis_section(
             analyzer = cls(**record.options)
         except CkptError as exc:
             problems.append(f"{name}: its options do not fit the installed {analyzer_name} ({exc})")
-    body = [heading, _table(rows)]
     # lazy: each summary and figure reads what it draws (a paper-size POLCA result is gigabytes)
+    summary = None
     try:
-        body.append(f"<pre>{_text(analyzer.summarize(result))}</pre>")
+        summary = analyzer.summarize(result)
     except Exception as exc:  # a plugin's summary must not cost the whole report: shown, not hidden
         problems.append(f"{name}: its summary failed ({type(exc).__name__}: {exc})")
     try:
@@ -283,12 +299,29 @@ def _analysis_section(
     except Exception as exc:  # likewise: the failure is written in the report and printed
         problems.append(f"{name}: its figures failed ({type(exc).__name__}: {exc})")
         figures = {}
-    for key, figure in figures.items():
-        body.append(_image(png_bytes(figure), f"{name} {key}"))
     if cls is None:
         problems.append(f"{name}: analyzer {analyzer_name!r} is not installed: no summary or figures of its own")
-    body += [f'<p class="error">{_text(p)}</p>' for p in problems]
-    return "\n".join(body), problems
+    return AnalysisParts(rows, stale, analyzer_name, summary, dict(figures), problems)
+
+
+def _analysis_section(
+    store: Any, name: str, result: Any, registry: Any, current_data: tuple[str, str]
+) -> tuple[str, list[str]]:
+    """The section of one stored result, and the problems met drawing it (also shown in the page)."""
+    parts = analysis_parts(store, name, result, registry, current_data)
+    heading = f'<h2 id="{_text(name)}">{_text(name)}</h2>'
+    if parts.stale:
+        heading += (
+            '<p class="stale">stale: the store\'s data or model changed after this result was computed; rerun '
+            f"<code>ckpt analyze {_text(parts.analyzer)}</code></p>"
+        )
+    body = [heading, _table(parts.rows)]
+    if parts.summary is not None:
+        body.append(f"<pre>{_text(parts.summary)}</pre>")
+    for key, figure in parts.figures.items():
+        body.append(_image(png_bytes(figure), f"{name} {key}"))
+    body += [f'<p class="error">{_text(p)}</p>' for p in parts.problems]
+    return "\n".join(body), parts.problems
 
 
 def _side_by_side(store: Any, readable: dict[str, Any], registry: Any) -> tuple[str, list[str]]:
@@ -352,7 +385,7 @@ def write_report(where: str, out: str, registry: Any, *, trajectory: bool = True
         problems += found
     together, found = _side_by_side(store, readable, registry)
     problems += found
-    metrics = _metrics_figure(store)
+    metrics = metrics_figure(store)
     slider, found = _slider(store)
     path, drawn = _trajectory(store, trajectory)
     problems = found + drawn + problems
@@ -363,7 +396,7 @@ def write_report(where: str, out: str, registry: Any, *, trajectory: bool = True
         f'<meta http-equiv="Content-Security-Policy" content="{POLICY}">',
         f"<title>ckpt report: {_text(Path(where).name)}</title><style>{STYLE}</style></head><body>",
         f"<h1>ckpt report: {_text(Path(where).name)}</h1>",
-        _table(_metadata(store)),
+        _table(metadata(store)),
         _image(metrics, "metrics") if metrics else "<p>No metrics were recorded during training.</p>",
         slider,
         path,
@@ -376,4 +409,15 @@ def write_report(where: str, out: str, registry: Any, *, trajectory: bool = True
     return problems
 
 
-__all__ = ["POLICY", "SLIDER_FRAMES", "SLIDER_SCRIPT", "STYLE", "TRAJECTORY_ROWS", "write_report"]
+__all__ = [
+    "POLICY",
+    "SLIDER_FRAMES",
+    "SLIDER_SCRIPT",
+    "STYLE",
+    "TRAJECTORY_ROWS",
+    "AnalysisParts",
+    "analysis_parts",
+    "metadata",
+    "metrics_figure",
+    "write_report",
+]
