@@ -102,11 +102,11 @@ def cli() -> None:
 
 def _register_commands() -> None:
     # one module per command group; imported here, not at package import
-    from ckpt.cli import analyze, data, demo, info, io, plot, train
+    from ckpt.cli import analyze, data, demo, info, io, plot, serve, train
 
     commands = (info.info, info.verify, io.import_command, io.repair, io.upgrade, data.data, data.set_model)
     commands += (analyze.analyze, analyze.plugins_command, analyze.show, analyze.rm_command)
-    commands += (plot.plot_command, plot.report_command, plot.animate_command)
+    commands += (plot.plot_command, plot.report_command, plot.animate_command, serve.serve_command)
     commands += (train.train_command, demo.demo)
     for command in commands:
         cli.add_command(command)
