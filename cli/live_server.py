@@ -69,10 +69,12 @@ class Live:
         public = [{k: v for k, v in s.items() if not k.startswith("_")} for s in states]
         return {"stores": public, "overlays": overlays}
 
-    def section(self, index: int, section_id: str) -> Any:
+    def section(self, index: int, section_id: str, version: str | None = None) -> Any:
         """The drawn section (:class:`~ckpt.analyzers.figures.live.Rendered`), or None when there is none.
 
-        Drawn at most once per version: concurrent requests for one section wait for one drawing.
+        ``version`` is the one the page saw in the state: a section already drawn at it is not drawn
+        again (several pages, or a page reloaded), and concurrent requests for one section wait for one
+        drawing. Otherwise it is drawn from the store as it is now.
         """
         from ckpt.analyzers.figures.live import OVERLAID, render, render_overlay
 
@@ -80,6 +82,9 @@ class Live:
         with self._lock:
             lock = self._drawing.setdefault(key, threading.Lock())
         with lock:
+            for drawn in self._drawn.get(key, []):
+                if version is not None and drawn.payload["version"] == version:
+                    return drawn
             if index == OVERLAY:
                 analyzer = section_id.removeprefix("overlay-")
                 if analyzer not in OVERLAID:
@@ -139,13 +144,13 @@ def handler(live: Live, hosts: set[str] | None) -> type[BaseHTTPRequestHandler]:
             if hosts is not None and self.headers.get("Host") not in hosts:
                 self._send(HTTPStatus.FORBIDDEN, b"wrong Host", "text/plain; charset=utf-8")
                 return
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             try:
-                self._route(path)
+                self._route(path, query)
             except (BrokenPipeError, ConnectionResetError):  # the page went away mid-answer
                 return
 
-        def _route(self, path: str) -> None:
+        def _route(self, path: str, query: str) -> None:
             from ckpt.errors import CkptError
 
             if path in FILES:
@@ -159,7 +164,7 @@ def handler(live: Live, hosts: set[str] | None) -> type[BaseHTTPRequestHandler]:
             elif (match := _SECTION.fullmatch(path)) is not None:
                 index = OVERLAY if match[2].startswith("overlay-") else int(match[1])
                 try:
-                    drawn = live.section(index, match[2])
+                    drawn = live.section(index, match[2], _version(query))
                 except CkptError as exc:  # the store changed or broke while served: shown in the page
                     self._json({"version": "", "steps": [], "problems": [str(exc)], "alts": []})
                     return
@@ -178,6 +183,12 @@ def handler(live: Live, hosts: set[str] | None) -> type[BaseHTTPRequestHandler]:
                 self._not_found()
 
     return Handler
+
+
+def _version(query: str) -> str | None:
+    """The ``v=`` of a query string when it is a version (a 16-digit hex digest), else None."""
+    value = query.removeprefix("v=")
+    return value if query.startswith("v=") and re.fullmatch(r"[0-9a-f]{16}", value) else None
 
 
 def make_server(live: Live, host: str, port: int) -> ThreadingHTTPServer:

@@ -136,6 +136,9 @@ def test_a_committed_checkpoint_appears_in_the_open_page_without_a_reload(
             assert len(images) >= 6 and all(loaded for _, loaded in images), images
             assert tree_digest(stores[0]) == before[0] and tree_digest(stores[1]) == before[1]
             page.evaluate("() => { window.__marker = 'not reloaded'; }")
+            page.evaluate("() => { for (const image of document.querySelectorAll('#store-1 img')) image.kept = true; }")
+            asked: list[str] = []
+            page.on("request", lambda r: asked.append(urlsplit(r.url).path))
 
             done = subprocess.run(
                 [sys.executable, "-c", COMMIT, str(stores[0]), "3", HOSTILE],
@@ -158,6 +161,10 @@ def test_a_committed_checkpoint_appears_in_the_open_page_without_a_reload(
             columns = page.eval_on_selector_all("#store-0 .checkpoints th", "cells => cells.map(c => c.textContent)")
             page.wait_for_function("() => document.querySelector('#overlays figure[data-steps=\"0 1 2 3\"]') !== null")
             assert page.evaluate("() => window.__marker") == "not reloaded"
+            # only what changed is drawn again: the other store's figures are the same elements, never asked for
+            assert page.evaluate("() => Array.from(document.querySelectorAll('#store-1 img')).every((i) => i.kept)")
+            assert not [path for path in asked if path.startswith(("/section/1/", "/image/1/"))], asked
+            assert any(path.startswith("/section/0/") for path in asked)
             assert page.evaluate("() => window.__xss") is None
             assert page.evaluate("() => document.querySelectorAll('img[src=\"x\"], #stores script').length") == 0
         finally:

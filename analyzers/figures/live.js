@@ -78,7 +78,7 @@ function figureNode(container, id, spec) {
 async function loadSection(index, id, spec, node) {
   loading.add(id);
   try {
-    const answer = await fetch('/section/' + index + '/' + spec.id, { cache: 'no-store' });
+    const answer = await fetch('/section/' + index + '/' + spec.id + '?v=' + spec.version, { cache: 'no-store' });
     if (!answer.ok) return; // the section went away between the poll and this request: the next poll says so
     const drawn = await answer.json();
     const body = [];
