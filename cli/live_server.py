@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -34,6 +35,8 @@ FILES = {
 }
 _SECTION = re.compile(r"/section/(\d+)/([0-9a-f]{16}|overlay-[a-z-]+)")
 _IMAGE = re.compile(r"/image/(\d+)/([0-9a-f]{16}|overlay-[a-z-]+)/([0-9a-f]{16})/(\d+)\.png")
+FRESH_S = 0.25
+"""A state this recent is answered again rather than read anew (pages polling the same server together)."""
 KEPT = 2
 """Versions of a section kept drawn in memory: the latest, and the one a page may still be loading."""
 OVERLAY = -1
@@ -50,13 +53,27 @@ class Live:
         self._states: list[dict[str, Any] | None] = [None] * len(paths)
         self._drawn: dict[tuple[int, str], list[Any]] = {}  # the latest KEPT versions of each section
         self._drawing: dict[tuple[int, str], threading.Lock] = {}
+        self._state_lock = threading.Lock()
+        self._state: dict[str, Any] = {}
+        self._state_time = -FRESH_S
 
     def state(self) -> dict[str, Any]:
         """Every store's state (:func:`~ckpt.analyzers.figures.live.state`) and the overlaid figures."""
-        from ckpt.analyzers.figures.live import OVERLAID, overlay_version, state
+        from ckpt.analyzers.figures.live import state
 
-        states = [state(path, self.registry, self._states[i]) for i, path in enumerate(self.paths)]
-        self._states = states
+        with self._state_lock:  # one reading of the stores at a time: several pages share it
+            if time.monotonic() - self._state_time < FRESH_S:
+                return self._state
+            states = [state(path, self.registry, self._states[i]) for i, path in enumerate(self.paths)]
+            self._states = states
+            self._state = self._public(states)
+            self._state_time = time.monotonic()
+            return self._state
+
+    @staticmethod
+    def _public(states: list[dict[str, Any]]) -> dict[str, Any]:
+        from ckpt.analyzers.figures.live import OVERLAID, overlay_version
+
         overlays = []
         for analyzer in OVERLAID:
             found = overlay_version(states, analyzer)

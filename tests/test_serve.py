@@ -214,3 +214,22 @@ def test_bad_input_is_one_error_line(stores: list[Path], tmp_path: Path) -> None
             assert expected in lines[0], lines[0]
     finally:
         taken.close()
+
+
+def test_a_section_is_drawn_once_per_version_and_its_images_named_by_it(stores: list[Path]) -> None:
+    from ckpt.cli.analyze import registry
+    from ckpt.cli.live_server import Live
+    from ckpt.store.results import threads_unless_configured
+
+    live = Live([str(s) for s in stores], registry())
+    state = live.state()
+    assert not [key for store in state["stores"] for key in store if key.startswith("_")]  # internal: not sent
+    loss = next(s for s in state["stores"][1]["sections"] if s["analyzer"] == "loss")
+    with threads_unless_configured():
+        first = live.section(1, loss["id"], loss["version"])
+        assert first.payload["version"] == loss["version"] and first.payload["steps"] == [0, 1, 2]
+        assert live.section(1, loss["id"], loss["version"]) is first  # several pages: one drawing
+        png = live.image(1, loss["id"], loss["version"], 0)
+        assert png is not None and png.startswith(b"\x89PNG")
+        assert live.image(1, loss["id"], loss["version"], len(first.images)) is None
+        assert live.section(1, "0123456789abcdef") is None and live.section(5, loss["id"]) is None

@@ -103,7 +103,8 @@ def _checkpoints(store: Any) -> dict[str, Any]:
     names = sorted(str(n) for n in metrics.data_vars)
     values: dict[str, dict[int, float]] = {}
     if names and shown:
-        recorded = metrics.sel(step=[s for s in shown if s in set(int(x) for x in metrics["step"].values)])
+        held = {int(x) for x in metrics["step"].values}
+        recorded = metrics.sel(step=[s for s in shown if s in held])
         for name in names:
             series = recorded[name]
             values[name] = {int(s): float(v) for s, v in zip(series["step"].values, series.values, strict=True)}
