@@ -233,3 +233,30 @@ def test_a_section_is_drawn_once_per_version_and_its_images_named_by_it(stores: 
         assert png is not None and png.startswith(b"\x89PNG")
         assert live.image(1, loss["id"], loss["version"], len(first.images)) is None
         assert live.section(1, "0123456789abcdef") is None and live.section(5, loss["id"]) is None
+
+
+def test_a_store_that_breaks_or_a_result_that_lies_is_named_in_the_state(stores: list[Path], tmp_path: Path) -> None:
+    import shutil
+
+    from ckpt.cli.analyze import registry
+    from ckpt.cli.live_server import Live
+    from tests.helpers import set_provenance
+
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(stores[1], copy)
+    set_provenance(copy, "loss", {"analyzer": "grad-norms"})  # another analyzer's result under loss's name
+    live = Live([str(copy), str(tmp_path / "gone.zarr")], registry())
+    lying, gone = live.state()["stores"]
+    (loss,) = [s for s in lying["sections"] if s["title"] == "loss"]
+    assert loss["problem"].startswith("loss: not shown") and loss["steps"] == []
+    assert gone["problem"].startswith("cannot read") and "sections" not in gone
+
+
+def test_the_page_script_inserts_nothing_as_html() -> None:
+    from importlib import resources
+
+    script = resources.files("ckpt.analyzers.figures").joinpath("live.js").read_text()
+    page = resources.files("ckpt.analyzers.figures").joinpath("live.html").read_text()
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "Function(", "srcdoc"):
+        assert sink not in script, sink
+    assert "<script>" not in page and 'src="/live.js"' in page  # no inline script: the policy allows none
