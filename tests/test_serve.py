@@ -159,6 +159,12 @@ def test_a_committed_checkpoint_appears_in_the_open_page_without_a_reload(
                 "() => document.querySelector('#store-0 .checkpoints tr:nth-child(2) td').textContent === '3'"
             )
             columns = page.eval_on_selector_all("#store-0 .checkpoints th", "cells => cells.map(c => c.textContent)")
+            page.wait_for_function(
+                "() => document.querySelector('#store-0 .checkpoints tr:nth-child(2) td:last-child').textContent !== ''"
+            )
+            row = page.eval_on_selector_all(
+                "#store-0 .checkpoints tr:nth-child(2) td", "cells => cells.map(c => c.textContent)"
+            )
             page.wait_for_function("() => document.querySelector('#overlays figure[data-steps=\"0 1 2 3\"]') !== null")
             assert page.evaluate("() => window.__marker") == "not reloaded"
             # only what changed is drawn again: the other store's figures are the same elements, never asked for
@@ -170,6 +176,7 @@ def test_a_committed_checkpoint_appears_in_the_open_page_without_a_reload(
         finally:
             browser.close()
     assert HOSTILE in columns  # the metric named with markup is a column heading, as text
+    assert row[0] == "3" and row[-1] == "grad-norms, loss", row  # the table says which results reached step 3
     assert _steps is not None and not errors, errors
     after = tree_digest(stores[0])
     time.sleep(1.5)  # a few more polls: the server reads the store, never writes it

@@ -95,8 +95,8 @@ def sections(store: Any, registry: Any) -> list[Section]:
     return found
 
 
-def _checkpoints(store: Any) -> dict[str, Any]:
-    """The table of checkpoints: the latest :data:`CHECKPOINT_ROWS` steps, the metrics recorded at each."""
+def _checkpoints(store: Any, listed: list[Section]) -> dict[str, Any]:
+    """The table of checkpoints: the latest :data:`CHECKPOINT_ROWS` steps, the metrics and results at each."""
     steps = [int(s) for s in store.steps]
     shown = steps[-CHECKPOINT_ROWS:]
     metrics = store.metrics
@@ -108,14 +108,17 @@ def _checkpoints(store: Any) -> dict[str, Any]:
         for name in names:
             series = recorded[name]
             values[name] = {int(s): float(v) for s, v in zip(series["step"].values, series.values, strict=True)}
+    results = [s for s in listed if s.name != METRICS and s.problem is None]
     rows = []
     for step in reversed(shown):
         cells = [str(step)]
         for name in names:
             value = values.get(name, {}).get(step)
             cells.append("" if value is None or value != value else f"{value:.6g}")
+        cells.append(", ".join(_text(s.name) for s in results if step in s.steps))
         rows.append(cells)
-    return {"columns": ["step", *[_text(n) for n in names]], "rows": rows, "earlier": len(steps) - len(shown)}
+    columns = ["step", *[_text(n) for n in names], "results computed"]
+    return {"columns": columns, "rows": rows, "earlier": len(steps) - len(shown)}
 
 
 def state(path: str, registry: Any, known: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -133,12 +136,12 @@ def state(path: str, registry: Any, known: dict[str, Any] | None = None) -> dict
         store = ckptstore.open(path)
         steps = [int(s) for s in store.steps]
         listed = sections(store, registry)
-        tables_version = _digest([steps, sorted(store.analyses)])
+        tables_version = _digest([steps, [s.version for s in listed]])
         if known is not None and known.get("tables_version") == tables_version:
             run, checkpoints = known["run"], known["checkpoints"]
         else:
             run = [[_text(k), _text(v)] for k, v in metadata(store)]
-            checkpoints = _checkpoints(store)
+            checkpoints = _checkpoints(store, listed)
     except CkptError as exc:
         return {"name": _text(path), "problem": _text(f"cannot read {path}: {exc}"), "version": _digest(str(exc))}
     return {
