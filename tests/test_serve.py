@@ -267,3 +267,21 @@ def test_the_page_script_inserts_nothing_as_html() -> None:
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "Function(", "srcdoc"):
         assert sink not in script, sink
     assert "<script>" not in page and 'src="/live.js"' in page  # no inline script: the policy allows none
+
+
+def test_several_results_of_one_analyzer_are_compared_as_in_the_report(stores: list[Path], tmp_path: Path) -> None:
+    import shutil
+
+    from ckpt.cli.analyze import registry
+    from ckpt.cli.live_server import Live
+    from tests.helpers import invoke_ckpt
+
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(stores[1], copy)
+    kept = invoke_ckpt("analyze", "loss", str(copy), "--as", "loss-small-batches", "--batch-size", "7", "--no-progress")
+    assert kept.returncode == 0, kept.stderr
+    live = Live([str(copy)], registry())
+    (together,) = [s for s in live.state()["stores"][0]["sections"] if s["title"].startswith("loss: 2 results")]
+    drawn = live.section(0, together["id"], together["version"])
+    assert drawn.payload["rows"] == [["loss", "batch_size=1024"], ["loss-small-batches", "batch_size=7"]]
+    assert drawn.payload["problems"] == [] and drawn.payload["steps"] == [0, 1, 2]

@@ -29,7 +29,7 @@ from ckpt.analyzers.figures import COLORS, displayable, new_figure, png_bytes, s
 CHECKPOINT_ROWS = 50
 """Rows of the table of checkpoints: the latest ones (the run table gives the count and range of all)."""
 METRICS = "metrics"
-"""The section name of the metrics recorded during training (no result can be named so: it is not a token)."""
+"""The name of the section of the metrics recorded during training (its kind is ``metrics``, a result's ``result``)."""
 OVERLAID = {"loss": ("mean_loss", "mean loss"), "grad-norms": ("total_grad_norm", "total gradient norm")}
 """Analyzer -> (variable, label) drawn for every store in one figure when the page shows several stores."""
 
@@ -38,9 +38,9 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def token(name: str) -> str:
-    """The URL-safe name of the section ``name``: a digest, so that no store text enters a URL."""
-    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+def token(kind: str, name: str) -> str:
+    """The URL-safe name of the section ``name`` of ``kind``: a digest, so that no store text enters a URL."""
+    return hashlib.sha256(f"{kind}\0{name}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _text(value: Any) -> str:
@@ -61,11 +61,20 @@ class Section:
     """The steps it covers."""
     problem: str | None = None
     """Why it cannot be drawn (its provenance is invalid, its files are gone), shown instead."""
+    kind: str = "result"
+    """``result``, ``metrics``, or ``together``: the results of one analyzer compared (``names``)."""
+    names: list[str] = field(default_factory=list)
+    """The results a ``together`` section compares."""
+
+    @property
+    def id(self) -> str:
+        """Its :func:`token`."""
+        return token(self.kind, self.name)
 
     def as_json(self) -> dict[str, Any]:
         """The section as the page's state lists it."""
         return {
-            "id": token(self.name),
+            "id": self.id,
             "title": _text(self.name),
             "analyzer": _text(self.analyzer),
             "version": self.version,
@@ -81,7 +90,7 @@ def sections(store: Any, registry: Any) -> list[Section]:
     steps = [int(s) for s in store.steps]
     recorded = bool(steps) and bool(list(store.metrics.data_vars))
     # metrics are written with the checkpoints: the steps of the commit record are their version
-    found = [Section(METRICS, "", _digest(["metrics", steps]), steps)] if recorded else []
+    found = [Section(METRICS, "", _digest(["metrics", steps]), steps, kind="metrics")] if recorded else []
     for name in store.analyses:
         try:
             result = store.analysis(name)  # lazy: only its provenance is read here
@@ -92,7 +101,27 @@ def sections(store: Any, registry: Any) -> list[Section]:
         record = result.ckpt
         steps_of = [int(s) for s in record.steps]
         found.append(Section(name, record.analyzer or name, _digest(record.provenance), steps_of))
-    return found
+    return found + _together(found, registry)
+
+
+def _together(listed: list[Section], registry: Any) -> list[Section]:
+    """A section per installed analyzer with several results: their comparison, as the report's side by side."""
+    by_analyzer: dict[str, list[Section]] = {}
+    for s in listed:
+        if s.kind == "result" and s.problem is None:
+            by_analyzer.setdefault(s.analyzer, []).append(s)
+    return [
+        Section(
+            f"{analyzer}: {len(held)} results side by side",
+            analyzer,
+            _digest([s.version for s in held]),
+            sorted({step for s in held for step in s.steps}),
+            kind="together",
+            names=[s.name for s in held],
+        )
+        for analyzer, held in by_analyzer.items()
+        if len(held) > 1 and analyzer in registry.analyzers
+    ]
 
 
 def _checkpoints(store: Any, listed: list[Section]) -> dict[str, Any]:
@@ -108,7 +137,7 @@ def _checkpoints(store: Any, listed: list[Section]) -> dict[str, Any]:
         for name in names:
             series = recorded[name]
             values[name] = {int(s): float(v) for s, v in zip(series["step"].values, series.values, strict=True)}
-    results = [s for s in listed if s.name != METRICS and s.problem is None]
+    results = [s for s in listed if s.kind == "result" and s.problem is None]
     rows = []
     for step in reversed(shown):
         cells = [str(step)]
@@ -161,7 +190,8 @@ def _overlaid(listed: list[Section]) -> dict[str, tuple[str, str, list[int]]]:
     """Analyzer -> (name, version, steps) of the result each overlaid figure draws (see :func:`render_overlay`)."""
     chosen: dict[str, tuple[str, str, list[int]]] = {}
     for s in listed:
-        if s.analyzer in OVERLAID and s.problem is None and (s.analyzer not in chosen or s.name == s.analyzer):
+        wanted = s.kind == "result" and s.analyzer in OVERLAID and s.problem is None
+        if wanted and (s.analyzer not in chosen or s.name == s.analyzer):
             chosen[s.analyzer] = (s.name, s.version, s.steps)
     return chosen
 
@@ -186,7 +216,7 @@ def render(path: str, section_id: str, registry: Any) -> Rendered | None:
     from ckpt.engine.pipeline import data_hash, model_hash
 
     store = ckptstore.open(path)
-    found = {token(s.name): s for s in sections(store, registry)}
+    found = {s.id: s for s in sections(store, registry)}
     section = found.get(section_id)
     if section is None:
         return None
@@ -195,11 +225,13 @@ def render(path: str, section_id: str, registry: Any) -> Rendered | None:
     images: list[bytes] = []
     if section.problem is not None:
         payload["problems"] = [_text(section.problem)]
-    elif section.name == METRICS:
+    elif section.kind == "metrics":
         png = metrics_figure(store)
         if png is not None:
             images.append(png)
             payload["alts"].append("metrics recorded during training")
+    elif section.kind == "together":
+        payload.update(_draw_together(store, section, registry, images))
     else:
         current = (data_hash(store), model_hash(store))
         parts = analysis_parts(store, section.name, store.analysis(section.name), registry, current)
@@ -213,6 +245,24 @@ def render(path: str, section_id: str, registry: Any) -> Rendered | None:
             images.append(png_bytes(figure))
             payload["alts"].append(_text(f"{section.name} {key}"))
     return Rendered(payload, images)
+
+
+def _draw_together(store: Any, section: Section, registry: Any, images: list[bytes]) -> dict[str, Any]:
+    """The report's side-by-side comparison of ``section.names``: the options that differ, and its figures."""
+    results = {name: store.analysis(name) for name in section.names}
+    options = {name: r.ckpt.options for name, r in results.items()}
+    keys = sorted({k for o in options.values() for k in o})
+    differing = [k for k in keys if len({json.dumps(o.get(k)) for o in options.values()}) > 1]
+    rows = [[_text(n), _text(", ".join(f"{k}={json.dumps(options[n].get(k))}" for k in differing))] for n in results]
+    alts, problems = [], []
+    try:
+        figures = registry.analyzers[section.analyzer]().plot_together(results, store)
+    except Exception as exc:  # a plugin's comparison must not cost the page: shown, as in the report
+        figures, problems = {}, [_text(f"{section.analyzer}: comparison failed ({type(exc).__name__}: {exc})")]
+    for key, figure in figures.items():
+        images.append(png_bytes(figure))
+        alts.append(_text(f"{section.analyzer} {key}"))
+    return {"rows": rows, "alts": alts, "problems": problems}
 
 
 def overlay_version(states: list[dict[str, Any]], analyzer: str) -> tuple[str, list[int]] | None:
