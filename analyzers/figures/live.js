@@ -97,6 +97,10 @@ async function loadSection(index, id, spec, node) {
     node.querySelector('.images').replaceChildren(...images);
     node.dataset.version = drawn.version;
     node.dataset.steps = drawn.steps.join(' ');
+  } catch (error) { // the server went away mid-request: said in the status line, tried again at the next poll
+    const status = document.getElementById('status');
+    status.textContent = 'not updating (' + error.message + '): is ckpt serve still running?';
+    status.className = 'error';
   } finally {
     loading.delete(id);
   }
