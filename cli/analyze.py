@@ -134,6 +134,7 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
         from ckpt.store import allow
 
         allow(*values.pop("trust_factory"))
+        following = {key: values.pop(key) for key in ("follow", "until_idle", "rerun_every")}
         engine = {k: values.pop(k) for k in EngineSettings.names() if k in values}
         options = {k: v for k, v in values.items() if v is not None}
         if engine["address"] is not None:
@@ -147,6 +148,13 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
                 if logger.startswith("distributed"):
                     logging.getLogger(logger).setLevel(logging.CRITICAL)
         paths = expand_stores(stores)
+        if following["follow"]:
+            _follow(name, paths, following, engine, options)
+            return
+        if following["until_idle"] is not None or following["rerun_every"] is not None:
+            flag = "--until-idle" if following["until_idle"] is not None else "--rerun-every"
+            msg = f"{flag} is an option of --follow: add --follow to follow the run as it trains"
+            raise click.UsageError(msg)
         for store in paths:
             with ckpt_warnings_as_lines():
                 report = run(name, store, registry=registry(), **engine, **options)
@@ -163,6 +171,7 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
     params: list[click.Parameter] = [click.Argument(["stores"], metavar="STORE...", nargs=-1, required=True)]
     params += [click_option(key, option) for key, option in analyzer.option_spec().items()]
     params += _engine_options()
+    params += _follow_options()
     requires = f"\n\nRequires: {', '.join(analyzer.requires)}." if analyzer.requires else ""
     return click.Command(
         name,
@@ -171,6 +180,74 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
         help=f"{analyzer.description}{requires}",
         short_help=analyzer.description,
     )
+
+
+def _follow_options() -> list[click.Option]:
+    """``--follow`` and its two durations (options of the command, not engine settings of one run)."""
+    from ckpt.engine.follow import DEFAULT_EVERY
+
+    return [
+        click.Option(
+            ["--follow"],
+            is_flag=True,
+            help="Keep computing as checkpoints are committed, until the writer closes the store, --until-idle "
+            "passes or Ctrl-C (one line per step computed on stderr).",
+        ),
+        click.Option(
+            ["--until-idle"],
+            metavar="DURATION",
+            help="With --follow: stop after this long without a new checkpoint (e.g. 30s, 10m, 1h).",
+        ),
+        click.Option(
+            ["--rerun-every"],
+            metavar="DURATION",
+            help=f"With --follow: recompute a per-run analyzer (clusters, loss-spikes, hessian-basis ...) at most "
+            f"once per DURATION while checkpoints arrive, and once more at the end [default: {DEFAULT_EVERY:g}s].",
+        ),
+    ]
+
+
+def _follow(name: str, paths: list[str], following: dict[str, Any], engine: dict[str, Any], options: Any) -> None:
+    """``--follow``: one store, followed until it is finished or idle; a line on stderr per step computed."""
+    from ckpt.engine.follow import DEFAULT_EVERY, follow
+    from ckpt.plugins import PER_RUN
+
+    if len(paths) != 1:
+        msg = f"--follow follows one store, got {len(paths)}: start one follower per store"
+        raise click.UsageError(msg)
+    loaded = registry()
+    store = paths[0]
+
+    def per(analyzer: str) -> str:
+        return str(getattr(loaded.analyzers.get(analyzer), "per", ""))
+
+    def show(report: Any) -> None:
+        done = [(sub, per(sub.name)) for sub in report.dependencies] + [(report, per(name))]
+        for ran, kind in done:
+            steps = ran.computed_steps
+            if steps and kind == PER_RUN:
+                click.echo(
+                    f"{ran.name}: recomputed over {len(steps)} checkpoint(s) ({steps[0]} .. {steps[-1]})", err=True
+                )
+            elif steps:
+                for step in steps:
+                    click.echo(f"{ran.name}: step {step} computed", err=True)
+
+    every = following["rerun_every"] if following["rerun_every"] is not None else DEFAULT_EVERY
+    with ckpt_warnings_as_lines():
+        followed = follow(
+            name,
+            store,
+            until_idle=following["until_idle"],
+            every=every,
+            on_report=show,
+            registry=loaded,
+            **engine,
+            **options,
+        )
+    why = "the run is finished" if followed.stopped == "finished" else f"idle for {following['until_idle']}"
+    click.echo(f"{followed.name}: followed {store} until {why}; computed {len(followed.computed_steps)} step(s)")
+    click.echo(f"result: analyses/{followed.name} in {store} (ckpt show {store} {followed.name})")
 
 
 def _report_line(report: Any) -> str:
