@@ -28,7 +28,7 @@ from ckpt.plugins.examples import write_example_run
 from tests.browser import chromium
 from tests.helpers import CKPT, run_ckpt, tree_digest
 
-pytestmark = pytest.mark.slow  # trains two tiny runs, starts a server and a browser
+slow = pytest.mark.slow  # trains two tiny runs (once a module); starts a server, a browser, or both
 HOSTILE = '<img src=x onerror="window.__xss=1">'
 """Text that runs script when a page inserts it as HTML: a store folder, a setting and a metric are named so."""
 UPDATE_BUDGET_S = 5.0
@@ -99,6 +99,7 @@ def _steps(page: object, store: int, analyzer: str) -> str:
     return found or ""
 
 
+@slow
 def test_a_committed_checkpoint_appears_in_the_open_page_without_a_reload(
     stores: list[Path], server: tuple[subprocess.Popen[str], str]
 ) -> None:
@@ -189,6 +190,7 @@ def test_a_committed_checkpoint_appears_in_the_open_page_without_a_reload(
     assert process.returncode == 0 and "stopped" in out and "Traceback" not in err, err
 
 
+@slow
 def test_the_server_answers_only_the_paths_it_generates(
     stores: list[Path], server: tuple[subprocess.Popen[str], str]
 ) -> None:
@@ -203,6 +205,7 @@ def test_the_server_answers_only_the_paths_it_generates(
     assert _get(url, "/state.json", host="attacker.example:80")[0] == 403  # a DNS name rebound to 127.0.0.1
 
 
+@slow
 def test_bad_input_is_one_error_line(stores: list[Path], tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
     taken = socket.socket()
@@ -223,6 +226,7 @@ def test_bad_input_is_one_error_line(stores: list[Path], tmp_path: Path) -> None
         taken.close()
 
 
+@slow
 def test_a_section_is_drawn_once_per_version_and_its_images_named_by_it(stores: list[Path]) -> None:
     from ckpt.cli.analyze import registry
     from ckpt.cli.live_server import Live
@@ -242,6 +246,7 @@ def test_a_section_is_drawn_once_per_version_and_its_images_named_by_it(stores: 
         assert live.section(1, "0123456789abcdef") is None and live.section(5, loss["id"]) is None
 
 
+@slow
 def test_a_store_that_breaks_or_a_result_that_lies_is_named_in_the_state(stores: list[Path], tmp_path: Path) -> None:
     import shutil
 
@@ -269,6 +274,7 @@ def test_the_page_script_inserts_nothing_as_html() -> None:
     assert "<script>" not in page and 'src="/live.js"' in page  # no inline script: the policy allows none
 
 
+@slow
 def test_several_results_of_one_analyzer_are_compared_as_in_the_report(stores: list[Path], tmp_path: Path) -> None:
     import shutil
 
