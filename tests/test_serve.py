@@ -66,7 +66,13 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def server(stores: list[Path]) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``ckpt serve`` of both stores on a free port, as its own process; its URL."""
     process = subprocess.Popen(
-        [str(CKPT), "serve", *map(str, stores), "--port", "0"],
+        [
+            *([str(CKPT)] if CKPT.exists() else [sys.executable, "-m", "ckpt.cli"]),
+            "serve",
+            *map(str, stores),
+            "--port",
+            "0",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
