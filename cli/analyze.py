@@ -184,7 +184,7 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
 
 def _follow_options() -> list[click.Option]:
     """``--follow`` and its two durations (options of the command, not engine settings of one run)."""
-    from ckpt.engine.follow import DEFAULT_EVERY
+    from ckpt.engine.waiting import DEFAULT_EVERY
 
     return [
         click.Option(
@@ -209,7 +209,8 @@ def _follow_options() -> list[click.Option]:
 
 def _follow(name: str, paths: list[str], following: dict[str, Any], engine: dict[str, Any], options: Any) -> None:
     """``--follow``: one store, followed until it is finished or idle; a line on stderr per step computed."""
-    from ckpt.engine.follow import DEFAULT_EVERY, follow
+    from ckpt.engine.follow import follow
+    from ckpt.engine.waiting import DEFAULT_EVERY
     from ckpt.plugins import PER_RUN
 
     if len(paths) != 1:

@@ -19,7 +19,6 @@ computed, which the next run computes again.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,40 +27,12 @@ from typing import Any
 import ckpt.store as ckptstore
 from ckpt.engine.runner import RunReport, run
 from ckpt.engine.settings import EngineSettings, with_engine_settings
-from ckpt.engine.waiting import RecordWatch
-from ckpt.errors import AnalysisError
+from ckpt.engine.waiting import DEFAULT_EVERY, RecordWatch, parse_duration
 from ckpt.plugins import PER_RUN
 from ckpt.plugins.manager import registry as shared_registry
 
-DEFAULT_EVERY = 60.0
-"""Seconds between two recomputations of a per-run analyzer while checkpoints arrive."""
-
 RECHECK = 60.0
 """Seconds after which the record is re-read although no wake said it changed (a missed notification)."""
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "": 1.0}
-
-
-def parse_duration(value: str | float, what: str) -> float:
-    """Seconds in ``value``: a number, or a number with a unit (``500ms``, ``30s``, ``5m``, ``1h``).
-
-    Raises
-    ------
-    AnalysisError
-        Not a duration, or not a positive one, naming ``what``.
-    """
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        found = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m|h|)\s*", str(value))
-        if found is None:
-            msg = f"{what} must be a duration such as 30s, 5m or 1h, got {value!r}"
-            raise AnalysisError(msg)
-        seconds = float(found.group(1)) * _UNITS[found.group(2)]
-    if not seconds > 0 or seconds == float("inf"):
-        msg = f"{what} must be a positive duration such as 30s, 5m or 1h, got {value!r}"
-        raise AnalysisError(msg)
-    return seconds
 
 
 @dataclass

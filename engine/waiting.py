@@ -18,12 +18,43 @@ holds. An idle watch sleeps in the kernel (or in ``time.sleep``), not in Python.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ckpt.errors import AnalysisError
+
 RECORD = "zarr.json"
 """The root metadata file: the commit record, replaced whole by each commit."""
+
+
+DEFAULT_EVERY = 60.0
+"""Seconds between two recomputations of a per-run analyzer while checkpoints arrive."""
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "": 1.0}
+
+
+def parse_duration(value: str | float, what: str) -> float:
+    """Seconds in ``value``: a number of seconds, or a number followed by one of the units ms, s, m (or min) and h.
+
+    Raises
+    ------
+    AnalysisError
+        Not a duration, or not a positive one, naming ``what``.
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        found = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m|h|)\s*", str(value))
+        if found is None:
+            msg = f"{what} must be a duration such as 30s, 5m or 1h, got {value!r}"
+            raise AnalysisError(msg)
+        seconds = float(found.group(1)) * _UNITS[found.group(2)]
+    if not seconds > 0 or seconds == float("inf"):
+        msg = f"{what} must be a positive duration such as 30s, 5m or 1h, got {value!r}"
+        raise AnalysisError(msg)
+    return seconds
 
 
 def _is_local(where: str) -> bool:
@@ -154,4 +185,4 @@ def _remote_signature(where: str, storage_options: dict[str, Any] | None) -> Cal
     return signature
 
 
-__all__ = ["RECORD", "RecordWatch"]
+__all__ = ["DEFAULT_EVERY", "RECORD", "RecordWatch", "parse_duration"]
