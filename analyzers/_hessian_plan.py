@@ -53,29 +53,19 @@ against 51 with 24 vectors and 58 with 12 (bench/lanczos.py). Spilled vectors co
 of them is not faster either: GPT-2 small's first basis checkpoint (--samples 8 --tol 1e-2) took 16 products
 with 9 spilled vectors or with 25, and more vector work per product with 25 (no restart, but its passes over
 all kept vectors read more of them; docs/performance.md, "Hessian basis")."""
-
-
 GRAPH_PEAK = 2.3
 """A product differentiates the kept graphs again, and its backward pass holds about as much again: the
 ratio of what a product holds to the graphs' bytes (:func:`ckpt.numerics.derivatives.graph_bytes`), measured at GPT-2
 small, --samples 8 (docs/performance.md, "Hessian basis")."""
-
-
 REBUILT_PEAK = 2.3
 """A rebuilt block holds its graph and the product's backward buffers at once (the same measurement)."""
-
-
 GRAPH_AT_REST = 1.35
 """Kept graphs between their products, from the same measurement: what the process holds once they are
 built, less the model, weights and vectors, to the graphs' bytes. What they hold while a product rebuilds
 the blocks that did not fit."""
-
-
 BASIS_BLOCK_BYTES = DOT_BLOCK_BYTES
 """What an earlier basis spilled to a file holds in memory: one block of its columns as read, at most one
 block of float64 scratch (:class:`ckpt.numerics.lanczos.SpilledRows`)."""
-
-
 FIXED_VECTORS = 2
 """Vectors of D held beside the search: the checkpoint's tensors (cached by the worker; θ's leaves share
 them) and the product being made, tensor by tensor. Its flat copy and the residual copied from it are

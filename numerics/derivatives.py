@@ -38,15 +38,7 @@ import numpy as np
 
 from ckpt.numerics.basis_format import basis_dims, check_basis, held_basis, load_basis, load_basis_rows, stored_basis
 from ckpt.numerics.norms import composite_norms
-from ckpt.numerics.params import (
-    DTYPES,
-    ParamSpace,
-    cast_floating,
-    chunks,
-    parameter_space,
-    torch_dtype,
-    trainable,
-)
+from ckpt.numerics.params import DTYPES, ParamSpace, cast_floating, chunks, parameter_space, torch_dtype, trainable
 
 # torch's forward-mode AD levels are process-global, not per thread: two threads running
 # jvp at once fail ("Trying to access a forward AD level with an invalid index", seen
