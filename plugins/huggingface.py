@@ -20,8 +20,9 @@ a model is built.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ckpt.errors import ModelConfigError, StoreError
@@ -156,5 +157,20 @@ def _build(config: dict[str, Any]) -> Any:
             f"names the model class {wanted!r}, which is not one of transformers' model classes for model_type "
             f"{model_type!r} ({known})"
         )
-    configuration = CONFIG_MAPPING[model_type](**settings)
-    return classes[wanted](configuration).float().eval()
+    # transformers logs its own advice on configs (generation token ids outside a small vocabulary, ...)
+    # straight to stderr, where a command prints only ckpt's lines; what ckpt needs of the model it checks
+    with _transformers_quiet(transformers):
+        configuration = CONFIG_MAPPING[model_type](**settings)
+        return classes[wanted](configuration).float().eval()
+
+
+@contextlib.contextmanager
+def _transformers_quiet(transformers: Any) -> Iterator[None]:
+    """Keep the log of ``transformers`` to errors while a model is built (under ``_BUILD_LOCK``)."""
+    logging = transformers.utils.logging
+    before = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)

@@ -54,14 +54,6 @@ def _hf_store(tmp_path: Path, config: dict[str, Any]) -> Path:
     return write_example_run(tmp_path / "run.zarr", steps=1, examples=4, factory=HF_FACTORY, config=config)
 
 
-TRANSFORMERS_LOG = (
-    "`ckpt verify` of a store whose model spec is a Hugging Face GPT-2 config with a small vocabulary "
-    "prints transformers' own '[transformers] Model config: bos_token_id must be ...' lines before its "
-    "Error: line (found by the store fuzzer, issue 70)"
-)
-
-
-@pytest.mark.xfail(reason=TRANSFORMERS_LOG, strict=True)
 def test_verify_of_an_hf_spec_prints_only_its_error_line(tmp_path: Path) -> None:
     """A library's log lines are not ckpt's: a refused ``verify`` prints its one ``Error:`` line only."""
     config = {"model_type": "gpt2", "n_layer": 1, "n_head": 1, "n_embd": 8, "vocab_size": 8}

@@ -29,9 +29,6 @@ pytestmark = pytest.mark.slow  # crash trials: every file write of a store kille
 EXAMPLES = int(os.environ.get("CKPT_FUZZ_EXAMPLES", "250"))
 """Mutants a run makes: at seed 0 the 250 apply every operator, each by the 95th mutant."""
 SEED = os.environ.get("CKPT_FUZZ_SEED", "0")
-TRANSFORMERS_LOG_PREFIX = "[transformers] "
-"""transformers' own log lines, which reach stderr (tests/test_factory_configs.py's strict xfail,
-test_verify_of_an_hf_spec_prints_only_its_error_line): left out of the judging until that is fixed."""
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +75,6 @@ def test_hostile_stores_end_in_output_or_one_error_line(base: Path) -> None:
             for command in commands:
                 args = [str(mutant.path) if a == "@" else a for a in command]
                 code, stdout, stderr = worker.run(args)
-                # a known bug, checked on its own (strict xfail): transformers' log lines on verify's stderr
-                known = [line for line in stderr.splitlines() if line.startswith(TRANSFORMERS_LOG_PREFIX)]
-                if known:
-                    counts["known transformers log lines"] += len(known)
-                    stderr = "\n".join(line for line in stderr.splitlines() if line not in known)
                 counts[f"{command[0]} exit {code}"] += 1
                 counts["commands"] += 1
                 problem = judge(command, code, stdout, stderr, mutant)
