@@ -205,16 +205,3 @@ def nearest_boundary(
     status[tie.cpu()] = FOUND
     distance = torch.where(torch.as_tensor(status == FOUND, device=distance.device), distance, math.nan)
     return distance, status, predicted, g0
-
-
-__all__ = [
-    "FOUND",
-    "LOCAL",
-    "MARCH",
-    "MAX_TIE_PLANES",
-    "NOT_FINITE",
-    "NO_BOUNDARY",
-    "REFINE",
-    "margin",
-    "nearest_boundary",
-]

@@ -210,18 +210,3 @@ def cluster_count(points: np.ndarray, tolerance: float) -> int:
 def ideal_cluster_count(p: int, k: int) -> int:
     """Multisets of ``k`` tokens from ``p`` symbols, ``C(k + p - 1, k)``."""
     return math.comb(k + p - 1, k)
-
-
-__all__ = [
-    "circularity",
-    "cluster_count",
-    "fourier_spectrum",
-    "grid_imperfection",
-    "grid_labelings",
-    "ideal_cluster_count",
-    "neighbor_agreement",
-    "pair_sums",
-    "radial_cv",
-    "silhouette",
-    "within_share",
-]

@@ -172,6 +172,3 @@ def saved_eigenpairs(
         raise AnalysisError(msg)
     rows = basis_rows(loaded[0], slice(index * k, (index + 1) * k))
     return {name: read_here(rows[name]) for name in SEARCH_COLUMNS}
-
-
-__all__ = ["SEARCH_COLUMNS", "journal_basis", "journal_tensors", "lazy_tensors", "saved_eigenpairs", "search_dataset"]

@@ -327,16 +327,3 @@ def _partly_kept(
             peak = max(GRAPH_PEAK * graphs, GRAPH_AT_REST * graphs + REBUILT_PEAK * (constant + per_example * block))
             return kept, block, int(peak)
     return None
-
-
-__all__ = [
-    "BASIS_BLOCK_BYTES",
-    "FIXED_VECTORS",
-    "GRAPH_AT_REST",
-    "GRAPH_PEAK",
-    "PREFERRED_EXTRA_VECTORS",
-    "REBUILT_PEAK",
-    "SearchPlan",
-    "check_the_run_fits",
-    "plan_search",
-]

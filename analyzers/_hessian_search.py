@@ -271,6 +271,3 @@ def _product_progress(
                 bar.set_postfix_str(", ".join(state), refresh=False)
 
         yield progress
-
-
-__all__ = ["earlier_basis", "eigenvectors_at", "graph_growth", "hessian_operator"]

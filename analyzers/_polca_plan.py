@@ -255,16 +255,3 @@ def cpu_tokens(worker: Worker, split: str, objective: str | None) -> int:
     inputs = worker.data(split)["inputs"]
     language = worker.objective(objective).token_rows is not None and inputs.ndim == 2
     return int(inputs.shape[1]) if language and str(worker.device) == "cpu" else 0
-
-
-__all__ = [
-    "CPU_TOKEN_VECTORS",
-    "PASS_PEAK",
-    "PREFERRED_EXAMPLES",
-    "PassCost",
-    "PassPlan",
-    "cpu_tokens",
-    "measure_passes",
-    "plan_basis",
-    "plan_passes",
-]

@@ -141,15 +141,3 @@ def spike_table(
     out["cooccurrence"] = np.float64(cooccurrence(loss_at, grad_at, tolerance) if grad is not None else np.nan)
     out["chance"] = np.float64(chance_cooccurrence(steps, grad_at, tolerance) if grad is not None else np.nan)
     return out
-
-
-__all__ = [
-    "MAD_SCALE",
-    "MIN_PERIODS",
-    "chance_cooccurrence",
-    "cooccurrence",
-    "detect_spikes",
-    "near",
-    "rolling_baseline",
-    "spike_table",
-]

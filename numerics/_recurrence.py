@@ -67,6 +67,3 @@ def restart_recurrence(
     overlaps[:keep, :keep] = restarted
     overlaps[keep, :keep] = overlaps[:keep, keep] = kept.T @ overlap
     overlaps[keep, keep] = 1.0
-
-
-__all__ = ["first_coupled", "next_overlaps", "restart_recurrence"]
