@@ -9,7 +9,9 @@ spells the layout's coordinate.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from ckpt.numerics.basis_format import (
     check_basis,
 )
 from ckpt.numerics.params import ParamSpace
+from ckpt.plugins import PER_RUN, AnalysisContext, Analyzer, hookimpl, load_registry, parameter_space
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACE = ParamSpace(("0.weight", "0.bias"), ((3, 2), (3,)))
@@ -156,3 +159,44 @@ def test_the_old_homes_hand_out_the_same_functions() -> None:
 
     for name in ("basis_dims", "check_basis", "held_basis", "load_basis", "load_basis_rows", "stored_basis"):
         assert getattr(derivatives, name) is getattr(home, name)
+
+
+class SteplessBasis(Analyzer):
+    """A hostile plugin basis: the right vectors but no ``found_at_step`` (polca failed on it with a KeyError)."""
+
+    name = "stepless-basis"
+    per = PER_RUN
+
+    def compute(self, ctx: AnalysisContext) -> Any:
+        import dask.array as da
+        import xarray as xr
+
+        space = parameter_space(ctx.store)
+        rows = space.unflatten(np.eye(1, space.size, dtype=np.float32))
+        dims = {name: basis_dims(name, len(shape)) for name, shape in zip(space.names, space.shapes, strict=True)}
+        return xr.Dataset({name: (dims[name], da.from_array(rows[name])) for name in space.names})
+
+
+@hookimpl
+def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
+    """Register the hostile basis."""
+    register(SteplessBasis)
+
+
+def test_polca_over_a_hostile_plugin_basis_is_one_named_error(tmp_path: Path) -> None:
+    import torch
+
+    import ckpt
+    import ckpt.store as ckptstore
+    from tests.models import mlp
+
+    path = tmp_path / "run.zarr"
+    with ckptstore.create(path, model="tests.models:mlp", config={}, objective="cross-entropy") as writer:
+        torch.manual_seed(0)
+        writer.add_data("eval", inputs=torch.randn(8, 3), targets=torch.randint(0, 4, (8,)))
+        for step in (0, 1):
+            writer.write(step, mlp())
+    registry = load_registry(extra=[__import__(__name__, fromlist=["SteplessBasis"])])
+    with pytest.raises(AnalysisError, match=r"'stepless-basis' is not a basis .*no 'found_at_step' coordinate"):
+        ckpt.analyze("polca", path, basis="stepless-basis", registry=registry)
+    assert "polca" not in ckptstore.open(path).analyses
