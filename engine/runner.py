@@ -29,7 +29,7 @@ from ckpt.engine.schedule import local_threads
 from ckpt.engine.settings import EngineSettings, with_engine_settings
 from ckpt.engine.worker import lend_store
 from ckpt.errors import AnalysisError, NonFiniteWarning, UnverifiedStoreWarning
-from ckpt.plugins import PER_RUN, Analyzer
+from ckpt.plugins import PER_PAIR, PER_RUN, Analyzer
 from ckpt.plugins.manager import Registry
 from ckpt.plugins.manager import registry as shared_registry
 from ckpt.store.provenance import Provenance
@@ -115,9 +115,50 @@ def _run(
     _check_target(name, target, store, registry)
     analyzer.preflight(store)
     report = RunReport(target)
+    results, requirements = _dependencies(analyzer, store, settings, registry, active, report)
+    for _attempt in range(CATCH_UP):
+        # one process computes a result at a time (a second one is refused); its workers and journal in this
+        # process read through this run's store
+        with result_lock(store.path, target), lend_store(store, settings.storage_options):
+            store.refresh()  # what another process committed before the lock was taken
+            if not _behind(analyzer, store, results, registry):
+                _plan_and_compute(analyzer, store, settings, target, force, requirements, results, report)
+                break
+        # a writer committed checkpoints after the dependencies ran: they compute those first (only those)
+        results, requirements = _dependencies(analyzer, store, settings, registry, active, report)
+    else:
+        msg = (
+            f"the checkpoints of {store.path} grow faster than the results {name!r} requires are computed "
+            f"({', '.join(analyzer.requires)}): run it again when the writer pauses, or follow the run with "
+            f"ckpt analyze {name} {store.path} --follow"
+        )
+        raise AnalysisError(msg)
+    report.dataset = store.analysis(target)
+    return report
+
+
+CATCH_UP = 5
+"""Times a run computes its dependencies again when a writer committed checkpoints meanwhile."""
+
+
+def _dependencies(
+    analyzer: Analyzer,
+    store: ckptstore.Store,
+    settings: EngineSettings,
+    registry: Registry,
+    active: tuple[str, ...],
+    report: RunReport,
+) -> tuple[dict[str, xr.Dataset], dict[str, Any]]:
+    """Run ``analyzer``'s dependencies; their results and what the request records of them.
+
+    Their reports join ``report.dependencies``; a dependency run again (a writer added checkpoints)
+    adds the steps it computed to its earlier report.
+    """
+    name = analyzer.name
     results: dict[str, xr.Dataset] = {}
     requirements: dict[str, Any] = {}
     dependency_options = analyzer.dependency_options()
+    earlier = {sub.name: sub for sub in report.dependencies}
     for dependency in analyzer.requires:
         if dependency not in registry.analyzers:
             known = ", ".join(sorted(registry.analyzers)) or "none"
@@ -128,27 +169,56 @@ def _run(
             sub_options = dict((stored_provenance(store, dependency) or {}).get("options") or {})
         required = _analyzer(dependency, registry, sub_options, (*active, name))
         sub = _run(required, store, settings, registry, (*active, name))
-        report.dependencies.append(sub)
+        if sub.name in earlier:
+            before = earlier[sub.name]
+            before.computed_steps += [s for s in sub.computed_steps if s not in set(before.computed_steps)]
+            before.dataset, before.reused_steps = sub.dataset, sub.reused_steps
+        else:
+            report.dependencies.append(sub)
         assert sub.dataset is not None
         results[dependency] = sub.dataset
         requirements[dependency] = requirement_identity(sub.dataset, required.per)
+    return results, requirements
 
-    # one process computes a result at a time (a second one is refused); its workers and journal in this
-    # process read through this run's store
-    with result_lock(store.path, target), lend_store(store, settings.storage_options):
-        store.refresh()  # what another process committed before the lock was taken
-        decided = plan(analyzer, store, requirements, target=target, force=force)
-        report.reused_steps = list(decided.reused)
-        journal = _journal(analyzer, target, store.path, decided.provenance, settings.storage_options)
-        if journal is not None and force:
-            journal.discard()
-        if decided.computes:
-            report.resumed = compute(analyzer, decided, store, results, settings, journal)
-            report.computed_steps = list(decided.missing)
-            store.refresh()  # the result just committed
-            _warn_if_nonfinite(store, target, list(decided.missing))
-    report.dataset = store.analysis(target)
-    return report
+
+def _behind(analyzer: Analyzer, store: ckptstore.Store, results: Mapping[str, xr.Dataset], registry: Registry) -> bool:
+    """Whether a required result of one row per checkpoint (or pair) lacks a checkpoint the store now holds.
+
+    Checkpoints committed between a dependency's run and this plan would be planned for, and a
+    per-run result would claim them, with the dependency's rows missing: never computed on.
+    """
+    steps = [int(s) for s in store.steps]
+    for dependency, result in results.items():
+        per = registry.analyzers[dependency].per
+        if per == PER_RUN or "step" not in result.dims:
+            continue
+        wanted = steps[:-1] if per == PER_PAIR else steps
+        if not set(wanted) <= {int(s) for s in result["step"].values}:
+            return True
+    return False
+
+
+def _plan_and_compute(
+    analyzer: Analyzer,
+    store: ckptstore.Store,
+    settings: EngineSettings,
+    target: str,
+    force: bool,
+    requirements: dict[str, Any],
+    results: dict[str, xr.Dataset],
+    report: RunReport,
+) -> None:
+    """Under the result's lock: plan what is missing, compute and commit it."""
+    decided = plan(analyzer, store, requirements, target=target, force=force)
+    report.reused_steps = list(decided.reused)
+    journal = _journal(analyzer, target, store.path, decided.provenance, settings.storage_options)
+    if journal is not None and force:
+        journal.discard()
+    if decided.computes:
+        report.resumed = compute(analyzer, decided, store, results, settings, journal)
+        report.computed_steps = list(decided.missing)
+        store.refresh()  # the result just committed
+        _warn_if_nonfinite(store, target, list(decided.missing))
 
 
 def _journal(
