@@ -136,7 +136,9 @@ def _loop(
         due = not per_run or report.last is None or finished or last_read - last_run >= cadence
         if stale and steps and due:
             _run_once(name, store, kwargs, report, on_report)
+            # idle is time without a checkpoint while waiting for one, not the time computing took
             stale, last_run = False, time.monotonic()
+            last_new = max(last_new, last_run)
             continue  # a block took time: read what was committed meanwhile before waiting
         if finished:
             report.stopped = "finished"

@@ -1,0 +1,166 @@
+"""``ckpt analyze NAME STORE --follow``: a follower beside a real writer in another process.
+
+The writer (:data:`WRITER`, run with this interpreter) creates a store through the public
+``ckpt.create`` API, commits one checkpoint, waits until the follower has computed it (its
+result is in the store), then commits the rest with pauses, and closes the store. The follower
+is the ``ckpt`` command in its own process. What each test checks: every checkpoint computed,
+each exactly once (the result's steps and the lines on stderr), and how the follower stops.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import ckpt
+from ckpt.engine.waiting import RecordWatch, parse_duration
+from ckpt.errors import AnalysisError
+from tests.helpers import CKPT
+
+WRITER = """
+import os, sys, time
+import torch
+import ckpt
+from ckpt.plugins.examples import mlp
+
+path, count, pause, close = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "close"
+torch.manual_seed(0)
+model = mlp()
+inputs, targets = torch.randn(20, 3), torch.randint(0, 4, (20,))
+writer = ckpt.create(path, model="ckpt.plugins.examples:mlp", objective="cross-entropy")
+writer.add_data("eval", inputs=inputs, targets=targets)
+writer.write(0, model)
+deadline = time.monotonic() + 60
+while not os.path.exists(os.path.join(path, "analyses", "loss", "zarr.json")) and time.monotonic() < deadline:
+    time.sleep(0.05)  # the follower computed the first checkpoint: the rest arrive while it follows
+for step in range(1, count):
+    time.sleep(pause)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.01)
+    writer.write(step, model)
+if close:
+    writer.close()
+else:
+    os._exit(0)  # a writer that never closes the store (killed, or still training)
+"""
+
+
+def _command() -> list[str]:
+    return [str(CKPT)] if CKPT.exists() else [sys.executable, "-m", "ckpt.cli"]
+
+
+def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], subprocess.Popen[str], Path]:
+    """A writer of 5 checkpoints and a follower of its store, both started; the store's path."""
+    store = tmp_path / "live.zarr"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    writer = subprocess.Popen([sys.executable, str(script), str(store), *args], text=True)
+    deadline = time.monotonic() + 60
+    while not (store / "zarr.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    follower = subprocess.Popen(
+        [*_command(), "analyze", "loss", str(store), "--follow", "--no-progress", "--until-idle", "4s"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    return writer, follower, store
+
+
+def _computed(stderr: str) -> list[int]:
+    return [int(s) for s in re.findall(r"^loss: step (\d+) computed$", stderr, flags=re.M)]
+
+
+def test_a_follower_computes_each_checkpoint_once_as_it_is_committed(tmp_path: Path) -> None:
+    writer, follower, store = _start(tmp_path, "5", "0.4", "open")
+    stdout, stderr = follower.communicate(timeout=120)
+    assert writer.wait(timeout=60) == 0
+    assert follower.returncode == 0, stderr
+    assert "Error" not in stderr
+    assert _computed(stderr) == [0, 1, 2, 3, 4]  # one line per checkpoint, each once, in order
+    result = ckpt.open(store).analysis("loss")
+    assert result["step"].values.tolist() == [0, 1, 2, 3, 4]
+    assert "until idle for 4s; computed 5 step(s)" in stdout
+
+
+def test_ctrl_c_keeps_the_committed_steps_and_exits_130(tmp_path: Path) -> None:
+    writer, follower, store = _start(tmp_path, "40", "0.3", "open")
+    lines: list[str] = []
+    assert follower.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(follower.stderr or []), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while len(_computed("".join(lines))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    follower.send_signal(signal.SIGINT)
+    assert follower.wait(timeout=60) == 130
+    reader.join(timeout=10)
+    writer.kill()
+    writer.wait(timeout=60)
+    stderr = "".join(lines)
+    assert stderr.strip().splitlines()[-1].startswith("Error: interrupted"), stderr
+    printed = _computed(stderr)
+    kept = ckpt.open(store).analysis("loss")["step"].values.tolist()
+    assert len(printed) >= 3
+    assert kept == printed  # what it said it computed is committed, nothing more, nothing twice
+
+
+def test_until_idle_and_rerun_every_need_follow_and_a_duration(tmp_path: Path) -> None:
+    from ckpt.plugins.examples import write_example_run
+
+    store = write_example_run(tmp_path / "run.zarr", 2)
+    for args, expected in (
+        (["--until-idle", "3s"], "--until-idle is an option of --follow"),
+        (["--follow", "--until-idle", "soon"], "--until-idle must be a duration such as 30s"),
+        (["--follow", "--rerun-every", "0s"], "--rerun-every must be a positive duration"),
+    ):
+        done = subprocess.run(
+            [*_command(), "analyze", "loss", str(store), *args], capture_output=True, text=True, check=False
+        )
+        assert done.returncode != 0
+        assert done.stderr.count("Error:") == 1 and expected in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert "loss" not in ckpt.open(store).analyses  # refused before anything ran
+
+
+def test_durations() -> None:
+    assert parse_duration("500ms", "x") == 0.5
+    assert parse_duration("2m", "x") == 120.0
+    assert parse_duration(3, "x") == 3.0
+    for bad in ("", "-1s", "1 day", "inf", True):
+        with pytest.raises(AnalysisError, match="x must be a"):
+            parse_duration(bad, "x")
+
+
+@pytest.mark.parametrize("where", ["local-notify", "local-poll", "memory"])
+def test_a_watch_wakes_on_a_commit_and_not_before(tmp_path: Path, where: str) -> None:
+    from ckpt.plugins.examples import mlp
+
+    path = f"memory://watch-{os.getpid()}.zarr" if where == "memory" else str(tmp_path / "run.zarr")
+    writer = ckpt.create(path)
+    writer.write(0, mlp())
+    watch = RecordWatch(path, notify=where == "local-notify", fastest=0.05, slowest=0.2)
+    assert watch.notified == (where == "local-notify")
+    try:
+        assert not watch.wait(0.5)  # nothing committed: it times out
+        timer = threading.Timer(0.3, lambda: writer.write(1, mlp()))
+        timer.start()
+        started = time.monotonic()
+        assert watch.wait(10)
+        assert 0.2 < time.monotonic() - started < 5
+        timer.join()
+        assert not watch.wait(0.3)  # the change is seen once
+    finally:
+        watch.close()
+        writer.close()
