@@ -29,6 +29,9 @@ DIGESTS = "digests"
 PARENT = "parent"
 """Key of ``attrs["ckpt"]``: the run this one was initialised from (path, step, digest; §2.1), or absent."""
 
+FINISHED = "finished"
+"""Key of ``attrs["ckpt"]``: true once a writer closed the run, false while one has it open; absent: unknown (§2)."""
+
 ROOT_ATTR = "ckpt"
 """Key of the ckpt metadata inside the root group's attributes."""
 
@@ -157,6 +160,7 @@ __all__ = [
     "DIGESTS",
     "ENCODED_DTYPES",
     "FACTORY_RE",
+    "FINISHED",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "LABELS",

@@ -45,6 +45,7 @@ from ckpt.store.format import (
     CHECKPOINTS,
     DATA,
     DIGESTS,
+    FINISHED,
     PARENT,
     ROOT_ATTR,
     STEP,
@@ -213,6 +214,16 @@ class Store:
     def metadata(self) -> dict[str, Any]:
         """The run metadata (``attrs["ckpt"]`` of the root group), as a dict."""
         return dict(self._attrs[ROOT_ATTR])
+
+    @property
+    def finished(self) -> bool | None:
+        """Whether the run is finished, from the commit record (validated when read).
+
+        True once its writer closed it; False while a writer has it open, or was killed before
+        closing; None for a store written before ckpt recorded it (unknown: treat it as open).
+        """
+        mark = self.metadata.get(FINISHED)
+        return None if mark is None else bool(mark)
 
     @property
     def format_version(self) -> int:

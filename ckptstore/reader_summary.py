@@ -66,6 +66,7 @@ def store_info(store: Store) -> dict[str, Any]:
         "objective": store.objective,
         "unverifiable": store.unverifiable_summary(),
         "created": store.created,
+        "finished": store.finished,
         "checkpoints": {
             "count": len(steps),
             "first": int(steps[0]) if len(steps) else None,

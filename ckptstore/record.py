@@ -30,6 +30,7 @@ from ckpt.store.format import (
     DIGESTS,
     ENCODED_DTYPES,
     FACTORY_RE,
+    FINISHED,
     FORMAT_NAME,
     FORMAT_VERSION,
     METRIC_DIGESTS,
@@ -196,6 +197,8 @@ def validate_meta(attributes: Any, where: str) -> dict[str, Any]:
         _fail(where, "history", history, "a list of objects")
     if meta.get("attrs") is not None and not isinstance(meta["attrs"], dict):
         _fail(where, "attrs", meta["attrs"], "an object or null")
+    if meta.get(FINISHED) is not None and not isinstance(meta[FINISHED], bool):
+        _fail(where, FINISHED, meta[FINISHED], "true, false or absent")
     problem = parent_problem(meta.get(PARENT))
     if problem is not None:
         _fail(where, *problem)

@@ -46,6 +46,7 @@ from ckpt.store.format import (
     DATA,
     DIGESTS,
     FACTORY_RE,
+    FINISHED,
     METRIC_DIGESTS,
     METRICS,
     ROOT_ATTR,
@@ -162,6 +163,7 @@ class Writer:
             if repaired:
                 entry["repaired"] = repaired
             self._attrs[ROOT_ATTR]["history"].append(entry)
+            self._attrs[ROOT_ATTR][FINISHED] = False  # reopened: the run grows again until close()
             self._commit()
         except BaseException:
             self._lock.release()
@@ -524,7 +526,11 @@ class Writer:
         self._attrs[ROOT_ATTR].pop(INCOMPLETE, None)
 
     def close(self) -> None:
-        """Record the final shapes in every array's own metadata, commit, release the lock."""
+        """Record the final shapes in every array's own metadata, commit the run as finished, release the lock.
+
+        The commit record then says the run is finished (``Store.finished``): a follower
+        (``ckpt analyze --follow``) computes the last checkpoints and stops.
+        """
         if self._closed:
             return
         try:
@@ -536,6 +542,7 @@ class Writer:
                 group, _, name = path.partition("/")
                 if group in (CHECKPOINTS, METRICS) and name and node.get("node_type") == "array":
                     _zarr.write_json(self._zstore, f"{path}/{_zarr.ROOT_KEY}", node)
+            self._attrs[ROOT_ATTR][FINISHED] = True
             self._commit()
         finally:
             self._closed = True

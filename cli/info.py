@@ -51,6 +51,15 @@ def import_source(s: Any) -> dict[str, Any] | None:
     return {"source": origin, "format": s.attrs.get("import_format"), "revisions": revisions}
 
 
+def _run_state(finished: bool | None) -> str:
+    """Whether the run is finished, as the commit record says (``Writer.close()`` marks it)."""
+    if finished is None:
+        return "unknown (written before ckpt recorded whether a run is finished)"
+    if finished:
+        return "finished (its writer closed it)"
+    return "open (a writer has it open, or was stopped before closing it)"
+
+
 def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     lines = [f"{info['path']}  (ckpt store, format v{info['format_version']})"]
 
@@ -73,6 +82,7 @@ def _format_info(info: dict[str, Any], show_tensors: int) -> str:
     row("weights", weights)
     row("duplicates", _duplicates_row(info.get("duplicates")))
     row("created", info["created"])
+    row("run", _run_state(info.get("finished")))
     source = info.get("source")
     if source is not None:
         revisions = source["revisions"]
