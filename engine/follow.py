@@ -175,8 +175,8 @@ def _run_once(
 
 
 def _finished(store: ckptstore.Store) -> bool:
-    """Whether the commit record marks the run finished (a store without the mark: not finished)."""
-    return bool(getattr(store, "finished", False))
+    """Whether the commit record marks the run finished (a store written before the mark: not finished)."""
+    return store.finished is True
 
 
 __all__ = ["DEFAULT_EVERY", "FollowReport", "follow", "parse_duration"]

@@ -9,6 +9,7 @@ each exactly once (the result's steps and the lines on stderr), and how the foll
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -58,8 +59,10 @@ def _command() -> list[str]:
     return [str(CKPT)] if CKPT.exists() else [sys.executable, "-m", "ckpt.cli"]
 
 
-def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], subprocess.Popen[str], Path]:
-    """A writer of 5 checkpoints and a follower of its store, both started; the store's path."""
+def _start(
+    tmp_path: Path, *args: str, until_idle: str | None = "4s"
+) -> tuple[subprocess.Popen[str], subprocess.Popen[str], Path]:
+    """A writer (``count pause close|open``) and a follower of its store, both started; the store's path."""
     store = tmp_path / "live.zarr"
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
@@ -69,7 +72,8 @@ def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], subproces
         time.sleep(0.05)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     follower = subprocess.Popen(
-        [*_command(), "analyze", "loss", str(store), "--follow", "--no-progress", "--until-idle", "4s"],
+        [*_command(), "analyze", "loss", str(store), "--follow", "--no-progress"]
+        + (["--until-idle", until_idle] if until_idle else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -92,6 +96,54 @@ def test_a_follower_computes_each_checkpoint_once_as_it_is_committed(tmp_path: P
     result = ckpt.open(store).analysis("loss")
     assert result["step"].values.tolist() == [0, 1, 2, 3, 4]
     assert "until idle for 4s; computed 5 step(s)" in stdout
+
+
+def test_a_follower_stops_when_the_writer_closes_the_store(tmp_path: Path) -> None:
+    writer, follower, store = _start(tmp_path, "4", "0.3", "close", until_idle=None)
+    stdout, stderr = follower.communicate(timeout=120)
+    assert writer.wait(timeout=60) == 0
+    assert follower.returncode == 0, stderr
+    assert _computed(stderr) == [0, 1, 2, 3]  # the last checkpoints computed before it stops
+    assert "until the run is finished; computed 4 step(s)" in stdout
+    assert ckpt.open(store).analysis("loss")["step"].values.tolist() == [0, 1, 2, 3]
+
+
+def test_the_commit_record_says_whether_a_run_is_finished(tmp_path: Path) -> None:
+    from ckpt.plugins.examples import mlp
+    from tests.helpers import run_ckpt
+
+    path = tmp_path / "run.zarr"
+    writer = ckpt.create(path)
+    writer.write(0, mlp())
+    assert ckpt.open(path).finished is False
+    assert "run          open" in run_ckpt("info", str(path), "--no-finite-check").stdout
+    writer.close()
+    assert ckpt.open(path).finished is True
+    shown = run_ckpt("info", str(path), "--no-finite-check")
+    assert "run          finished" in shown.stdout, shown.stderr
+    with ckpt.open(path, mode="a") as appending:  # reopened: open again until it is closed
+        assert ckpt.open(path).finished is False
+        appending.write(1, mlp())
+    assert ckpt.open(path).finished is True
+    record = json.loads((path / "zarr.json").read_text())
+    record["attributes"]["ckpt"].pop("finished")  # a store written before the mark
+    (path / "zarr.json").write_text(json.dumps(record))
+    assert ckpt.open(path).finished is None
+    assert "run          unknown" in run_ckpt("info", str(path), "--no-finite-check").stdout
+
+
+def test_a_finished_mark_that_is_not_a_bool_is_refused(tmp_path: Path) -> None:
+    from ckpt.errors import StoreError
+    from ckpt.plugins.examples import mlp
+
+    path = tmp_path / "run.zarr"
+    with ckpt.create(path) as writer:
+        writer.write(0, mlp())
+    record = json.loads((path / "zarr.json").read_text())
+    record["attributes"]["ckpt"]["finished"] = "yes"
+    (path / "zarr.json").write_text(json.dumps(record))
+    with pytest.raises(StoreError, match="finished"):
+        ckpt.open(path)
 
 
 def test_ctrl_c_keeps_the_committed_steps_and_exits_130(tmp_path: Path) -> None:
