@@ -18,10 +18,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 import ckpt
+import ckpt.plugins
 from ckpt.engine.waiting import RecordWatch, parse_duration
 from ckpt.errors import AnalysisError
 from tests.helpers import CKPT
@@ -30,6 +33,7 @@ WRITER = """
 import os, sys, time
 import torch
 import ckpt
+import ckpt.plugins
 from ckpt.plugins.examples import mlp
 
 path, count, pause, close = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "close"
@@ -216,3 +220,72 @@ def test_a_watch_wakes_on_a_commit_and_not_before(tmp_path: Path, where: str) ->
     finally:
         watch.close()
         writer.close()
+
+
+class _Appending(ckpt.plugins.Analyzer):
+    """One value per checkpoint; computing step 0 commits a new checkpoint (a writer racing the run)."""
+
+    name = "appending-test"
+    description = "A per-checkpoint value whose computation lets a writer commit a checkpoint."
+    writer: Any = None
+
+    def compute(self, ctx: Any) -> Any:
+        import dask
+        import dask.array as da
+        import xarray as xr
+
+        def value(step: int) -> Any:
+            writer, _Appending.writer = _Appending.writer, None
+            if writer is not None:  # once: the next checkpoint lands after this run's plan
+                from ckpt.plugins.examples import mlp
+
+                writer.write(int(writer.last_step) + 1, mlp())
+            return np.float64(step)
+
+        parts = [da.from_delayed(dask.delayed(value)(int(s)), shape=(), dtype=float) for s in ctx.steps]
+        return xr.Dataset({"v": ("step", da.stack(parts))}, coords={"step": list(ctx.steps)})
+
+
+class _Counts(ckpt.plugins.Analyzer):
+    """A per-run result over the values of every checkpoint."""
+
+    name = "counts-test"
+    description = "How many checkpoints the required values cover."
+    per = "run"
+    requires = ("appending-test",)
+
+    def compute(self, ctx: Any) -> Any:
+        import xarray as xr
+
+        values = ctx.result("appending-test")["v"]
+        return xr.Dataset({"n": values.count()})
+
+
+class _RacePlugin:
+    @ckpt.plugins.hookimpl
+    def ckpt_register_analyzers(self, register: Any) -> None:
+        register(_Appending)
+        register(_Counts)
+
+
+def test_a_checkpoint_committed_after_the_dependencies_ran_is_computed_by_them(tmp_path: Path) -> None:
+    from ckpt.engine.runner import run
+    from ckpt.plugins import load_registry
+    from ckpt.plugins.examples import mlp
+
+    path = tmp_path / "run.zarr"
+    writer = ckpt.create(path)
+    for step in range(3):
+        writer.write(step, mlp())
+    _Appending.writer = writer
+    try:
+        report = run("counts-test", path, registry=load_registry(extra=[_RacePlugin()]), scheduler="sync")
+    finally:
+        writer.close()
+    assert _Appending.writer is None  # the race happened: step 3 came while the values were computed
+    values = ckpt.open(path).analysis("appending-test")
+    assert values["step"].values.tolist() == [0, 1, 2, 3]  # the dependency caught up with it
+    assert report.dependencies[0].computed_steps == [0, 1, 2, 3]
+    counts = ckpt.open(path).analysis("counts-test")
+    assert counts.ckpt.steps == [0, 1, 2, 3]
+    assert int(counts["n"].values) == 4  # the per-run result covers what it claims
