@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import ckpt
+import ckpt.errors
 import ckpt.plugins
 from ckpt.engine.waiting import RecordWatch, parse_duration
 from ckpt.errors import AnalysisError
@@ -33,6 +34,7 @@ WRITER = """
 import os, sys, time
 import torch
 import ckpt
+import ckpt.errors
 import ckpt.plugins
 from ckpt.plugins.examples import mlp
 
@@ -44,8 +46,8 @@ writer = ckpt.create(path, model="ckpt.plugins.examples:mlp", objective="cross-e
 writer.add_data("eval", inputs=inputs, targets=targets)
 writer.write(0, model)
 deadline = time.monotonic() + 60
-while not os.path.exists(os.path.join(path, "analyses", "loss", "zarr.json")) and time.monotonic() < deadline:
-    time.sleep(0.05)  # the follower computed the first checkpoint: the rest arrive while it follows
+while "loss" not in ckpt.open(path).analyses and time.monotonic() < deadline:
+    time.sleep(0.1)  # the follower computed the first checkpoint: the rest arrive while it follows
 for step in range(1, count):
     time.sleep(pause)
     with torch.no_grad():
@@ -64,19 +66,19 @@ def _command() -> list[str]:
 
 
 def _start(
-    tmp_path: Path, *args: str, until_idle: str | None = "4s"
+    tmp_path: Path, *args: str, until_idle: str | None = "4s", url: str | None = None, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[str], subprocess.Popen[str], Path]:
     """A writer (``count pause close|open``) and a follower of its store, both started; the store's path."""
     store = tmp_path / "live.zarr"
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
-    writer = subprocess.Popen([sys.executable, str(script), str(store), *args], text=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    writer = subprocess.Popen([sys.executable, str(script), url or str(store), *args], text=True, env=env)
     deadline = time.monotonic() + 60
-    while not (store / "zarr.json").exists() and time.monotonic() < deadline:
+    while not _exists(url or str(store)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     follower = subprocess.Popen(
-        [*_command(), "analyze", "loss", str(store), "--follow", "--no-progress"]
+        [*_command(), "analyze", "loss", url or str(store), "--follow", "--no-progress"]
         + (["--until-idle", until_idle] if until_idle else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -84,6 +86,14 @@ def _start(
         env=env,
     )
     return writer, follower, store
+
+
+def _exists(where: str) -> bool:
+    try:
+        ckpt.open(where)
+    except ckpt.errors.CkptError:
+        return False
+    return True
 
 
 def _computed(stderr: str) -> list[int]:
@@ -110,6 +120,39 @@ def test_a_follower_stops_when_the_writer_closes_the_store(tmp_path: Path) -> No
     assert _computed(stderr) == [0, 1, 2, 3]  # the last checkpoints computed before it stops
     assert "until the run is finished; computed 4 step(s)" in stdout
     assert ckpt.open(store).analysis("loss")["step"].values.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.slow  # starts a local S3 server
+def test_a_follower_of_an_s3_store_polls_and_stops_when_it_is_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    import s3fs
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        env = {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        }
+        s3fs.S3FileSystem(key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"]).mkdir("runs")
+        for key, value in env.items():  # this process's ckpt.open of the URL, too
+            monkeypatch.setenv(key, value)
+        url = "s3://runs/live.zarr"
+        writer, follower, _ = _start(tmp_path, "4", "0.5", "close", until_idle=None, url=url, env=env)
+        stdout, stderr = follower.communicate(timeout=120)
+        assert writer.wait(timeout=60) == 0
+        assert follower.returncode == 0, stderr
+        assert _computed(stderr) == [0, 1, 2, 3]
+        assert "until the run is finished" in stdout
+        assert ckpt.open(url).analysis("loss")["step"].values.tolist() == [0, 1, 2, 3]
+    finally:
+        server.stop()
 
 
 def test_the_commit_record_says_whether_a_run_is_finished(tmp_path: Path) -> None:
