@@ -39,6 +39,7 @@ import ckpt.plugins
 from ckpt.plugins.examples import mlp
 
 path, count, pause, close = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "close"
+first = sys.argv[5] if len(sys.argv) > 5 else "loss"  # the result that says the follower has started
 torch.manual_seed(0)
 model = mlp()
 inputs, targets = torch.randn(20, 3), torch.randint(0, 4, (20,))
@@ -46,7 +47,7 @@ writer = ckpt.create(path, model="ckpt.plugins.examples:mlp", objective="cross-e
 writer.add_data("eval", inputs=inputs, targets=targets)
 writer.write(0, model)
 deadline = time.monotonic() + 60
-while "loss" not in ckpt.open(path).analyses and time.monotonic() < deadline:
+while first not in ckpt.open(path).analyses and time.monotonic() < deadline:
     time.sleep(0.1)  # the follower computed the first checkpoint: the rest arrive while it follows
 for step in range(1, count):
     time.sleep(pause)
@@ -66,7 +67,12 @@ def _command() -> list[str]:
 
 
 def _start(
-    tmp_path: Path, *args: str, until_idle: str | None = "4s", url: str | None = None, env: dict[str, str] | None = None
+    tmp_path: Path,
+    *args: str,
+    until_idle: str | None = "4s",
+    url: str | None = None,
+    env: dict[str, str] | None = None,
+    analyze: tuple[str, ...] = ("loss",),
 ) -> tuple[subprocess.Popen[str], subprocess.Popen[str], Path]:
     """A writer (``count pause close|open``) and a follower of its store, both started; the store's path."""
     store = tmp_path / "live.zarr"
@@ -78,7 +84,7 @@ def _start(
     while not _exists(url or str(store)) and time.monotonic() < deadline:
         time.sleep(0.05)
     follower = subprocess.Popen(
-        [*_command(), "analyze", "loss", url or str(store), "--follow", "--no-progress"]
+        [*_command(), "analyze", analyze[0], url or str(store), "--follow", "--no-progress", *analyze[1:]]
         + (["--until-idle", until_idle] if until_idle else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -155,6 +161,23 @@ def test_a_follower_of_an_s3_store_polls_and_stops_when_it_is_closed(
         server.stop()
 
 
+def test_a_per_run_analyzer_is_recomputed_while_following_and_once_at_the_end(tmp_path: Path) -> None:
+    writer, follower, store = _start(
+        tmp_path, "4", "0.6", "close", "grad-norms", until_idle=None, analyze=("loss-spikes", "--rerun-every", "1s")
+    )
+    _stdout, stderr = follower.communicate(timeout=120)
+    assert writer.wait(timeout=60) == 0
+    assert follower.returncode == 0, stderr
+    steps = [int(s) for s in re.findall(r"^grad-norms: step (\d+) computed$", stderr, flags=re.M)]
+    assert steps == [0, 1, 2, 3]  # its requirement follows along, each checkpoint once
+    runs = re.findall(r"^loss-spikes: recomputed over (\d+) checkpoint\(s\)", stderr, flags=re.M)
+    assert len(runs) >= 2  # at the start, then again (at most once a second), and at the end
+    assert runs[-1] == "4"
+    assert int(runs[0]) < 4
+    result = ckpt.open(store).analysis("loss-spikes")
+    assert result.ckpt.steps == [0, 1, 2, 3]
+
+
 def test_the_commit_record_says_whether_a_run_is_finished(tmp_path: Path) -> None:
     from ckpt.plugins.examples import mlp
     from tests.helpers import run_ckpt
@@ -194,7 +217,7 @@ def test_a_finished_mark_that_is_not_a_bool_is_refused(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_keeps_the_committed_steps_and_exits_130(tmp_path: Path) -> None:
-    writer, follower, store = _start(tmp_path, "40", "0.3", "open")
+    writer, follower, store = _start(tmp_path, "200", "0.3", "open")
     lines: list[str] = []
     assert follower.stderr is not None
     reader = threading.Thread(target=lambda: lines.extend(follower.stderr or []), daemon=True)
