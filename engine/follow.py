@@ -165,6 +165,7 @@ def _run_once(
     on_report: Callable[[RunReport], None] | None,
 ) -> None:
     done = run(name, store, **kwargs)
+    kwargs["force"] = False  # --force recomputes what was stored before following, not each new checkpoint
     if done.computed_steps:
         report.runs += 1
         seen = set(report.computed_steps)

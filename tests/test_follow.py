@@ -241,19 +241,41 @@ def test_ctrl_c_keeps_the_committed_steps_and_exits_130(tmp_path: Path) -> None:
 def test_until_idle_and_rerun_every_need_follow_and_a_duration(tmp_path: Path) -> None:
     from ckpt.plugins.examples import write_example_run
 
-    store = write_example_run(tmp_path / "run.zarr", 2)
+    store = str(write_example_run(tmp_path / "run.zarr", 2))
+    other = str(write_example_run(tmp_path / "other.zarr", 1))
     for args, expected in (
-        (["--until-idle", "3s"], "--until-idle is an option of --follow"),
-        (["--follow", "--until-idle", "soon"], "--until-idle must be a duration such as 30s"),
-        (["--follow", "--rerun-every", "0s"], "--rerun-every must be a positive duration"),
+        ([store, "--until-idle", "3s"], "--until-idle is an option of --follow"),
+        ([store, "--follow", "--until-idle", "soon"], "--until-idle must be a duration such as 30s"),
+        ([store, "--follow", "--rerun-every", "0s"], "--rerun-every must be a positive duration"),
+        ([store, other, "--follow"], "--follow follows one store, got 2"),
     ):
-        done = subprocess.run(
-            [*_command(), "analyze", "loss", str(store), *args], capture_output=True, text=True, check=False
-        )
+        done = subprocess.run([*_command(), "analyze", "loss", *args], capture_output=True, text=True, check=False)
         assert done.returncode != 0
         assert done.stderr.count("Error:") == 1 and expected in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
     assert "loss" not in ckpt.open(store).analyses  # refused before anything ran
+    assert "loss" not in ckpt.open(other).analyses
+
+
+def test_force_recomputes_what_was_stored_once_not_each_new_checkpoint(tmp_path: Path) -> None:
+    from ckpt.engine.follow import follow
+    from ckpt.plugins.examples import write_example_run
+
+    store = write_example_run(tmp_path / "run.zarr", 3)
+    ckpt.analyze("loss", store)
+    writer = ckpt.open(store, mode="a")  # the run grows again: one checkpoint after the first run
+    reports: list[Any] = []
+
+    def grow(report: Any) -> None:
+        reports.append(report)
+        if len(reports) == 1:
+            writer.write(3, ckpt.open(store).tensors(2))
+        else:
+            writer.close()
+
+    done = follow("loss", store, until_idle=30, force=True, on_report=grow)
+    assert done.stopped == "finished"
+    assert [r.computed_steps for r in reports] == [[0, 1, 2], [3]]
 
 
 def test_durations() -> None:
