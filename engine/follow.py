@@ -28,8 +28,12 @@ import ckpt.store as ckptstore
 from ckpt.engine.runner import RunReport, run
 from ckpt.engine.settings import EngineSettings, with_engine_settings
 from ckpt.engine.waiting import DEFAULT_EVERY, RecordWatch, parse_duration
+from ckpt.errors import StoreLockedError
 from ckpt.plugins import PER_RUN
 from ckpt.plugins.manager import registry as shared_registry
+
+BUSY_RETRY = 1.0
+"""Seconds before a follower tries again a result another process is computing."""
 
 RECHECK = 60.0
 """Seconds after which the record is re-read although no wake said it changed (a missed notification)."""
@@ -135,7 +139,9 @@ def _loop(
         finished = _finished(store)
         due = not per_run or report.last is None or finished or last_read - last_run >= cadence
         if stale and steps and due:
-            _run_once(name, store, kwargs, report, on_report)
+            if not _run_once(name, store, kwargs, report, on_report):
+                watch.wait(BUSY_RETRY)  # another process computes this result: its commit may be all we need
+                continue
             # idle is time without a checkpoint while waiting for one, not the time computing took
             stale, last_run = False, time.monotonic()
             last_new = max(last_new, last_run)
@@ -145,8 +151,8 @@ def _loop(
             return report
         now = time.monotonic()
         if idle is not None and now - last_new >= idle:
-            if stale and steps:  # a per-run result not yet over the last checkpoints
-                _run_once(name, store, kwargs, report, on_report)
+            if stale and steps and not _run_once(name, store, kwargs, report, on_report):
+                continue  # a per-run result not yet over the last checkpoints, held by another process
             report.stopped = "idle"
             return report
         waits = [RECHECK - (now - last_read)]
@@ -163,8 +169,12 @@ def _run_once(
     kwargs: dict[str, Any],
     report: FollowReport,
     on_report: Callable[[RunReport], None] | None,
-) -> None:
-    done = run(name, store, **kwargs)
+) -> bool:
+    """One run; False when another process holds the result (computing it): the follower tries again."""
+    try:
+        done = run(name, store, **kwargs)
+    except StoreLockedError:
+        return False
     kwargs["force"] = False  # --force recomputes what was stored before following, not each new checkpoint
     if done.computed_steps:
         report.runs += 1
@@ -173,6 +183,7 @@ def _run_once(
     report.last = done
     if on_report is not None:
         on_report(done)
+    return True
 
 
 def _finished(store: ckptstore.Store) -> bool:

@@ -4,9 +4,9 @@ A writer commits by replacing the root ``zarr.json`` (docs/store-format.md §4),
 object is all a follower has to watch. :class:`RecordWatch` wakes when it may have changed:
 
 - a local store: file-system notifications on the store's folder (``watchfiles``, inotify,
-  FSEvents or ReadDirectoryChangesW), checked against the record's ``stat`` at every wake, so
-  that a shared file system whose notifications do not cross machines (NFS) is still seen, by
-  polling;
+  FSEvents or ReadDirectoryChangesW), checked against the record's ``stat`` at every wake (at
+  least every :data:`TICK` seconds), so that a shared file system whose notifications do not
+  cross machines (NFS) is still seen, by polling;
 - an fsspec store (``s3://`` ...), or a local one where ``watchfiles`` is not installed: polling
   the record's size, modification time and ETag, with a backoff from ``fastest`` to ``slowest``
   seconds while nothing changes, back to ``fastest`` after a change.
@@ -24,6 +24,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ckpt.errors import AnalysisError
+
+TICK = 0.5
+"""Longest a notified wait sleeps before it looks at the clock (and the record's stat) again."""
 
 RECORD = "zarr.json"
 """The root metadata file: the commit record, replaced whole by each commit."""
@@ -95,7 +98,7 @@ class RecordWatch:
             record = os.path.join(folder, RECORD)
             self._signature: Callable[[], Any] = lambda: _stat(record)
             if notify:
-                self._events = _notifications(folder, slowest)
+                self._events = _notifications(folder, TICK)
         else:
             self._signature = _remote_signature(where, storage_options)
         self._seen = self._signature()
@@ -115,7 +118,7 @@ class RecordWatch:
         while True:
             left = deadline - time.monotonic()
             if self._events is not None and left > 0:
-                next(self._events)  # a set of changes, or empty after at most `slowest` seconds
+                next(self._events)  # a set of changes, or empty after at most TICK seconds
             elif left > 0:
                 time.sleep(min(self._interval, left))
                 self._interval = min(self._slowest, self._interval * 1.5)
@@ -185,4 +188,4 @@ def _remote_signature(where: str, storage_options: dict[str, Any] | None) -> Cal
     return signature
 
 
-__all__ = ["DEFAULT_EVERY", "RECORD", "RecordWatch", "parse_duration"]
+__all__ = ["DEFAULT_EVERY", "RECORD", "TICK", "RecordWatch", "parse_duration"]

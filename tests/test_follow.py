@@ -278,6 +278,29 @@ def test_force_recomputes_what_was_stored_once_not_each_new_checkpoint(tmp_path:
     assert [r.computed_steps for r in reports] == [[0, 1, 2], [3]]
 
 
+def test_a_result_another_process_computes_is_waited_for(tmp_path: Path) -> None:
+    from ckpt.engine.follow import follow
+    from ckpt.plugins.examples import write_example_run
+    from ckpt.store.result_locks import result_lock
+
+    store = write_example_run(tmp_path / "run.zarr", 2)
+    with result_lock(store, "loss"):  # what a `ckpt analyze loss` in another process holds
+        releases = time.monotonic() + 1.0
+        done = None
+
+        def in_thread() -> None:
+            nonlocal done
+            done = follow("loss", store, until_idle=30)
+
+        follower = threading.Thread(target=in_thread)
+        follower.start()
+        time.sleep(max(0.0, releases - time.monotonic()))
+    follower.join(timeout=60)
+    assert done is not None
+    assert done.stopped == "finished"
+    assert done.computed_steps == [0, 1]
+
+
 def test_durations() -> None:
     assert parse_duration("500ms", "x") == 0.5
     assert parse_duration("2m", "x") == 120.0
