@@ -129,6 +129,15 @@ class CorruptChunkError(StoreError, OSError):
     """Stored bytes failed their checksum or could not be decoded."""
 
 
+class StaleResultError(StoreError):
+    """A result read through a Dataset opened earlier was committed again since (recomputed, extended, removed).
+
+    The store is fine, the Dataset is out of date: reopen it. Raised instead of
+    :class:`CorruptChunkError` when a chunk no longer matches what the Dataset opened
+    because a later commit rewrote it, so a Dataset never mixes two versions of a result.
+    """
+
+
 class ImportFormatError(CkptError, ValueError):
     """A folder of existing checkpoints could not be imported."""
 

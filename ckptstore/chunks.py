@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,12 @@ from ckpt.errors import CorruptChunkError
 from ckpt.store.arrays import tensor_digest
 
 CHUNK_DIGESTS = "ckpt_chunk_digests"
+
+Recommitted = Callable[[str, str, tuple[int, ...], "str | None"], None]
+"""``(variable, chunk key, chunk shape, digest)`` as a Dataset opened them: raises
+:class:`~ckpt.errors.StaleResultError` when a commit since rewrote that chunk, else returns.
+
+Called only when a chunk fails its check, so a read that matches costs nothing more."""
 
 
 def block_digest(values: Any) -> str:
@@ -129,14 +135,24 @@ def _slabs(
         yield slab
 
 
-def verified(dataset: Any, nodes: dict[str, dict[str, Any]], prefix: str, describe: str, remedy: str) -> Any:
+def verified(
+    dataset: Any,
+    nodes: dict[str, dict[str, Any]],
+    prefix: str,
+    describe: str,
+    remedy: str,
+    recommitted: Recommitted | None = None,
+) -> Any:
     """``dataset`` (opened lazily, ``chunks=None``) as dask arrays whose every chunk is checked when read.
 
     Each dask chunk is one stored chunk: it is read (decoded by xarray, as the
     digests were taken), a decoding failure becomes CorruptChunkError, and its
     digest is compared with the commit record. Variables already in memory
     (index coordinates) are checked now. A variable whose node records no
-    digests (results written before ckpt 0.2) is returned as opened.
+    digests (results written before ckpt 0.2) is returned as opened. A chunk
+    that fails is first handed to ``recommitted``: a result committed again
+    since it was opened rewrote its chunks in place, which is a stale Dataset,
+    not a corrupt store (:class:`~ckpt.errors.StaleResultError`).
     """
     import dask.array as da
     import xarray as xr
@@ -153,12 +169,13 @@ def verified(dataset: Any, nodes: dict[str, dict[str, Any]], prefix: str, descri
         if digests is not None:
             what = (f"{describe}, variable {name!r}", remedy)
             chunks = tuple(variable.encoding.get("chunks") or node_chunks(nodes[f"{prefix}/{name}"]))
+            stale = _stale_check(recommitted, str(name), chunks, digests)
             if isinstance(variable, xr.IndexVariable):
                 values = np.asarray(variable.values)
                 for key, region in chunk_regions(values.shape, chunks):
-                    _compare(values[region], digests, key, what)
+                    _compare(values[region], digests, key, what, stale)
             else:
-                source = _CheckedChunks(variable, chunks, digests, what)
+                source = _CheckedChunks(variable, chunks, digests, what, stale)
                 lazy = da.from_array(source, chunks=chunks or (), name=False, asarray=False, fancy=False)
                 variable = xr.Variable(variable.dims, lazy, variable.attrs, variable.encoding)
         variables[name] = variable
@@ -167,33 +184,63 @@ def verified(dataset: Any, nodes: dict[str, dict[str, Any]], prefix: str, descri
     return xr.Dataset(data_vars, coords=coords, attrs=dataset.attrs)
 
 
+def _stale_check(
+    recommitted: Recommitted | None, name: str, chunks: tuple[int, ...], digests: dict[str, str]
+) -> Callable[[str], None] | None:
+    """What a failed chunk ``key`` of variable ``name`` is handed to (see :data:`Recommitted`)."""
+    if recommitted is None:
+        return None
+    return lambda key: recommitted(name, key, chunks, digests.get(key))
+
+
 class _CheckedChunks:
     """Array-like source for dask: reads one stored chunk at a time and checks it against its digest."""
 
-    def __init__(self, variable: Any, chunks: tuple[int, ...], digests: dict[str, str], what: tuple[str, str]):
-        self.variable, self.chunks, self.digests, self.what = variable, chunks, digests, what
+    def __init__(
+        self,
+        variable: Any,
+        chunks: tuple[int, ...],
+        digests: dict[str, str],
+        what: tuple[str, str],
+        stale: Callable[[str], None] | None = None,
+    ):
+        self.variable, self.chunks, self.digests, self.what, self.stale = variable, chunks, digests, what, stale
         self.shape, self.dtype, self.ndim = variable.shape, variable.dtype, variable.ndim
 
     def __getitem__(self, key: tuple[slice, ...]) -> np.ndarray:
         from ckpt.store._zarr import translated_read_errors
 
         key = key if isinstance(key, tuple) else (key,)
-        with translated_read_errors(*self.what):
-            values = np.asarray(self.variable[key].values)
         starts = [k.start or 0 for k in key]
         aligned = all(start % chunk == 0 for start, chunk in zip(starts, self.chunks, strict=True))
         if not aligned:  # dask only asks for whole chunks (chunks= above); never read unchecked
             raise AssertionError(f"{self.what[0]}: read of {key} is not aligned with the stored chunks")
-        index = [start // chunk for start, chunk in zip(starts, self.chunks, strict=True)]
-        _compare(values, self.digests, ".".join(map(str, index)), self.what)
+        index = ".".join(str(start // chunk) for start, chunk in zip(starts, self.chunks, strict=True))
+        try:
+            with translated_read_errors(*self.what):
+                values = np.asarray(self.variable[key].values)
+        except CorruptChunkError:
+            # a chunk rewritten by a later commit may not even decode at the shape this Dataset opened
+            if self.stale is not None:
+                self.stale(index)
+            raise
+        _compare(values, self.digests, index, self.what, self.stale)
         return values
 
 
-def _compare(values: np.ndarray, digests: dict[str, str], key: str, what: tuple[str, str]) -> None:
+def _compare(
+    values: np.ndarray,
+    digests: dict[str, str],
+    key: str,
+    what: tuple[str, str],
+    stale: Callable[[str], None] | None = None,
+) -> None:
     if values.size == 0:
         return
     expected = digests.get(key)
     if expected is None or block_digest(values) != expected:
+        if stale is not None:
+            stale(key)
         where = f"chunk {key or '(only)'}"
         reason = "has no digest in the commit record" if expected is None else "does not match its digest"
         describe, remedy = what
@@ -204,4 +251,12 @@ def _compare(values: np.ndarray, digests: dict[str, str], key: str, what: tuple[
         raise CorruptChunkError(msg)
 
 
-__all__ = ["CHUNK_DIGESTS", "block_digest", "chunk_regions", "digest_variable", "node_chunks", "verified"]
+__all__ = [
+    "CHUNK_DIGESTS",
+    "Recommitted",
+    "block_digest",
+    "chunk_regions",
+    "digest_variable",
+    "node_chunks",
+    "verified",
+]

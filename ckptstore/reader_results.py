@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import xarray as xr
 from zarr.core.sync import sync
 
-from ckpt.errors import CorruptChunkError, MissingDataError, StoreError
+from ckpt.errors import CorruptChunkError, MissingDataError, StaleResultError, StoreError
 from ckpt.store import _zarr
-from ckpt.store.chunks import verified
+from ckpt.store.chunks import CHUNK_DIGESTS, Recommitted, node_chunks, verified
 from ckpt.store.format import ANALYSES, ROOT_ATTR
 from ckpt.store.provenance import ANALYZER
 from ckpt.store.record import check_claimed_bytes
@@ -45,7 +45,51 @@ def open_result(store: Store, name: str) -> xr.Dataset:
     except KeyError as exc:  # xarray: metadata it needs to name dimensions is not there
         msg = f"{describe} cannot be opened ({exc.args[0] if exc.args else exc}); {remedy}"
         raise CorruptChunkError(msg) from None
-    return verified(opened, store._nodes, prefix, describe, remedy)
+    return verified(opened, store._nodes, prefix, describe, remedy, _recommitted(store, name, opened.attrs))
+
+
+def _created(attributes: Any) -> str:
+    """The provenance's ``created`` stamp in a result's attributes, for messages (``unknown`` when unrecorded)."""
+    record = attributes.get(ROOT_ATTR) if isinstance(attributes, dict) else None
+    created = record.get("created") if isinstance(record, dict) else None
+    return created if isinstance(created, str) else "unknown"
+
+
+def _recommitted(store: Store, name: str, opened: dict[str, Any]) -> Recommitted:
+    """What a chunk of result ``name`` that failed its check is handed to (:data:`~ckpt.store.chunks.Recommitted`).
+
+    ``opened`` holds the result's attributes as the Dataset opened them. A replaced or regrown
+    result is written over the same paths, so a Dataset opened before reads the new chunks
+    against the old digests. The commit record is read once more: when it now records another
+    digest (or chunk shape) for that chunk, a later commit rewrote it and the Dataset is stale
+    (:class:`~ckpt.errors.StaleResultError`); when it records the same, the chunk is wrong and
+    the caller raises :class:`~ckpt.errors.CorruptChunkError` as before.
+    """
+    prefix = f"{ANALYSES}/{name}"
+
+    def check(variable: str, key: str, chunks: tuple[int, ...], digest: str | None) -> None:
+        try:
+            _, nodes = _zarr.read_root(store._zstore, store._where)
+        except StoreError:  # the record itself cannot be read now: the chunk's own error stands
+            return
+        group, node = nodes.get(prefix), nodes.get(f"{prefix}/{variable}")
+        if group is not None and node is not None:
+            digests = node.get("attributes", {}).get(CHUNK_DIGESTS)
+            if isinstance(digests, dict) and digests.get(key) == digest and node_chunks(node) == chunks:
+                return
+            msg = (
+                f"{prefix} was recomputed (or extended/replaced) after this Dataset was opened "
+                f"(opened: {_created(opened)}, now: {_created(group.get('attributes', {}))}); "
+                f'reopen it with ckpt.open({store._where!r}).analysis("{name}")'
+            )
+        else:
+            msg = (
+                f"{prefix} was removed after this Dataset was opened (opened: {_created(opened)}); "
+                f"compute it again with `ckpt analyze {name} {store._where}`"
+            )
+        raise StaleResultError(msg)
+
+    return check
 
 
 def result_analyzer(store: Store, name: str) -> str:
