@@ -130,11 +130,11 @@ def expand_stores(patterns: tuple[str, ...]) -> list[str]:
 def _make_command(name: str, analyzer: Any) -> click.Command:
     def callback(stores: tuple[str, ...], **values: Any) -> None:
         from ckpt.engine.runner import run
-        from ckpt.engine.settings import EngineSettings  # analyzer options never take these names
+        from ckpt.engine.settings import FOLLOW_OPTIONS, EngineSettings  # no analyzer option takes these names
         from ckpt.store import allow
 
         allow(*values.pop("trust_factory"))
-        following = {key: values.pop(key) for key in ("follow", "until_idle", "rerun_every")}
+        following = {key: values.pop(key) for key in FOLLOW_OPTIONS}
         engine = {k: values.pop(k) for k in EngineSettings.names() if k in values}
         options = {k: v for k, v in values.items() if v is not None}
         if engine["address"] is not None:

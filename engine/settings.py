@@ -35,6 +35,9 @@ SCHEDULERS = ("threads", "processes", "sync")
 ADDRESS_PATTERN = r"(tcp|tls|inproc|ucx|ws|wss)://[^\s/]+/?|[^\s:/]+:\d+"
 """What ``address`` must look like: a ``distributed`` scheduler's address, checked before connecting."""
 
+FOLLOW_OPTIONS = ("follow", "until_idle", "rerun_every")
+"""Options ``ckpt analyze`` adds beyond the settings (:mod:`ckpt.engine.follow`): no analyzer option may take them."""
+
 
 def setting(
     default: Any,

@@ -302,12 +302,14 @@ def validate_analyzer(cls: Any) -> None:
     if cls.per not in (PER_CHECKPOINT, PER_PAIR, PER_RUN):
         msg = f"analyzer {cls.name!r}: per must be 'checkpoint', 'pair' or 'run', got {cls.per!r}"
         raise PluginError(msg)
-    reserved = _engine_settings()
+    from ckpt.engine.settings import FOLLOW_OPTIONS  # the command's own options, beside the settings
+
+    reserved = (*_engine_settings(), *FOLLOW_OPTIONS)
     shadowing = [name for name in cls.option_spec() if name in reserved]
     if shadowing:
         msg = (
-            f"analyzer {cls.name!r} declares option {shadowing[0]!r}, which is an engine setting "
-            f"({', '.join(reserved)}); rename the option"
+            f"analyzer {cls.name!r} declares option {shadowing[0]!r}, which is an engine setting or an option "
+            f"of ckpt analyze ({', '.join(reserved)}); rename the option"
         )
         raise PluginError(msg)
     for option in cls.option_spec().values():

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import ckpt.plugins
+from ckpt.engine.settings import FOLLOW_OPTIONS
 from ckpt.plugins import PluginWarning, hookspecs, load_registry
 from ckpt.plugins.manager import get_plugin_manager
 from tests.helpers import run_ckpt
@@ -191,8 +192,9 @@ def test_registration_validates_analyzers() -> None:
         load_registry(entry_points=False, extra=[RegistersAType()])
 
 
-@pytest.mark.parametrize("setting", ckpt.plugins.analyzer.ENGINE_SETTINGS)
+@pytest.mark.parametrize("setting", [*ckpt.plugins.analyzer.ENGINE_SETTINGS, *FOLLOW_OPTIONS])
 def test_an_option_may_not_shadow_an_engine_setting(setting: str) -> None:
+    """An option named like a setting or ``--follow``'s options would make every ``ckpt analyze`` fail to build."""
     shadowing = type(
         "Shadowing",
         (ckpt.plugins.Analyzer,),
