@@ -343,7 +343,15 @@ def open_root_group(store: zarr.abc.store.Store, where: str = "the store") -> za
     read_root(store, where)
     try:
         return zarr.open_group(store, mode="r", use_consolidated=True)
-    except (ValueError, TypeError, KeyError, LookupError, NotImplementedError, zarr.errors.BaseZarrError) as exc:
+    except (  # a fill value too large for its data type is an OverflowError (ArithmeticError)
+        ValueError,
+        TypeError,
+        KeyError,
+        LookupError,
+        ArithmeticError,
+        NotImplementedError,
+        zarr.errors.BaseZarrError,
+    ) as exc:
         msg = f"zarr cannot read the commit record of {where} ({type(exc).__name__}: {exc}); restore it from a copy"
         raise CorruptRecordError(msg) from None
 

@@ -72,6 +72,10 @@ MUTATIONS: dict[str, tuple[Callable[[dict], None], str]] = {
         lambda d: d["consolidated_metadata"]["metadata"]["checkpoints/0.weight"]["shape"].__setitem__(2, 2**70),
         "elements (a 64-bit count of bytes)",
     ),
+    "fill value beyond its data type": (  # found by the fuzzer: zarr's OverflowError traceback
+        lambda d: d["consolidated_metadata"]["metadata"]["analyses/loss/example"].update(fill_value=2**70),
+        "zarr cannot read the commit record",
+    ),
     "result without dimension_names": (  # found by the fuzzer: an xarray KeyError traceback
         lambda d: d["consolidated_metadata"]["metadata"]["analyses/loss/loss"].pop("dimension_names"),
         "dimension_names of 'analyses/loss/loss' is None, expected 2 names",
