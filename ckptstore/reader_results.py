@@ -42,8 +42,11 @@ def open_result(store: Store, name: str) -> xr.Dataset:
     try:
         with _zarr.translated_read_errors(describe, remedy):  # index coordinates are read now
             opened = xr.open_zarr(store._zstore, group=prefix, consolidated=True, chunks=None)
-    except KeyError as exc:  # xarray: metadata it needs to name dimensions is not there
-        msg = f"{describe} cannot be opened ({exc.args[0] if exc.args else exc}); {remedy}"
+    # xarray: metadata it needs to name dimensions is not there (KeyError), or an attribute it decodes,
+    # such as _FillValue, is not of the variable's type (TypeError, ValueError, OverflowError)
+    except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
+        reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else f"{type(exc).__name__}: {exc}"
+        msg = f"{describe} cannot be opened ({reason}); {remedy}"
         raise CorruptChunkError(msg) from None
     return verified(opened, store._nodes, prefix, describe, remedy, _recommitted(store, name, opened.attrs))
 
