@@ -11,11 +11,13 @@ writer and crash processes the tests start import it too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,3 +190,34 @@ def invoke_ckpt(
         warnings.simplefilter("ignore")
         result = runner.invoke(cli, list(args), env=extra_env, prog_name="ckpt")
     return subprocess.CompletedProcess(["ckpt", *args], result.exit_code, result.stdout, result.stderr)
+
+
+def weight_norm(worker: Any, step: int) -> dict[str, np.ndarray]:
+    """``map_checkpoints``' per-step function for tests' small analyzers: the sum of the tensors' norms."""
+    tensors = worker.tensors(step)
+    return {"norm": np.array(sum(float(np.linalg.norm(t.astype(np.float64))) for t in tensors.values()))}
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[dict[str, str]]:
+    """A local S3 server (moto) with the bucket ``runs``; yields the environment that points AWS clients at it."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        env = {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        }
+        # moto keeps its buckets in the process: a second server in the same pytest worker sees them
+        s3fs.S3FileSystem(key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"]).makedirs(
+            "runs", exist_ok=True
+        )
+        yield env
+    finally:
+        server.stop()

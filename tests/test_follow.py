@@ -28,7 +28,7 @@ import ckpt.errors
 import ckpt.plugins
 from ckpt.engine.waiting import RecordWatch, parse_duration
 from ckpt.errors import AnalysisError
-from tests.helpers import CKPT
+from tests.helpers import CKPT, s3_server
 
 WRITER = """
 import os, sys, time
@@ -133,20 +133,8 @@ def test_a_follower_of_an_s3_store_polls_and_stops_when_it_is_closed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    import s3fs
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        env = {
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-        }
-        s3fs.S3FileSystem(key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"]).mkdir("runs")
+    pytest.importorskip("moto.server")
+    with s3_server() as env:
         for key, value in env.items():  # this process's ckpt.open of the URL, too
             monkeypatch.setenv(key, value)
         url = "s3://runs/live.zarr"
@@ -157,8 +145,6 @@ def test_a_follower_of_an_s3_store_polls_and_stops_when_it_is_closed(
         assert _computed(stderr) == [0, 1, 2, 3]
         assert "until the run is finished" in stdout
         assert ckpt.open(url).analysis("loss")["step"].values.tolist() == [0, 1, 2, 3]
-    finally:
-        server.stop()
 
 
 def test_a_per_run_analyzer_is_recomputed_while_following_and_once_at_the_end(tmp_path: Path) -> None:

@@ -18,14 +18,10 @@ import torch
 import ckpt
 import ckpt.store as ckptstore
 from ckpt.engine.plan import Plan, plan
-from ckpt.plugins import AnalysisContext, Analyzer, Worker, hookimpl
+from ckpt.plugins import AnalysisContext, Analyzer, hookimpl
 from ckpt.plugins.manager import Registry, load_registry
 from ckpt.plugins.testing import mlp, raise_if_dask_computes
-
-
-def _norm(worker: Worker, step: int) -> dict[str, np.ndarray]:
-    tensors = worker.tensors(step)
-    return {"norm": np.array(sum(float(np.linalg.norm(t.astype(np.float64))) for t in tensors.values()))}
+from tests.helpers import weight_norm
 
 
 class WholeRunNorm(Analyzer):
@@ -36,7 +32,7 @@ class WholeRunNorm(Analyzer):
     per = "run"
 
     def compute(self, ctx: AnalysisContext) -> Any:
-        return ctx.map_checkpoints(_norm, {"norm": ((), np.float64)}).mean("step")
+        return ctx.map_checkpoints(weight_norm, {"norm": ((), np.float64)}).mean("step")
 
 
 class _Plugin:

@@ -15,34 +15,20 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.helpers import run_ckpt
+from tests.helpers import run_ckpt, s3_server
 
 pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
 def s3_env() -> Iterator[dict[str, str]]:
     """A local S3 server with the bucket ``runs``, and the environment that points the AWS clients at it."""
-    import s3fs
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-    }
-    s3fs.S3FileSystem(key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"]).mkdir("runs")
-    try:
+    with s3_server() as env:
         yield {**env, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1])])}
-    finally:
-        server.stop()
 
 
 def test_a_run_in_s3_is_imported_completed_and_analyzed(s3_env: dict[str, str], tmp_path: Path) -> None:

@@ -19,17 +19,12 @@ import torch
 import ckpt
 import ckpt.store as ckptstore
 from ckpt.errors import CorruptChunkError, StaleResultError, StoreError
-from ckpt.plugins import AnalysisContext, Analyzer, Worker, hookimpl
+from ckpt.plugins import AnalysisContext, Analyzer, hookimpl
 from ckpt.plugins.manager import Registry, load_registry
 from ckpt.plugins.testing import mlp
-from tests.helpers import invoke_ckpt
+from tests.helpers import invoke_ckpt, weight_norm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _norm(worker: Worker, step: int) -> dict[str, np.ndarray]:
-    tensors = worker.tensors(step)
-    return {"norm": np.array(sum(float(np.linalg.norm(t.astype(np.float64))) for t in tensors.values()))}
 
 
 class RelativeNorm(Analyzer):
@@ -40,7 +35,7 @@ class RelativeNorm(Analyzer):
     per = "run"
 
     def compute(self, ctx: AnalysisContext) -> Any:
-        norms = ctx.map_checkpoints(_norm, {"norm": ((), np.float64)})
+        norms = ctx.map_checkpoints(weight_norm, {"norm": ((), np.float64)})
         return norms / norms["norm"].mean("step")
 
 
