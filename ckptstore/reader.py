@@ -53,7 +53,7 @@ from ckpt.store.format import (
 from ckpt.store.lineage import Parent, read_parent
 from ckpt.store.model_spec import ModelSpec
 from ckpt.store.reader_data import read_metrics, read_split
-from ckpt.store.reader_results import open_result, result_analyzer
+from ckpt.store.reader_results import open_result, recorded_provenance, result_analyzer
 from ckpt.store.reader_summary import store_info, unverifiable_counts, unverifiable_sentence
 from ckpt.store.record import check_claimed_bytes, is_compressed, row_bound, validate_meta
 from ckpt.store.selection import TensorSelection
@@ -567,6 +567,14 @@ class Store:
         results kept under another name (``ckpt analyze ... --as NAME``).
         """
         return result_analyzer(self, name)
+
+    def recorded_provenance(self, name: str) -> dict[str, Any]:
+        """Result ``name``'s provenance as the commit record holds it, unchecked (no result is opened).
+
+        A cheap version of a result (its ``steps`` and ``created`` change with each commit of it);
+        ``{}`` when unrecorded. :meth:`analysis` checks it and returns the values.
+        """
+        return recorded_provenance(self, name)
 
     def close(self) -> None:
         """Release the store (a no-op for readers; writers release their lock)."""

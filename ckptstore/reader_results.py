@@ -95,10 +95,15 @@ def _recommitted(store: Store, name: str, opened: dict[str, Any]) -> Recommitted
     return check
 
 
+def recorded_provenance(store: Store, name: str) -> dict[str, Any]:
+    """Result ``name``'s provenance as the commit record holds it (:meth:`Store.recorded_provenance`)."""
+    attrs = store._nodes.get(f"{ANALYSES}/{name}", {}).get("attributes", {}).get(ROOT_ATTR, {})
+    return attrs if isinstance(attrs, dict) else {}
+
+
 def result_analyzer(store: Store, name: str) -> str:
     """The analyzer of result ``name`` by the commit record's provenance (:meth:`Store.analyzer_of`)."""
-    attrs = store._nodes.get(f"{ANALYSES}/{name}", {}).get("attributes", {}).get(ROOT_ATTR, {})
-    return str(attrs.get(ANALYZER) or name) if isinstance(attrs, dict) else name
+    return str(recorded_provenance(store, name).get(ANALYZER) or name)
 
 
-__all__ = ["open_result", "result_analyzer"]
+__all__ = ["open_result", "recorded_provenance", "result_analyzer"]

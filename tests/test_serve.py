@@ -252,6 +252,39 @@ def test_a_section_is_drawn_once_per_version_and_its_images_named_by_it(stores: 
         assert live.section(1, "0123456789abcdef") is None and live.section(5, loss["id"]) is None
 
 
+def test_polling_opens_a_result_once_per_version_of_its_record(
+    stores: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page asks every second: an unchanged result is not opened again; a recommitted one is."""
+    import shutil
+
+    import ckpt.store
+    from ckpt.analyzers.figures.live import state
+    from ckpt.cli.analyze import registry
+    from tests.helpers import set_provenance
+
+    copy = tmp_path / "polled.zarr"
+    shutil.copytree(stores[1], copy)
+    opened: list[str] = []
+    analysis = ckpt.store.Store.analysis
+
+    def counted(self: ckpt.store.Store, name: str) -> object:
+        opened.append(name)
+        return analysis(self, name)
+
+    monkeypatch.setattr(ckpt.store.Store, "analysis", counted)
+    first = state(str(copy), registry())["sections"]
+    results = sorted(ckpt.open(copy).analyses)
+    assert sorted(opened) == results  # each result opened and checked once
+    assert state(str(copy), registry())["sections"] == first
+    assert sorted(opened) == results  # a second poll opens none
+    set_provenance(copy, "loss", {"options": {"split": "eval", "changed": True}})
+    again = state(str(copy), registry())["sections"]
+    assert sorted(opened) == sorted([*results, "loss"])  # the recommitted one only
+    version = {s["title"]: s["version"] for s in first}
+    assert {s["title"]: s["version"] for s in again}["loss"] != version["loss"]
+
+
 @slow
 def test_a_store_that_breaks_or_a_result_that_lies_is_named_in_the_state(stores: list[Path], tmp_path: Path) -> None:
     import shutil

@@ -34,6 +34,11 @@ OVERLAID = {"loss": ("mean_loss", "mean loss"), "grad-norms": ("total_grad_norm"
 """Analyzer -> (variable, label) drawn for every store in one figure when the page shows several stores."""
 
 
+CHECKED_KEPT = 4096
+"""Result sections kept between polls (one per store, result and version) before the cache starts over."""
+_CHECKED: dict[tuple[str, str, str], Section] = {}
+
+
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -85,23 +90,32 @@ class Section:
 
 def sections(store: Any, registry: Any) -> list[Section]:
     """The sections of ``store``: its metrics (when any were recorded), then each stored result, by name."""
-    from ckpt.errors import CkptError
-
     steps = [int(s) for s in store.steps]
     recorded = bool(steps) and bool(list(store.metrics.data_vars))
     # metrics are written with the checkpoints: the steps of the commit record are their version
     found = [Section(METRICS, "", _digest(["metrics", steps]), steps, kind="metrics")] if recorded else []
     for name in store.analyses:
-        try:
-            result = store.analysis(name)  # lazy: only its provenance is read here
-            result.ckpt.validate(name, store.path, registry.analyzers)
-        except CkptError as exc:
-            found.append(Section(name, "", _digest(["refused", str(exc)]), [], f"{name}: not shown ({exc})"))
-            continue
-        record = result.ckpt
-        steps_of = [int(s) for s in record.steps]
-        found.append(Section(name, record.analyzer or name, _digest(record.provenance), steps_of))
+        # the page polls every second: a result is opened and checked once per version of its record
+        key = (store.path, name, _digest(store.recorded_provenance(name)))
+        if key not in _CHECKED:
+            if len(_CHECKED) >= CHECKED_KEPT:
+                _CHECKED.clear()
+            _CHECKED[key] = _result_section(store, name, registry)
+        found.append(_CHECKED[key])
     return found + _together(found, registry)
+
+
+def _result_section(store: Any, name: str, registry: Any) -> Section:
+    """The section of result ``name``, or one naming why it is not shown."""
+    from ckpt.errors import CkptError
+
+    try:
+        result = store.analysis(name)  # lazy: only its provenance is read here
+        result.ckpt.validate(name, store.path, registry.analyzers)
+    except CkptError as exc:
+        return Section(name, "", _digest(["refused", str(exc)]), [], f"{name}: not shown ({exc})")
+    record = result.ckpt
+    return Section(name, record.analyzer or name, _digest(record.provenance), [int(s) for s in record.steps])
 
 
 def _together(listed: list[Section], registry: Any) -> list[Section]:
