@@ -42,7 +42,8 @@ import numpy as np
 
 from ckpt.analyzers.spike_causes import check_model_and_split
 from ckpt.engine.memory import format_size
-from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
+from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -309,10 +310,7 @@ class Attention(Analyzer):
         return "\n".join(rows)
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register the ``attention`` analyzer."""
-    register(Attention)
+ckpt_register_analyzers = analyzer_hook(Attention)
 
 
 __all__ = [

@@ -89,10 +89,10 @@ from ckpt.plugins import (
     Option,
     Worker,
     capture,
-    hookimpl,
     iter_activations,
     torch_dtype,
 )
+from ckpt.plugins.manager import analyzer_hook
 from ckpt.plugins.objectives import logits_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -412,10 +412,7 @@ class BoundaryDistance(Analyzer):
         return "\n".join(rows)
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register the ``boundary-distance`` analyzer."""
-    register(BoundaryDistance)
+ckpt_register_analyzers = analyzer_hook(BoundaryDistance)
 
 
 __all__ = [

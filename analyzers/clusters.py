@@ -35,7 +35,6 @@ part-of-speech sequences (spaCy) and the contexts nearest its medoid.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,7 +42,8 @@ import numpy as np
 from ckpt.analyzers import text_labels
 from ckpt.analyzers import trajectories as tr
 from ckpt.numerics.basis_format import FOUND_AT
-from ckpt.plugins import PER_RUN, AnalysisContext, AnalysisError, Analyzer, Option, datapoint_index, hookimpl
+from ckpt.plugins import PER_RUN, AnalysisContext, AnalysisError, Analyzer, Option, datapoint_index
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -568,10 +568,7 @@ def _step_text(value: Any) -> str:
     return f"{value:g}"
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register ``clusters``."""
-    register(Clusters)
+ckpt_register_analyzers = analyzer_hook(Clusters)
 
 
 __all__ = [

@@ -31,7 +31,6 @@ error naming ``--max-memory``. One Dask task per checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,13 +49,13 @@ from ckpt.plugins import (
     Option,
     Worker,
     datapoint_index,
-    hookimpl,
     loss_function,
     parameter_space,
     select_modules,
     torch_dtype,
     trainable,
 )
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -308,10 +307,7 @@ class Curvature(Analyzer):
         return "\n".join(rows)
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register the ``curvature`` analyzer."""
-    register(Curvature)
+ckpt_register_analyzers = analyzer_hook(Curvature)
 
 
 __all__ = ["MODEL", "Curvature", "ckpt_register_analyzers", "curvature_at", "module_blocks", "top_curvature"]

@@ -99,7 +99,6 @@ forward pass with the checkpoint's weights; an output with a sequence axis
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -118,7 +117,8 @@ from ckpt.analyzers._geometry_metrics import (
     within_share,
 )
 from ckpt.analyzers.figures.tokens import PAIR_SUM_MAX_TOKENS
-from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker, hookimpl
+from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -497,10 +497,7 @@ def _probe_width(store: Any, module: str, tokens: np.ndarray) -> int:
     return int(xi[:, -1].shape[-1] if xi.ndim == 3 else np.prod(xi.shape[1:]))
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register the ``embedding-geometry`` analyzer."""
-    register(EmbeddingGeometry)
+ckpt_register_analyzers = analyzer_hook(EmbeddingGeometry)
 
 
 __all__ = [

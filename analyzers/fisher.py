@@ -7,7 +7,6 @@ It shares POLCA's per-checkpoint JVP pass (first order only).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,7 +14,8 @@ import numpy as np
 from ckpt.analyzers.basis import BasisReader
 from ckpt.analyzers.polca import checkpoint_terms
 from ckpt.numerics.basis_format import FOUND_AT, check_basis
-from ckpt.plugins import AnalysisContext, Analyzer, Option, datapoint_index, hookimpl, parameter_space
+from ckpt.plugins import AnalysisContext, Analyzer, Option, datapoint_index, parameter_space
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -86,10 +86,7 @@ class Fisher(BasisReader, Analyzer):
         return "\n".join(rows)
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register ``fisher``."""
-    register(Fisher)
+ckpt_register_analyzers = analyzer_hook(Fisher)
 
 
 __all__ = ["Fisher", "ckpt_register_analyzers"]

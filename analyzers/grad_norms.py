@@ -70,7 +70,7 @@ gradient-norm spike.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -95,11 +95,11 @@ from ckpt.plugins import (
     Option,
     Worker,
     chunks,
-    hookimpl,
     loss_function,
     parameter_space,
 )
 from ckpt.plugins import trainable as trainable_tensors
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -527,11 +527,7 @@ class LossSpikes(Analyzer):
         )
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register ``grad-norms`` and ``loss-spikes``."""
-    register(GradNorms)
-    register(LossSpikes)
+ckpt_register_analyzers = analyzer_hook(GradNorms, LossSpikes)
 
 
 __all__ = [

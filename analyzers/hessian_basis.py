@@ -19,7 +19,6 @@ basis checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,7 +46,8 @@ from ckpt.analyzers._hessian_search import earlier_basis, eigenvectors_at, graph
 from ckpt.analyzers.basis import ComputeOptions, HessianOptions, basis_steps, check_basis_size, sample_examples
 from ckpt.numerics.basis_format import BASIS_DIM, FOUND_AT, basis_problem
 from ckpt.numerics.derivatives import ParamSpace
-from ckpt.plugins import PER_RUN, AnalysisContext, Analyzer, Option, hookimpl, parameter_space
+from ckpt.plugins import PER_RUN, AnalysisContext, Analyzer, Option, parameter_space
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -193,10 +193,7 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
         return "\n".join(rows)
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register ``hessian-basis``."""
-    register(HessianBasis)
+ckpt_register_analyzers = analyzer_hook(HessianBasis)
 
 
 __all__ = [

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +42,12 @@ from ckpt.plugins import (
     Worker,
     chunks,
     datapoint_index,
-    hookimpl,
     loss_function,
     parameter_space,
     torch_dtype,
     trainable,
 )
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -285,10 +285,7 @@ def pair_keys(store: Any, selected: np.ndarray) -> dict[int, Any]:
     return keys
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register ``lca``."""
-    register(Lca)
+ckpt_register_analyzers = analyzer_hook(Lca)
 
 
 __all__ = ["Lca", "allocate", "ckpt_register_analyzers"]

@@ -8,12 +8,12 @@ loss per datapoint (one example, or one selected token). One Dask task per
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ckpt.plugins import AnalysisContext, Analyzer, Option, Worker, datapoint_index, hookimpl
+from ckpt.plugins import AnalysisContext, Analyzer, Option, Worker, datapoint_index
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -79,10 +79,7 @@ class Loss(Analyzer):
         return figures(result, store)
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register the ``loss`` analyzer."""
-    register(Loss)
+ckpt_register_analyzers = analyzer_hook(Loss)
 
 
 __all__ = ["Loss", "ckpt_register_analyzers", "datapoint_losses"]

@@ -36,7 +36,6 @@ One Dask task per checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,10 +48,10 @@ from ckpt.plugins import (
     Analyzer,
     Option,
     Worker,
-    hookimpl,
     iter_activations,
     select_modules,
 )
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -239,10 +238,7 @@ class Normalization(Analyzer):
         return "\n".join(rows)
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register the ``normalization`` analyzer."""
-    register(Normalization)
+ckpt_register_analyzers = analyzer_hook(Normalization)
 
 
 __all__ = [

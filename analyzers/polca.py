@@ -30,7 +30,6 @@ it; ⟨b, Δ⟩ comes from the two checkpoints' weights in float64.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -67,12 +66,12 @@ from ckpt.plugins import (
     Worker,
     chunks,
     datapoint_index,
-    hookimpl,
     loss_function,
     parameter_space,
     torch_dtype,
     trainable,
 )
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -399,10 +398,7 @@ class Polca(BasisReader, Analyzer):
         return "\n".join(rows)
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register ``polca``."""
-    register(Polca)
+ckpt_register_analyzers = analyzer_hook(Polca)
 
 
 __all__ = [

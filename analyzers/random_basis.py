@@ -7,7 +7,6 @@ decomposition, so that POLCA over it is the paper's random-basis baseline.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,9 +21,9 @@ from ckpt.plugins import (
     Analyzer,
     Option,
     Worker,
-    hookimpl,
     parameter_space,
 )
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -135,10 +134,7 @@ class RandomBasis(ScheduleOptions, Analyzer):
         return f"  {result.sizes[BASIS_DIM]} random orthonormal vectors over {len(tensors)} parameter tensors"
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register ``random-basis``."""
-    register(RandomBasis)
+ckpt_register_analyzers = analyzer_hook(RandomBasis)
 
 
 __all__ = ["BLOCK_ROWS", "RandomBasis", "ckpt_register_analyzers", "gaussian_block", "orthonormal_rows"]

@@ -25,7 +25,6 @@ task per checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,10 +36,10 @@ from ckpt.plugins import (
     Analyzer,
     Option,
     Worker,
-    hookimpl,
     iter_activations,
     select_modules,
 )
+from ckpt.plugins.manager import analyzer_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -201,10 +200,7 @@ class Sparsity(Analyzer):
         return "\n".join(rows)
 
 
-@hookimpl
-def ckpt_register_analyzers(register: Callable[[type], None]) -> None:
-    """Register the ``sparsity`` analyzer."""
-    register(Sparsity)
+ckpt_register_analyzers = analyzer_hook(Sparsity)
 
 
 __all__ = ["CAPTURE", "Sparsity", "below_counts", "ckpt_register_analyzers", "epsilon_grid", "sparsity_counts"]

@@ -16,7 +16,7 @@ import importlib
 import importlib.metadata
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,34 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "ckpt.sandboxes",
 )
 """Modules of ckpt's own plugins, registered exactly like third-party ones."""
+
+
+def analyzer_hook(*analyzers: type[Analyzer]) -> Callable[[Callable[[type[Analyzer]], None]], None]:
+    """The ``ckpt_register_analyzers`` hookimpl that registers ``analyzers``, for ckpt's own modules.
+
+    It is the hook a third-party plugin writes out (docs/plugins.md), made once here
+    because each built-in analyzer module would otherwise end in the same four lines;
+    a module binds it to the hook's name, which pluggy looks for:
+    ``ckpt_register_analyzers = analyzer_hook(Polca)``.
+
+    Examples
+    --------
+    >>> from ckpt.analyzers.loss import Loss
+    >>> registered = []
+    >>> analyzer_hook(Loss)(registered.append)
+    >>> registered == [Loss]
+    True
+    """
+
+    @hookspecs.hookimpl
+    def ckpt_register_analyzers(register: Callable[[type[Analyzer]], None]) -> None:
+        for analyzer in analyzers:
+            register(analyzer)
+
+    names = ", ".join(f"``{analyzer.name}``" for analyzer in analyzers)
+    ckpt_register_analyzers.__doc__ = f"Register {names}."
+    return ckpt_register_analyzers
+
 
 KINDS = ("analyzers", "objectives", "importers", "tasks")
 
@@ -235,6 +263,7 @@ __all__ = [
     "KINDS",
     "Provider",
     "Registry",
+    "analyzer_hook",
     "collect",
     "get_plugin_manager",
     "load_registry",
