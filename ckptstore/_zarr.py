@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import google_crc32c
 import numpy as np
@@ -358,22 +358,24 @@ def open_root_group(store: zarr.abc.store.Store, where: str = "the store") -> za
 
 def array_at(group: zarr.Group, path: str, where: str = "the store") -> zarr.Array:
     """The array at ``path`` below ``group``: a group there is a :class:`~ckpt.errors.CorruptRecordError`."""
-    from ckpt.errors import CorruptRecordError
-
-    node = group[path]
-    if not isinstance(node, zarr.Array):
-        msg = f"{path!r} in the commit record of {where} is a group where an array belongs; restore it from a copy"
-        raise CorruptRecordError(msg)
-    return node
+    return _node_at(group, path, zarr.Array, "an array", where)
 
 
 def group_at(group: zarr.Group, path: str, where: str = "the store") -> zarr.Group:
     """The group at ``path`` below ``group``: an array there is a :class:`~ckpt.errors.CorruptRecordError`."""
+    return _node_at(group, path, zarr.Group, "a group", where)
+
+
+_Node = TypeVar("_Node", zarr.Array, zarr.Group)
+
+
+def _node_at(group: zarr.Group, path: str, kind: type[_Node], wanted: str, where: str) -> _Node:
     from ckpt.errors import CorruptRecordError
 
     node = group[path]
-    if not isinstance(node, zarr.Group):
-        msg = f"{path!r} in the commit record of {where} is an array where a group belongs; restore it from a copy"
+    if not isinstance(node, kind):
+        found = "a group" if isinstance(node, zarr.Group) else "an array"
+        msg = f"{path!r} in the commit record of {where} is {found} where {wanted} belongs; restore it from a copy"
         raise CorruptRecordError(msg)
     return node
 
