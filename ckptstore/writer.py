@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,9 +40,9 @@ from ckpt.errors import (
     StepOrderError,
     UnsupportedTensorError,
 )
-from ckpt.store import _zarr
+from ckpt.store import _zarr, creating
 from ckpt.store.arrays import count_nonfinite, tensor_digest, to_numpy
-from ckpt.store.creating import create
+from ckpt.store.followers import Followers, check_followable, check_names
 from ckpt.store.format import (
     CHECKPOINTS,
     DATA,
@@ -61,6 +63,8 @@ from ckpt.store.writer_rows import (
     STEP_CHUNK,
     check_metric_digests,
     check_metric_step,
+    check_metrics,
+    check_step,
     create_tensor_arrays,
     ensure_capacity,
     stage_metrics,
@@ -88,38 +92,6 @@ def _as_tensor_mapping(tensors: Any) -> Mapping[str, Any]:
     raise UnsupportedTensorError(msg)
 
 
-def _check_step(step: Any) -> int:
-    if isinstance(step, bool) or not isinstance(step, int | np.integer):
-        msg = f"step must be a non-negative integer, got {step!r} ({type(step).__name__})"
-        raise StepOrderError(msg)
-    if step < 0:
-        msg = f"step must be a non-negative integer, got {step}"
-        raise StepOrderError(msg)
-    if step > np.iinfo(np.int64).max:  # steps are stored as int64
-        msg = f"step must be below 2**63 (steps are stored as int64), got {step}"
-        raise StepOrderError(msg)
-    return int(step)
-
-
-def _check_metrics(metrics: Mapping[str, Any] | None, step: int) -> dict[str, float]:
-    if metrics is None:
-        return {}
-    if not isinstance(metrics, Mapping):
-        msg = f"metrics must be a mapping name -> number, got {type(metrics).__name__}"
-        raise DataError(msg)
-    checked = {}
-    for name, value in metrics.items():
-        problem = check_name(name, "metric")
-        if problem:
-            raise InvalidNameError(problem)
-        try:
-            checked[name] = float(value)
-        except (TypeError, ValueError):
-            msg = f"metric {name!r} at step {step} must be a number, got {value!r}"
-            raise DataError(msg) from None
-    return checked
-
-
 class Writer:
     """A checkpoint store opened for writing.
 
@@ -128,6 +100,10 @@ class Writer:
     at a time holds a local store (an advisory ``flock``, released by the
     kernel if the process dies). :meth:`reader` gives a :class:`Store` view of
     what has been committed.
+
+    ``follow=["loss", "grad-norms"]`` starts those analyzers in processes of their own, each
+    computing every checkpoint as it is committed (:mod:`ckpt.store.followers`); ``follow_log``
+    is where they write (default: ``STORE.follow.log`` beside a local store).
     """
 
     def __init__(
@@ -137,10 +113,16 @@ class Writer:
         storage_options: dict[str, Any] | None = None,
         reject_nonfinite: bool = False,
         compressor: str | None = None,
+        follow: Sequence[str] | None = None,
+        follow_log: str | os.PathLike[str] | None = None,
         _history: dict[str, Any] | None = None,
         _building: bool = False,
     ) -> None:
         self._where = str(path)
+        names = check_names(follow)  # before the store is touched: a wrong name changes nothing
+        if names:
+            check_followable(self._where)
+        self._followers: Followers | None = None
         self._storage_options = storage_options
         self._reject_nonfinite = reject_nonfinite
         self._compressors = _compressors(compressor)
@@ -165,6 +147,8 @@ class Writer:
             self._attrs[ROOT_ATTR]["history"].append(entry)
             self._attrs[ROOT_ATTR][FINISHED] = False  # reopened: the run grows again until close()
             self._commit()
+            if names:  # after the commit that marks the run open: a follower must not see it finished
+                self._followers = Followers(self._where, names, storage_options=storage_options, log=follow_log)
         except BaseException:
             self._lock.release()
             raise
@@ -293,6 +277,16 @@ class Writer:
         """Names of the tensors of a checkpoint (empty before the first one)."""
         return [n for n in self._ckpt_arrays if n != STEP]
 
+    @property
+    def followers(self) -> list[subprocess.Popen[bytes]]:
+        """The follower processes started with ``follow`` (empty without); the writer never waits for them."""
+        return [] if self._followers is None else list(self._followers.processes)
+
+    @property
+    def follow_log(self) -> Path | None:
+        """The file the followers write to, or None without ``follow``."""
+        return None if self._followers is None else self._followers.log
+
     def reader(self) -> Store:
         """A read-only :class:`Store` on the state committed so far."""
         return Store(self._where, storage_options=self._storage_options)
@@ -335,13 +329,13 @@ class Writer:
 
         """
         self._check_open()
-        step = _check_step(step)
+        step = check_step(step)
         last = self.last_step
         if last is not None and step <= last:
             kind = "is already committed" if step in self._steps_cache else "comes before the last committed step"
             msg = f"checkpoint step {step} {kind}; steps must strictly increase (last committed step: {last})"
             raise StepOrderError(msg)
-        checked_metrics = _check_metrics(metrics, step)
+        checked_metrics = check_metrics(metrics, step)
         if checked_metrics:
             check_metric_step(self, step)
         arrays = self._convert(step, _as_tensor_mapping(tensors))
@@ -424,8 +418,8 @@ class Writer:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Log scalar metrics at ``step`` without a checkpoint (steps strictly increase)."""
         self._check_open()
-        step = _check_step(step)
-        checked = _check_metrics(metrics, step)
+        step = check_step(step)
+        checked = check_metrics(metrics, step)
         if not checked:
             return
         check_metric_step(self, step)
@@ -529,7 +523,8 @@ class Writer:
         """Record the final shapes in every array's own metadata, commit the run as finished, release the lock.
 
         The commit record then says the run is finished (``Store.finished``): a follower
-        (``ckpt analyze --follow``) computes the last checkpoints and stops.
+        (``ckpt analyze --follow``, or one started with ``follow``) computes the last checkpoints
+        and stops; ``close`` does not wait for it.
         """
         if self._closed:
             return
@@ -544,6 +539,8 @@ class Writer:
                     _zarr.write_json(self._zstore, f"{path}/{_zarr.ROOT_KEY}", node)
             self._attrs[ROOT_ATTR][FINISHED] = True
             self._commit()
+            if self._followers is not None:  # finished: they complete the run and exit on their own
+                self._followers.release()
         finally:
             self._closed = True
             self._lock.release()
@@ -555,6 +552,46 @@ class Writer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def create(
+    path: str | os.PathLike[str],
+    *,
+    follow: Sequence[str] | None = None,
+    follow_log: str | os.PathLike[str] | None = None,
+    **kwargs: Any,
+) -> Writer:
+    """Create a new checkpoint store and return its :class:`Writer` (:func:`ckpt.store.creating.create`), followed.
+
+    Parameters
+    ----------
+    path
+        Local directory (``"run.zarr"``) or fsspec URL (``"s3://..."``).
+    follow
+        Analyzers to run as the run trains, each in a process of its own started once the store
+        exists (:mod:`ckpt.store.followers`); an unknown name is an error before the store is created.
+    follow_log
+        The followers' log file (default: ``STORE.follow.log`` beside a local store).
+    **kwargs
+        ``model``, ``config``, ``objective``, ``framework``, ``attrs``, ``overwrite``,
+        ``reject_nonfinite``, ``compressor``, ``storage_options``, ``parent``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A ``follow`` name no installed analyzer has, or a ``memory://`` store to follow.
+    """
+    names = check_names(follow)
+    if not names:
+        return creating.create(path, **kwargs)
+    check_followable(str(path))
+    writer = creating.create(path, **kwargs)
+    try:
+        writer._followers = Followers(writer.path, names, storage_options=kwargs.get("storage_options"), log=follow_log)
+    except BaseException:
+        writer.close()  # no follower could start (its log, say): the store stays, unlocked
+        raise
+    return writer
 
 
 __all__ = ["DATA_CHUNK_BYTES", "INITIAL_CAPACITY", "STEP_CHUNK", "Writer", "create"]

@@ -20,10 +20,10 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import StorePath
 
-from ckpt.errors import CorruptChunkError, StepOrderError
+from ckpt.errors import CorruptChunkError, DataError, InvalidNameError, StepOrderError
 from ckpt.store import _zarr
 from ckpt.store.arrays import column_digest
-from ckpt.store.format import CHECKPOINTS, METRIC_DIGESTS, METRICS, ROOT_ATTR, STEP
+from ckpt.store.format import CHECKPOINTS, METRIC_DIGESTS, METRICS, ROOT_ATTR, STEP, check_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt.store.writer import Writer
@@ -32,6 +32,40 @@ STEP_CHUNK = 4096
 """Rows per chunk of ``step`` and metric arrays (rewritten, atomically, at each commit)."""
 INITIAL_CAPACITY = 16
 """Rows allocated in checkpoint arrays before the first growth (grown by doubling)."""
+
+
+def check_step(step: Any) -> int:
+    """``step`` as an int, or :class:`~ckpt.errors.StepOrderError` when it cannot be a step."""
+    if isinstance(step, bool) or not isinstance(step, int | np.integer):
+        msg = f"step must be a non-negative integer, got {step!r} ({type(step).__name__})"
+        raise StepOrderError(msg)
+    if step < 0:
+        msg = f"step must be a non-negative integer, got {step}"
+        raise StepOrderError(msg)
+    if step > np.iinfo(np.int64).max:  # steps are stored as int64
+        msg = f"step must be below 2**63 (steps are stored as int64), got {step}"
+        raise StepOrderError(msg)
+    return int(step)
+
+
+def check_metrics(metrics: Mapping[str, Any] | None, step: int) -> dict[str, float]:
+    """``metrics`` as floats by name, or :class:`~ckpt.errors.DataError` naming the one that is not a number."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        msg = f"metrics must be a mapping name -> number, got {type(metrics).__name__}"
+        raise DataError(msg)
+    checked = {}
+    for name, value in metrics.items():
+        problem = check_name(name, "metric")
+        if problem:
+            raise InvalidNameError(problem)
+        try:
+            checked[name] = float(value)
+        except (TypeError, ValueError):
+            msg = f"metric {name!r} at step {step} must be a number, got {value!r}"
+            raise DataError(msg) from None
+    return checked
 
 
 def check_metric_digests(writer: Writer) -> None:
@@ -210,6 +244,8 @@ __all__ = [
     "STEP_CHUNK",
     "check_metric_digests",
     "check_metric_step",
+    "check_metrics",
+    "check_step",
     "create_metric_array",
     "create_tensor_arrays",
     "ensure_capacity",
