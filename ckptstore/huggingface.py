@@ -12,11 +12,12 @@ run on it as on any store. Imports ``transformers`` (``pip install 'ckpt-dynamic
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from transformers import TrainerCallback
 
+from ckpt.store.followers import check_names
 from ckpt.store.importers import HF_CAUSAL_LM, HF_FACTORY, hf_model_config
 from ckpt.store.writer import Writer, create
 
@@ -58,6 +59,9 @@ class CkptCallback(TrainerCallback):
         Per-datapoint loss to record (default: ``causal-lm`` for a causal LM, else none).
     overwrite
         Replace an existing store at ``path``.
+    follow
+        Analyzers to run beside training, each in a process of its own that computes every checkpoint
+        as it is committed (``ckpt.create(follow=...)``); unknown names fail here, before training.
     """
 
     def __init__(
@@ -67,7 +71,9 @@ class CkptCallback(TrainerCallback):
         data: Mapping[str, Mapping[str, Any]] | None = None,
         objective: str | None = None,
         overwrite: bool = False,
+        follow: Sequence[str] | None = None,
     ) -> None:
+        self.follow = check_names(follow)
         self.path, self.every, self.data = str(path), every, dict(data or {})
         self.objective, self.overwrite = objective, overwrite
         self.writer: Writer | None = None
@@ -89,6 +95,7 @@ class CkptCallback(TrainerCallback):
             framework="torch",
             attrs={"trained_with": "transformers Trainer", "every": self.every, "seed": int(args.seed)},
             overwrite=self.overwrite,
+            follow=self.follow,
         )
         for split, arrays in self.data.items():
             self.writer.add_data(split, **arrays)

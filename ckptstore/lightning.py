@@ -12,12 +12,13 @@ default the module's ``hparams``) for analyzers that run the model. Imports ``li
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightning
 
 from ckpt.errors import InvalidArgumentError
+from ckpt.store.followers import check_names
 from ckpt.store.writer import Writer, create
 
 
@@ -40,6 +41,9 @@ class CkptCallback(lightning.pytorch.Callback):
         Evaluation splits, ``{split: {"inputs": ..., "targets": ..., ...}}`` (:meth:`ckpt.store.Writer.add_data`).
     overwrite
         Replace an existing store at ``path``.
+    follow
+        Analyzers to run beside training, each in a process of its own that computes every checkpoint
+        as it is committed (``ckpt.create(follow=...)``); unknown names fail here, before training.
     """
 
     def __init__(
@@ -51,8 +55,10 @@ class CkptCallback(lightning.pytorch.Callback):
         objective: str | None = None,
         data: Mapping[str, Mapping[str, Any]] | None = None,
         overwrite: bool = False,
+        follow: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
+        self.follow = check_names(follow)
         if every < 1:
             msg = f"every must be at least 1, got {every}"
             raise InvalidArgumentError(msg)
@@ -72,6 +78,7 @@ class CkptCallback(lightning.pytorch.Callback):
             framework="torch",
             attrs={"trained_with": "lightning", "every": self.every},
             overwrite=self.overwrite,
+            follow=self.follow,
         )
         for split, arrays in self.data.items():
             self.writer.add_data(split, **arrays)
