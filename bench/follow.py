@@ -1,10 +1,11 @@
-"""``ckpt analyze loss STORE --follow`` beside a writer: idle CPU, and commit -> result latency.
+"""``ckpt analyze loss STORE --follow`` beside a writer: idle CPU, latency, and what it costs training.
 
 Usage::
 
-    python bench/follow.py [--hidden 2048] [--checkpoints 5] [--idle 10]
+    python bench/follow.py [--hidden 2048] [--checkpoints 5] [--idle 10]      # both parts
+    python bench/follow.py --parts training [--steps 24] [--every 2] [--paced 5]
 
-One run measures, on the same store and model (the example MLP, ``--hidden`` wide):
+Part ``idle`` measures, on the same store and model (the example MLP, ``--hidden`` wide):
 
 - **baseline**: the wall time of a plain ``ckpt analyze loss STORE`` computing one new
   checkpoint (its own process: what a user polling by hand pays per checkpoint);
@@ -18,7 +19,25 @@ One run measures, on the same store and model (the example MLP, ``--hidden`` wid
 - **stop**: the time from ``Writer.close()`` to the follower's exit.
 
 The writer is a separate process using the public ``ckpt.create`` API; it commits when told on
-its stdin. Prints one JSON object.
+its stdin.
+
+Part ``training`` (issue 71's targets for ``follow=[...]``) runs a real training loop: the S
+model of bench/scale.py (GPT-2, 4 layers, d 256, vocab 8,192, its ``TRAIN_BATCH`` sequences of
+``CONTEXT`` tokens per AdamW step, its 32 eval sequences), in a child process pinned to one core
+(``os.sched_setaffinity``, one torch thread), writing a checkpoint every ``--every`` steps through
+``ckpt.create``. Three arms, one after the other in that process, each its own store:
+
+- **without**, **with**, **without**: the same ``--steps`` steps; in ``with`` the writer was
+  created with ``follow=["loss"]`` and its follower pinned to another core. The figure is the
+  median step time (forward, backward, optimizer; the commits are timed apart) of ``with`` over
+  that of both ``without`` arms: target at most 1.05;
+- **latency** (end of the ``with`` arm): once the follower has caught up, ``--paced`` checkpoints
+  committed one at a time, each the time from its commit to the follower's ``loss: step N
+  computed`` line in its log (printed once the result is committed, hence readable), against
+  **the compute itself**: plain PyTorch's per-token loss of the eval sequences on that core
+  (median of 3, warm). Target: latency at most 2 s more than the compute.
+
+Prints one JSON object per part.
 """
 
 from __future__ import annotations
@@ -79,15 +98,10 @@ def _polling_idle_share(store: str, seconds: float) -> float:
     return (usage.ru_utime + usage.ru_stime - before) / (time.perf_counter() - started)
 
 
-def main() -> None:
-    """Run the bench and print its figures."""
+def idle_part(args: argparse.Namespace) -> None:
+    """Part ``idle``: the follower's idle CPU, commit -> readable on the MLP, polling, stop."""
     import psutil
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hidden", type=int, default=2048, help="hidden units of the MLP")
-    parser.add_argument("--checkpoints", type=int, default=5, help="checkpoints committed while following")
-    parser.add_argument("--idle", type=float, default=10.0, help="seconds the idle CPU is measured over")
-    args = parser.parse_args()
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     with tempfile.TemporaryDirectory() as folder:
         store = str(Path(folder) / "run.zarr")
@@ -170,6 +184,182 @@ def main() -> None:
             indent=2,
         )
     )
+
+
+# -- part "training": follow=[...] beside a training loop ------------------------------------------------------
+
+
+def _pin(pid: int, core: int) -> None:
+    """Every thread of process ``pid`` on ``core`` (threads it starts later inherit it)."""
+    import psutil
+
+    for thread in psutil.Process(pid).threads():
+        os.sched_setaffinity(thread.id, {core})
+
+
+def _seen(log: Path, line: str, timeout: float = 300.0) -> float:
+    """The time ``line`` appeared in the follower's ``log`` (polled every 10 ms)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if line in log.read_text().splitlines():
+            return time.time()
+        time.sleep(0.01)
+    msg = f"{line!r} not in {log} after {timeout} s"
+    raise RuntimeError(msg)
+
+
+def train_child(folder: Path, steps: int, every: int, paced: int) -> dict[str, object]:
+    """The three arms in this process (see the module's docstring); their figures."""
+    import numpy as np
+    import psutil
+    import torch
+    from scale import CONTEXT, EVAL_SEQUENCES, SIZES, TRAIN_BATCH
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import ckpt
+    from ckpt.store.huggingface import untied_state
+    from ckpt.store.importers import HF_FACTORY, hf_model_config
+
+    trainer_core, follower_core = sorted(os.sched_getaffinity(0))[:2]
+    torch.set_num_threads(1)
+    config = SIZES["S"]
+    vocab = config["vocab_size"]
+    special = {"bos_token_id": vocab - 1, "eos_token_id": vocab - 1}
+    eval_ids = torch.as_tensor(np.random.default_rng(1).integers(0, vocab, (EVAL_SEQUENCES, CONTEXT)))
+    train = torch.as_tensor(np.random.default_rng(0).integers(0, vocab, (steps, TRAIN_BATCH, CONTEXT)))
+
+    def fresh() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(GPT2Config(n_positions=CONTEXT, **special, **config))
+
+    def arm(name: str, follow: list[str]) -> dict[str, object]:
+        model = fresh()
+        spec = hf_model_config(model.config.to_dict() | {"architectures": ["GPT2LMHeadModel"]})
+        store = folder / f"{name}.zarr"
+        writer = ckpt.create(store, model=HF_FACTORY, config=spec, objective="causal-lm", follow=follow)
+        for process in writer.followers:
+            _pin(process.pid, follower_core)
+        os.sched_setaffinity(0, {trainer_core})
+        writer.add_data("eval", inputs=eval_ids)
+        writer.write(0, untied_state(model))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        step_s, commit_s = [], []
+        model.train()
+        for step in range(1, steps + 1):
+            began = time.perf_counter()
+            loss = model(train[step - 1], labels=train[step - 1]).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step_s.append(time.perf_counter() - began)
+            if step % every == 0:
+                began = time.perf_counter()
+                writer.write(step, untied_state(model), metrics={"loss": loss.item()})
+                commit_s.append(time.perf_counter() - began)
+        figures: dict[str, object] = {"step_s": step_s, "commit_s": commit_s}
+        if follow:
+            log = writer.follow_log
+            assert log is not None
+            last = steps - steps % every
+            caught_up = time.time()
+            figures["follower_behind_at_end_s"] = _seen(log, f"loss: step {last} computed") - caught_up
+            latencies = []
+            for extra in range(1, paced + 1):
+                with torch.no_grad():
+                    for parameter in model.parameters():
+                        parameter.add_(1e-4)
+                writer.write(last + extra, untied_state(model))
+                committed = time.time()
+                latencies.append(_seen(log, f"loss: step {last + extra} computed") - committed)
+            figures["latency_s"] = latencies
+        pids = [process.pid for process in writer.followers]
+        writer.close()
+        psutil.wait_procs([psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)], timeout=300)
+        return figures
+
+    without = arm("without-1", [])
+    followed = arm("with", ["loss"])
+    again = arm("without-2", [])
+    os.sched_setaffinity(0, {follower_core})  # the compute itself, on the follower's core
+    model = fresh().eval()
+    computes = []
+    with torch.no_grad():
+        for _ in range(4):
+            began = time.perf_counter()
+            logits = model(eval_ids).logits[:, :-1]
+            torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), eval_ids[:, 1:].reshape(-1), reduction="none")
+            computes.append(time.perf_counter() - began)
+    return {"without": [without, again], "with": followed, "compute_s": statistics.median(computes[1:])}
+
+
+def training_part(args: argparse.Namespace) -> None:
+    """Part ``training``: the training loop's step time with a follower beside it, and commit -> readable at S."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        print(json.dumps({"training": f"needs two cores, this process may use {len(cores)}"}))
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        done = subprocess.run(
+            [sys.executable, __file__, "--train-child", folder, str(args.steps), str(args.every), str(args.paced)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(done.stderr[-4000:])
+        figures = json.loads(done.stdout.splitlines()[-1])
+        log = (Path(folder) / "with.zarr.follow.log").read_text()
+    warm = 2  # the first steps: allocator and caches
+    without = statistics.median([s for a in figures["without"] for s in a["step_s"][warm:]])
+    followed = figures["with"]
+    with_s = statistics.median(followed["step_s"][warm:])
+    latency = statistics.median(followed["latency_s"])
+    print(
+        json.dumps(
+            {
+                "model": "bench/scale.py S (GPT-2, 4 layers, d 256, vocab 8192), AdamW, one torch thread",
+                "cores": f"trainer on core {cores[0]}, follower on core {cores[1]} (of {len(cores)})",
+                "steps_per_arm": args.steps,
+                "checkpoint_every": args.every,
+                "step_s_without_median": round(without, 4),
+                "step_s_with_follower_median": round(with_s, 4),
+                "step_time_ratio_with_over_without": round(with_s / without, 3),
+                "step_s_without_arms": [round(statistics.median(a["step_s"][warm:]), 4) for a in figures["without"]],
+                "commit_s_median": round(statistics.median(followed["commit_s"]), 4),
+                "follower_behind_at_end_s": round(followed["follower_behind_at_end_s"], 3),
+                "commit_to_loss_readable_s": [round(x, 3) for x in followed["latency_s"]],
+                "commit_to_loss_readable_median_s": round(latency, 3),
+                "compute_itself_s": round(figures["compute_s"], 3),
+                "latency_over_compute_s": round(latency - figures["compute_s"], 3),
+                "follower_log_lines": len(log.splitlines()),
+            },
+            indent=2,
+        )
+    )
+
+
+def main() -> None:
+    """Run the parts asked for and print their figures."""
+    if len(sys.argv) > 1 and sys.argv[1] == "--train-child":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/scale.py's S model
+        folder, steps, every, paced = sys.argv[2], *map(int, sys.argv[3:6])
+        print(json.dumps(train_child(Path(folder), steps, every, paced)))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="idle,training", help="comma-separated: idle, training")
+    parser.add_argument("--hidden", type=int, default=2048, help="idle: hidden units of the MLP")
+    parser.add_argument("--checkpoints", type=int, default=5, help="idle: checkpoints committed while following")
+    parser.add_argument("--idle", type=float, default=10.0, help="idle: seconds the idle CPU is measured over")
+    parser.add_argument("--steps", type=int, default=24, help="training: optimizer steps per arm")
+    parser.add_argument("--every", type=int, default=2, help="training: a checkpoint every this many steps")
+    parser.add_argument("--paced", type=int, default=5, help="training: checkpoints of the latency phase")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if "idle" in parts:
+        idle_part(args)
+    if "training" in parts:
+        training_part(args)
 
 
 if __name__ == "__main__":
