@@ -13,7 +13,8 @@ missing, so:
   the end when checkpoints came after its last computation.
 
 Everything committed stays committed: an interrupt (Ctrl-C) loses at most the block being
-computed, which the next run computes again.
+computed, which the next run computes again. :func:`follow_loop` is that loop for one analyzer
+or several (:func:`ckpt.engine.watch.watch`, ``ckpt watch``), run one after the other at each wake.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +30,7 @@ import ckpt.store as ckptstore
 from ckpt.engine.runner import RunReport, run
 from ckpt.engine.settings import EngineSettings, with_engine_settings
 from ckpt.engine.waiting import DEFAULT_EVERY, RecordWatch, parse_duration
-from ckpt.errors import StoreLockedError
+from ckpt.errors import AnalysisError, StoreLockedError
 from ckpt.plugins import PER_RUN
 from ckpt.plugins.manager import registry as shared_registry
 
@@ -106,76 +108,143 @@ def follow(
         opened = store
     else:
         opened = ckptstore.open(str(store), storage_options=settings.storage_options)
-    per_run = name in registry.analyzers and registry.analyzers[name].per == PER_RUN
-    report = FollowReport(name)
+    followed = Followed(name, kwargs, name in registry.analyzers and registry.analyzers[name].per == PER_RUN)
     watch = RecordWatch(opened.path, settings.storage_options, fastest=fastest, slowest=slowest)
     try:
-        return _loop(name, opened, kwargs, report, watch, idle, cadence, per_run, on_report)
+        follow_loop(opened, [followed], watch, idle, cadence, on_report)
     finally:
         watch.close()
+    return followed.report
 
 
-def _loop(
-    name: str,
+@dataclass
+class Followed:
+    """One analyzer a follower keeps up to date: its run's keywords and what it did so far."""
+
+    name: str
+    kwargs: dict[str, Any]
+    """What each run gets: the engine settings (the registry among them) and the analyzer's options."""
+    per_run: bool
+    """Recomputed whole (at most once per cadence while checkpoints arrive, and at the end)."""
+    report: FollowReport = field(init=False)
+    stale: bool = True
+    """Whether checkpoints came that the result does not cover yet."""
+    last_run: float = field(default_factory=time.monotonic)
+    optional: bool = False
+    """Left out, instead of failing the follower, when its first run refuses the store (an
+    :class:`~ckpt.errors.AnalysisError`: a model without what it measures)."""
+    left_out: str = ""
+    """Why an optional analyzer was left out (its error), or empty."""
+
+    def __post_init__(self) -> None:
+        self.report = FollowReport(self.name)
+
+    def due(self, now: float, finished: bool, cadence: float) -> bool:
+        """Whether it runs now: stale, and not a per-run analyzer waiting for its cadence."""
+        waits = self.per_run and self.report.last is not None and not finished and now - self.last_run < cadence
+        return self.stale and not waits
+
+
+def follow_loop(
     store: ckptstore.Store,
-    kwargs: dict[str, Any],
-    report: FollowReport,
+    followed: list[Followed],
     watch: RecordWatch,
     idle: float | None,
     cadence: float,
-    per_run: bool,
     on_report: Callable[[RunReport], None] | None,
-) -> FollowReport:
+    rounds: Callable[[set[int]], AbstractContextManager[Any]] | None = None,
+) -> str:
+    """Keep every analyzer of ``followed`` up to date on ``store`` until it is finished or idle; why it stopped.
+
+    ``"finished"``, ``"idle"``, or ``"left out"`` when every analyzer was (each optional, none
+    applying to the store). Each wake that finds new checkpoints runs the analyzers due, one after the other, inside
+    ``rounds(new steps)`` when given (what a watch shares their reads with). Each report's
+    ``stopped`` says why.
+    """
     known: set[int] = set()
-    stale = True  # checkpoints the result does not cover yet
-    last_new = last_run = last_read = time.monotonic()
+    everyone = followed
+    fresh: set[int] = set()  # committed steps not yet computed by every analyzer due
+    last_new = last_read = time.monotonic()
     while True:
         store.refresh()
         last_read = time.monotonic()
         steps = {int(s) for s in store.steps}
         if steps - known:
+            fresh |= steps - known
             known |= steps
-            stale, last_new = True, last_read
+            last_new = last_read
+            for one in followed:
+                one.stale = True
         finished = _finished(store)
-        due = not per_run or report.last is None or finished or last_read - last_run >= cadence
-        if stale and steps and due:
-            if not _run_once(name, store, kwargs, report, on_report):
+        followed = [one for one in everyone if not one.left_out]
+        if not followed:
+            return _stopped(everyone, "left out")
+        due = [one for one in followed if steps and one.due(last_read, finished, cadence)]
+        if due:
+            ran, busy = _round(store, due, on_report, fresh, rounds)
+            if ran:
+                fresh = set()
+                # idle is time without a checkpoint while waiting for one, not the time computing took
+                last_new = max(last_new, max(one.last_run for one in ran))
+                continue  # a block took time: read what was committed meanwhile before waiting
+            if busy:
                 watch.wait(BUSY_RETRY)  # another process computes this result: its commit may be all we need
                 continue
-            # idle is time without a checkpoint while waiting for one, not the time computing took
-            stale, last_run = False, time.monotonic()
-            last_new = max(last_new, last_run)
-            continue  # a block took time: read what was committed meanwhile before waiting
         if finished:
-            report.stopped = "finished"
-            return report
+            return _stopped(everyone, "finished")
         now = time.monotonic()
         if idle is not None and now - last_new >= idle:
-            if stale and steps and not _run_once(name, store, kwargs, report, on_report):
+            stale = [one for one in followed if one.stale and steps]
+            if stale and _round(store, stale, on_report, fresh, rounds)[1]:
                 continue  # a per-run result not yet over the last checkpoints, held by another process
-            report.stopped = "idle"
-            return report
+            return _stopped(everyone, "idle")
         waits = [RECHECK - (now - last_read)]
         if idle is not None:
             waits.append(idle - (now - last_new))
-        if stale and per_run:
-            waits.append(cadence - (now - last_run))
+        waits += [cadence - (now - one.last_run) for one in followed if one.stale and one.per_run]
         watch.wait(max(0.0, min(waits)))
 
 
-def _run_once(
-    name: str,
+def _round(
     store: ckptstore.Store,
-    kwargs: dict[str, Any],
-    report: FollowReport,
+    due: list[Followed],
     on_report: Callable[[RunReport], None] | None,
-) -> bool:
+    fresh: set[int],
+    rounds: Callable[[set[int]], AbstractContextManager[Any]] | None,
+) -> tuple[list[Followed], list[Followed]]:
+    """Run each analyzer of ``due`` once; those that ran, and those another process holds (tried again later)."""
+    ran, busy = [], []
+    with rounds(fresh) if rounds is not None else nullcontext():
+        for one in due:
+            try:
+                done = _run_once(one, store, on_report)
+            except AnalysisError as exc:
+                if not one.optional or one.report.last is not None:
+                    raise
+                one.left_out = str(exc)  # its first run: it does not apply to this store
+                continue
+            if done:
+                one.stale, one.last_run = False, time.monotonic()
+                ran.append(one)
+            else:
+                busy.append(one)
+    return ran, busy
+
+
+def _stopped(followed: list[Followed], why: str) -> str:
+    for one in followed:
+        one.report.stopped = why
+    return why
+
+
+def _run_once(one: Followed, store: ckptstore.Store, on_report: Callable[[RunReport], None] | None) -> bool:
     """One run; False when another process holds the result (computing it): the follower tries again."""
     try:
-        done = run(name, store, **kwargs)
+        done = run(one.name, store, **one.kwargs)
     except StoreLockedError:
         return False
-    kwargs["force"] = False  # --force recomputes what was stored before following, not each new checkpoint
+    one.kwargs["force"] = False  # --force recomputes what was stored before following, not each new checkpoint
+    report = one.report
     if done.computed_steps:
         report.runs += 1
         seen = set(report.computed_steps)
@@ -191,4 +260,4 @@ def _finished(store: ckptstore.Store) -> bool:
     return store.finished is True
 
 
-__all__ = ["DEFAULT_EVERY", "FollowReport", "follow", "parse_duration"]
+__all__ = ["DEFAULT_EVERY", "FollowReport", "Followed", "follow", "follow_loop", "parse_duration"]
