@@ -93,12 +93,13 @@ def _engine_option(setting: Any) -> click.Option:
     return click.Option(declared, type=kind, default=default, show_default=default is not None, **shown)
 
 
-def _engine_options() -> list[click.Option]:
-    """The engine settings' options, made from their one declaration, then ``--trust-factory``."""
+def engine_options(leave_out: tuple[str, ...] = ()) -> list[click.Option]:
+    """The engine settings' options but ``leave_out``, made from their one declaration, then ``--trust-factory``."""
     from ckpt.engine.settings import ENGINE_FIELDS
 
+    chosen = [setting for setting in ENGINE_FIELDS if setting.metadata["cli"] and setting.name not in leave_out]
     return [
-        *(_engine_option(setting) for setting in ENGINE_FIELDS if setting.metadata["cli"]),
+        *(_engine_option(setting) for setting in chosen),
         click.Option(
             ["--trust-factory"],
             multiple=True,
@@ -138,15 +139,7 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
         engine = {k: values.pop(k) for k in EngineSettings.names() if k in values}
         options = {k: v for k, v in values.items() if v is not None}
         if engine["address"] is not None:
-            import logging
-
-            import distributed  # noqa: F401 - importing it sets its loggers' levels from dask's config
-
-            # a lost scheduler makes the client log on stderr ("Failed to reconnect", "Batched Comm
-            # Closed" ...) before the engine's own Error: line, which says what happened
-            for logger in ["distributed", *logging.root.manager.loggerDict]:
-                if logger.startswith("distributed"):
-                    logging.getLogger(logger).setLevel(logging.CRITICAL)
+            quiet_distributed()
         paths = expand_stores(stores)
         if following["follow"]:
             _follow(name, paths, following, engine, options)
@@ -170,7 +163,7 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
 
     params: list[click.Parameter] = [click.Argument(["stores"], metavar="STORE...", nargs=-1, required=True)]
     params += [click_option(key, option) for key, option in analyzer.option_spec().items()]
-    params += _engine_options()
+    params += engine_options()
     params += _follow_options()
     requires = f"\n\nRequires: {', '.join(analyzer.requires)}." if analyzer.requires else ""
     return click.Command(
@@ -184,8 +177,6 @@ def _make_command(name: str, analyzer: Any) -> click.Command:
 
 def _follow_options() -> list[click.Option]:
     """``--follow`` and its two durations (options of the command, not engine settings of one run)."""
-    from ckpt.engine.waiting import DEFAULT_EVERY
-
     return [
         click.Option(
             ["--follow"],
@@ -193,25 +184,64 @@ def _follow_options() -> list[click.Option]:
             help="Keep computing as checkpoints are committed, until the writer closes the store, --until-idle "
             "passes or Ctrl-C (one line per step computed on stderr).",
         ),
+        *duration_options(follow=True),
+    ]
+
+
+def duration_options(*, follow: bool = False) -> list[click.Option]:
+    """``--until-idle`` and ``--rerun-every``: how a follower stops and reruns (``follow``: options of --follow)."""
+    from ckpt.engine.waiting import DEFAULT_EVERY
+
+    stop, recompute = ("With --follow: stop", "With --follow: recompute") if follow else ("Stop", "Recompute")
+    return [
         click.Option(
             ["--until-idle"],
             metavar="DURATION",
-            help="With --follow: stop after this long without a new checkpoint (e.g. 30s, 10m, 1h).",
+            help=f"{stop} after this long without a new checkpoint (e.g. 30s, 10m, 1h).",
         ),
         click.Option(
             ["--rerun-every"],
             metavar="DURATION",
-            help=f"With --follow: recompute a per-run analyzer (clusters, loss-spikes, hessian-basis ...) at most "
+            help=f"{recompute} a per-run analyzer (clusters, loss-spikes, hessian-basis ...) at most "
             f"once per DURATION while checkpoints arrive, and once more at the end [default: {DEFAULT_EVERY:g}s].",
         ),
     ]
+
+
+def quiet_distributed() -> None:
+    """Silence the ``distributed`` client's loggers: a lost scheduler is the engine's one ``Error:`` line."""
+    import logging
+
+    import distributed  # noqa: F401 - importing it sets its loggers' levels from dask's config
+
+    # a lost scheduler makes the client log on stderr ("Failed to reconnect", "Batched Comm
+    # Closed" ...) before the engine's own Error: line, which says what happened
+    for logger in ["distributed", *logging.root.manager.loggerDict]:
+        if logger.startswith("distributed"):
+            logging.getLogger(logger).setLevel(logging.CRITICAL)
+
+
+def computed_lines(report: Any, loaded: Any, analyzer: str) -> None:
+    """One line on stderr per step a run of ``analyzer`` (and its dependencies) computed; per-run: one line."""
+    from ckpt.plugins import PER_RUN
+
+    def per(name: str) -> str:
+        return str(getattr(loaded.analyzers.get(name), "per", ""))
+
+    done = [(sub, per(sub.name)) for sub in report.dependencies] + [(report, per(analyzer))]
+    for ran, kind in done:
+        steps = ran.computed_steps
+        if steps and kind == PER_RUN:
+            click.echo(f"{ran.name}: recomputed over {len(steps)} checkpoint(s) ({steps[0]} .. {steps[-1]})", err=True)
+        elif steps:
+            for step in steps:
+                click.echo(f"{ran.name}: step {step} computed", err=True)
 
 
 def _follow(name: str, paths: list[str], following: dict[str, Any], engine: dict[str, Any], options: Any) -> None:
     """``--follow``: one store, followed until it is finished or idle; a line on stderr per step computed."""
     from ckpt.engine.follow import follow
     from ckpt.engine.waiting import DEFAULT_EVERY
-    from ckpt.plugins import PER_RUN
 
     if len(paths) != 1:
         msg = f"--follow follows one store, got {len(paths)}: start one follower per store"
@@ -219,20 +249,8 @@ def _follow(name: str, paths: list[str], following: dict[str, Any], engine: dict
     loaded = registry()
     store = paths[0]
 
-    def per(analyzer: str) -> str:
-        return str(getattr(loaded.analyzers.get(analyzer), "per", ""))
-
     def show(report: Any) -> None:
-        done = [(sub, per(sub.name)) for sub in report.dependencies] + [(report, per(name))]
-        for ran, kind in done:
-            steps = ran.computed_steps
-            if steps and kind == PER_RUN:
-                click.echo(
-                    f"{ran.name}: recomputed over {len(steps)} checkpoint(s) ({steps[0]} .. {steps[-1]})", err=True
-                )
-            elif steps:
-                for step in steps:
-                    click.echo(f"{ran.name}: step {step} computed", err=True)
+        computed_lines(report, loaded, name)
 
     every = following["rerun_every"] if following["rerun_every"] is not None else DEFAULT_EVERY
     with ckpt_warnings_as_lines():
@@ -371,8 +389,12 @@ __all__ = [
     "analyze",
     "ckpt_warnings_as_lines",
     "click_option",
+    "computed_lines",
+    "duration_options",
+    "engine_options",
     "expand_stores",
     "plugins_command",
+    "quiet_distributed",
     "registry",
     "rm_command",
     "show",

@@ -102,10 +102,10 @@ def cli() -> None:
 
 def _register_commands() -> None:
     # one module per command group; imported here, not at package import
-    from ckpt.cli import analyze, data, demo, info, io, plot, serve, train
+    from ckpt.cli import analyze, data, demo, info, io, plot, serve, train, watch
 
     commands = (info.info, info.verify, io.import_command, io.repair, io.upgrade, data.data, data.set_model)
-    commands += (analyze.analyze, analyze.plugins_command, analyze.show, analyze.rm_command)
+    commands += (analyze.analyze, analyze.plugins_command, analyze.show, analyze.rm_command, watch.watch_command)
     commands += (plot.plot_command, plot.report_command, plot.animate_command, serve.serve_command)
     commands += (train.train_command, demo.demo)
     for command in commands:
