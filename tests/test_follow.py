@@ -1,14 +1,16 @@
 """``ckpt analyze NAME STORE --follow``: a follower beside a real writer in another process.
 
-The writer (:data:`WRITER`, run with this interpreter) creates a store through the public
+The writer (:data:`WRITER`, run with this interpreter) creates a seeded store through the public
 ``ckpt.create`` API, commits one checkpoint, waits until the follower has computed it (its
-result is in the store), then commits the rest with pauses, and closes the store. The follower
-is the ``ckpt`` command in its own process. What each test checks: every checkpoint computed,
-each exactly once (the result's steps and the lines on stderr), and how the follower stops.
+result is in the store; tests/test_watch.py uses it too), then commits the rest with pauses,
+and closes the store. The follower is the ``ckpt`` command in its own process. What each test
+checks: every checkpoint computed, each exactly once (the result's steps and the lines on
+stderr), and how the follower stops.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,7 @@ import ckpt.plugins
 from ckpt.plugins.examples import mlp
 
 path, count, pause, close = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "close"
-first = sys.argv[5] if len(sys.argv) > 5 else "loss"  # the result that says the follower has started
+first = sys.argv[5] if len(sys.argv) > 5 else "loss"  # the result that says the follower has started ("-": none)
 torch.manual_seed(0)
 model = mlp()
 inputs, targets = torch.randn(20, 3), torch.randint(0, 4, (20,))
@@ -47,7 +50,7 @@ writer = ckpt.create(path, model="ckpt.plugins.examples:mlp", objective="cross-e
 writer.add_data("eval", inputs=inputs, targets=targets)
 writer.write(0, model)
 deadline = time.monotonic() + 60
-while first not in ckpt.open(path).analyses and time.monotonic() < deadline:
+while first != "-" and first not in ckpt.open(path).analyses and time.monotonic() < deadline:
     time.sleep(0.1)  # the follower computed the first checkpoint: the rest arrive while it follows
 for step in range(1, count):
     time.sleep(pause)
@@ -128,15 +131,28 @@ def test_a_follower_stops_when_the_writer_closes_the_store(tmp_path: Path) -> No
     assert ckpt.open(store).analysis("loss")["step"].values.tolist() == [0, 1, 2, 3]
 
 
-@pytest.mark.slow  # starts a local S3 server
-def test_a_follower_of_an_s3_store_polls_and_stops_when_it_is_closed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pytest.importorskip("s3fs")
+@contextlib.contextmanager
+def on_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """A local S3 server (skipped without s3fs and moto) whose environment this process and its children use."""
+    s3fs = pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
     with s3_server() as env:
         for key, value in env.items():  # this process's ckpt.open of the URL, too
             monkeypatch.setenv(key, value)
+        # fsspec keeps one S3FileSystem per set of arguments: one made for an earlier server
+        # in this process would still point at that server's (closed) port
+        s3fs.S3FileSystem.clear_instance_cache()
+        try:
+            yield env
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.mark.slow  # starts a local S3 server
+def test_a_follower_of_an_s3_store_polls_and_stops_when_it_is_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with on_s3(monkeypatch) as env:
         url = "s3://runs/live.zarr"
         writer, follower, _ = _start(tmp_path, "4", "0.5", "close", until_idle=None, url=url, env=env)
         stdout, stderr = follower.communicate(timeout=120)
@@ -202,14 +218,17 @@ def test_a_finished_mark_that_is_not_a_bool_is_refused(tmp_path: Path) -> None:
         ckpt.open(path)
 
 
-def test_ctrl_c_keeps_the_committed_steps_and_exits_130(tmp_path: Path) -> None:
-    writer, follower, store = _start(tmp_path, "200", "0.3", "open")
+def interrupted(follower: subprocess.Popen[str], writer: subprocess.Popen[str], enough: Callable[[str], bool]) -> str:
+    """Ctrl-C (SIGINT) to ``follower`` once its stderr so far is ``enough``, then the writer killed; that stderr.
+
+    The follower must exit 130 with ``Error: interrupted`` as its last line.
+    """
     lines: list[str] = []
     assert follower.stderr is not None
     reader = threading.Thread(target=lambda: lines.extend(follower.stderr or []), daemon=True)
     reader.start()
     deadline = time.monotonic() + 60
-    while len(_computed("".join(lines))) < 3 and time.monotonic() < deadline:
+    while not enough("".join(lines)) and time.monotonic() < deadline:
         time.sleep(0.05)
     follower.send_signal(signal.SIGINT)
     assert follower.wait(timeout=60) == 130
@@ -218,6 +237,12 @@ def test_ctrl_c_keeps_the_committed_steps_and_exits_130(tmp_path: Path) -> None:
     writer.wait(timeout=60)
     stderr = "".join(lines)
     assert stderr.strip().splitlines()[-1].startswith("Error: interrupted"), stderr
+    return stderr
+
+
+def test_ctrl_c_keeps_the_committed_steps_and_exits_130(tmp_path: Path) -> None:
+    writer, follower, store = _start(tmp_path, "200", "0.3", "open")
+    stderr = interrupted(follower, writer, lambda stderr: len(_computed(stderr)) >= 3)
     printed = _computed(stderr)
     kept = ckpt.open(store).analysis("loss")["step"].values.tolist()
     assert len(printed) >= 3
