@@ -253,21 +253,13 @@ def capture(
 
     def output_hook(name: str) -> Callable[..., None]:
         def hook(module: Any, args: Any, output: Any) -> None:
-            tensor = _first_tensor(output)
-            if tensor is None:
-                msg = f"module {name!r} returned {type(output).__name__}, not a tensor; capture another module"
-                raise AnalysisError(msg)
-            found.outputs[name].append(tensor.detach().clone())
+            found.outputs[name].append(_copied(output, name, f"returned {type(output).__name__}, not a tensor"))
 
         return hook
 
     def input_hook(name: str) -> Callable[..., None]:
         def hook(module: Any, args: Any) -> None:
-            tensor = _first_tensor(args)
-            if tensor is None:
-                msg = f"module {name!r} has no tensor as its first positional input; capture another module"
-                raise AnalysisError(msg)
-            found.inputs[name].append(tensor.detach().clone())
+            found.inputs[name].append(_copied(args, name, "has no tensor as its first positional input"))
 
         return hook
 
@@ -283,6 +275,15 @@ def capture(
         for handle in handles:
             handle.remove()
     return result, found
+
+
+def _copied(seen: Any, name: str, problem: str) -> Any:
+    """A copy of the first tensor module ``name`` was seen with, so that later in-place operations cannot change it."""
+    tensor = _first_tensor(seen)
+    if tensor is None:
+        msg = f"module {name!r} {problem}; capture another module"
+        raise AnalysisError(msg)
+    return tensor.detach().clone()
 
 
 def iter_activations(
