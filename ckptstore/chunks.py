@@ -23,9 +23,11 @@ from ckpt.store.arrays import tensor_digest
 
 CHUNK_DIGESTS = "ckpt_chunk_digests"
 
-Recommitted = Callable[[str, str, tuple[int, ...], "str | None"], None]
-"""``(variable, chunk key, chunk shape, digest)`` as a Dataset opened them: raises
-:class:`~ckpt.errors.StaleResultError` when a commit since rewrote that chunk, else returns.
+Recommitted = Callable[[str, str, tuple[slice, ...], tuple[int, ...], "str | None"], "np.ndarray | None"]
+"""``(variable, chunk key, region, chunk shape, digest)`` as a Dataset opened them. When a commit since
+rewrote that chunk: the values it opened, from a kept earlier version (:mod:`ckpt.store.snapshots`),
+or :class:`~ckpt.errors.StaleResultError` where none holds them. When the commit record still
+records that chunk as opened: None (the chunk itself is wrong: the caller's CorruptChunkError).
 
 Called only when a chunk fails its check, so a read that matches costs nothing more."""
 
@@ -151,8 +153,9 @@ def verified(
     (index coordinates) are checked now. A variable whose node records no
     digests (results written before ckpt 0.2) is returned as opened. A chunk
     that fails is first handed to ``recommitted``: a result committed again
-    since it was opened rewrote its chunks in place, which is a stale Dataset,
-    not a corrupt store (:class:`~ckpt.errors.StaleResultError`).
+    since it was opened was moved to a kept version, whose chunk is read instead
+    when it matches; where none does the Dataset is stale, not the store corrupt
+    (:class:`~ckpt.errors.StaleResultError`).
     """
     import dask.array as da
     import xarray as xr
@@ -169,12 +172,12 @@ def verified(
         if digests is not None:
             what = (f"{describe}, variable {name!r}", remedy)
             chunks = tuple(variable.encoding.get("chunks") or node_chunks(nodes[f"{prefix}/{name}"]))
-            stale = _stale_check(recommitted, str(name), chunks, digests)
-            if isinstance(variable, xr.IndexVariable):
+            if isinstance(variable, xr.IndexVariable):  # read now, with the record: nothing to look up
                 values = np.asarray(variable.values)
                 for key, region in chunk_regions(values.shape, chunks):
-                    _compare(values[region], digests, key, what, stale)
+                    _compare(values[region], digests, key, what)
             else:
+                stale = _stale_check(recommitted, str(name), chunks, digests)
                 source = _CheckedChunks(variable, chunks, digests, what, stale)
                 lazy = da.from_array(source, chunks=chunks or (), name=False, asarray=False, fancy=False)
                 variable = xr.Variable(variable.dims, lazy, variable.attrs, variable.encoding)
@@ -184,13 +187,16 @@ def verified(
     return xr.Dataset(data_vars, coords=coords, attrs=dataset.attrs)
 
 
+_Stale = Callable[[str, tuple[slice, ...]], "np.ndarray | None"]
+
+
 def _stale_check(
     recommitted: Recommitted | None, name: str, chunks: tuple[int, ...], digests: dict[str, str]
-) -> Callable[[str], None] | None:
-    """What a failed chunk ``key`` of variable ``name`` is handed to (see :data:`Recommitted`)."""
+) -> _Stale | None:
+    """What a failed chunk ``key`` (at ``region``) of variable ``name`` is handed to (see :data:`Recommitted`)."""
     if recommitted is None:
         return None
-    return lambda key: recommitted(name, key, chunks, digests.get(key))
+    return lambda key, region: recommitted(name, key, region, chunks, digests.get(key))
 
 
 class _CheckedChunks:
@@ -202,7 +208,7 @@ class _CheckedChunks:
         chunks: tuple[int, ...],
         digests: dict[str, str],
         what: tuple[str, str],
-        stale: Callable[[str], None] | None = None,
+        stale: _Stale | None = None,
     ):
         self.variable, self.chunks, self.digests, self.what, self.stale = variable, chunks, digests, what, stale
         self.shape, self.dtype, self.ndim = variable.shape, variable.dtype, variable.ndim
@@ -216,31 +222,25 @@ class _CheckedChunks:
         if not aligned:  # dask only asks for whole chunks (chunks= above); never read unchecked
             raise AssertionError(f"{self.what[0]}: read of {key} is not aligned with the stored chunks")
         index = ".".join(str(start // chunk) for start, chunk in zip(starts, self.chunks, strict=True))
+        region = tuple(slice(k.start or 0, k.stop) for k in key)
         try:
+            # a chunk rewritten by a later commit may not even decode at the shape this Dataset opened
             with translated_read_errors(*self.what):
                 values = np.asarray(self.variable[key].values)
+            _compare(values, self.digests, index, self.what)
         except CorruptChunkError:
-            # a chunk rewritten by a later commit may not even decode at the shape this Dataset opened
-            if self.stale is not None:
-                self.stale(index)
-            raise
-        _compare(values, self.digests, index, self.what, self.stale)
+            earlier = self.stale(index, region) if self.stale is not None else None
+            if earlier is None:
+                raise
+            return earlier
         return values
 
 
-def _compare(
-    values: np.ndarray,
-    digests: dict[str, str],
-    key: str,
-    what: tuple[str, str],
-    stale: Callable[[str], None] | None = None,
-) -> None:
+def _compare(values: np.ndarray, digests: dict[str, str], key: str, what: tuple[str, str]) -> None:
     if values.size == 0:
         return
     expected = digests.get(key)
     if expected is None or block_digest(values) != expected:
-        if stale is not None:
-            stale(key)
         where = f"chunk {key or '(only)'}"
         reason = "has no digest in the commit record" if expected is None else "does not match its digest"
         describe, remedy = what

@@ -50,6 +50,10 @@ LOCKS = ".locks"
 """``.locks/analyses/<name>``: the lock file of result ``<name>`` while a process writes it (local
 stores). Not a Zarr node, and not a node name any store can hold at its root (docs/store-format.md)."""
 
+SNAPSHOTS = ".snapshots"
+"""``.snapshots/analyses/<name>/<version>``: earlier versions of a result kept for the Datasets that opened them
+(:mod:`ckpt.store.snapshots`). Not a Zarr node (no ``zarr.json`` of its own), like :data:`LOCKS`."""
+
 RENAMED_FACTORIES: dict[str, str] = {
     f"sandboxes.{module}:build_model": f"ckpt.sandboxes.{module}:build_model"
     for module in ("addition", "modular_addition", "sparse_modular_addition", "tiny_lm")
@@ -173,6 +177,7 @@ __all__ = [
     "READABLE_VERSIONS",
     "RENAMED_FACTORIES",
     "ROOT_ATTR",
+    "SNAPSHOTS",
     "STEP",
     "STEP_FILL_VALUE",
     "TOP_LEVEL_GROUPS",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import xarray as xr
 from zarr.core.sync import sync
 
 from ckpt.errors import CorruptChunkError, MissingDataError, StaleResultError, StoreError
-from ckpt.store import _zarr
+from ckpt.store import _zarr, snapshots
 from ckpt.store.chunks import CHUNK_DIGESTS, Recommitted, node_chunks, verified
 from ckpt.store.format import ANALYSES, ROOT_ATTR
 from ckpt.store.provenance import ANALYZER
@@ -62,27 +63,46 @@ def _recommitted(store: Store, name: str, opened: dict[str, Any]) -> Recommitted
     """What a chunk of result ``name`` that failed its check is handed to (:data:`~ckpt.store.chunks.Recommitted`).
 
     ``opened`` holds the result's attributes as the Dataset opened them. A replaced or regrown
-    result is written over the same paths, so a Dataset opened before reads the new chunks
-    against the old digests. The commit record is read once more: when it now records another
-    digest (or chunk shape) for that chunk, a later commit rewrote it and the Dataset is stale
-    (:class:`~ckpt.errors.StaleResultError`); when it records the same, the chunk is wrong and
-    the caller raises :class:`~ckpt.errors.CorruptChunkError` as before.
+    result is written at the same paths (its earlier folder moved to a kept version,
+    :mod:`ckpt.store.snapshots`), so a Dataset opened before reads the new chunks against the
+    old digests. The commit record is read once more: when it records the same digest and chunk
+    shape for that chunk, the chunk is wrong and the caller raises
+    :class:`~ckpt.errors.CorruptChunkError` as before. Otherwise a later commit rewrote it: the
+    kept versions are searched for a chunk matching the digest the Dataset opened, and where none
+    holds one any more the Dataset is stale (:class:`~ckpt.errors.StaleResultError`). Once the
+    record shows the result recommitted, later failed chunks go to the kept versions without
+    reading it again (every chunk of a replaced result fails: one read of a large record each).
     """
     prefix = f"{ANALYSES}/{name}"
+    earlier = snapshots.earlier_chunks(store._zstore, store._where, name)
+    recommitted = False
 
-    def check(variable: str, key: str, chunks: tuple[int, ...], digest: str | None) -> None:
+    def check(
+        variable: str, key: str, region: tuple[slice, ...], chunks: tuple[int, ...], digest: str | None
+    ) -> np.ndarray | None:
+        nonlocal recommitted
+        if recommitted:
+            kept = earlier(variable, region, digest)
+            if kept is not None:
+                return kept
         try:
             _, nodes = _zarr.read_root(store._zstore, store._where)
         except StoreError:  # the record itself cannot be read now: the chunk's own error stands
-            return
+            return None
         group, node = nodes.get(prefix), nodes.get(f"{prefix}/{variable}")
-        if group is not None and node is not None:
+        if group is not None and node is not None and not recommitted:
             digests = node.get("attributes", {}).get(CHUNK_DIGESTS)
             if isinstance(digests, dict) and digests.get(key) == digest and node_chunks(node) == chunks:
-                return
+                return None
+            recommitted = True
+        kept = earlier(variable, region, digest)
+        if kept is not None:
+            return kept
+        if group is not None and node is not None:
             msg = (
                 f"{prefix} was recomputed (or extended/replaced) after this Dataset was opened "
-                f"(opened: {_created(opened)}, now: {_created(group.get('attributes', {}))}); "
+                f"(opened: {_created(opened)}, now: {_created(group.get('attributes', {}))}) and the version "
+                "it opened is no longer kept (docs/store-format.md, section 1.5.1); "
                 f'reopen it with ckpt.open({store._where!r}).analysis("{name}")'
             )
         else:

@@ -51,7 +51,7 @@ import zarr
 from zarr.core.sync import sync
 
 from ckpt.errors import InvalidArgumentError, InvalidNameError, StoreError
-from ckpt.store import _zarr
+from ckpt.store import _zarr, snapshots
 from ckpt.store.chunks import CHUNK_DIGESTS, digest_variable
 from ckpt.store.format import ANALYSES, ROOT_ATTR, STEP, check_name
 from ckpt.store.provenance import Provenance, utc_now
@@ -378,15 +378,31 @@ def _write(
             zarr.open_group(zstore, path=prefix, mode="r+", use_consolidated=False).attrs.put(dataset.attrs)
         else:
             _check_analyses_group(zstore, where)
-            if exists:  # readers must stop seeing the old result before it is deleted
+            if exists:  # readers must stop seeing the old result before it is moved away
                 _zarr.commit(zstore, where, attributes=None, nodes={}, owns=owned)
-            _delete_result_node(zstore, where, prefix)
+                _retire_result_node(zstore, where, name)
+            else:  # leftovers of an interrupted first write: nobody opened them
+                _delete_result_node(zstore, where, prefix)
             dataset.to_zarr(
                 zstore, group=prefix, mode="w", consolidated=False, zarr_format=3, encoding=_checksummed(dataset)
             )
     appended = append_dim if append_dim is not None and exists else None
     nodes = _with_digests(zstore, name, _disk_nodes(zstore, name), committed, appended)
     _zarr.commit(zstore, where, attributes=None, nodes=nodes, owns=owned)
+    snapshots.quietly_prune(zstore, name)
+
+
+def _retire_result_node(zstore: Any, where: str, name: str) -> None:
+    """Keep the committed result's folder for the Datasets that opened it (:mod:`ckpt.store.snapshots`).
+
+    A plain file or a link in its place (a damaged store) is deleted as before: nobody could read it.
+    """
+    local = _zarr.local_path(where)
+    node = None if local is None else local / _prefix(name)
+    if node is not None and (node.is_symlink() or not node.is_dir()):
+        _delete_result_node(zstore, where, _prefix(name))
+        return
+    snapshots.retire(zstore, where, name)
 
 
 def _checksummed(dataset: xr.Dataset) -> dict[Hashable, dict[str, Any]]:
@@ -423,7 +439,7 @@ def _with_digests(
 
 
 def delete_analysis(path: str | os.PathLike[str], name: str, storage_options: dict[str, Any] | None = None) -> None:
-    """Remove ``analyses/<name>`` from the commit record, then from the store (under its result lock).
+    """Remove ``analyses/<name>`` from the commit record, then from the store, kept versions too (under its lock).
 
     Raises
     ------
@@ -446,6 +462,7 @@ def delete_analysis(path: str | os.PathLike[str], name: str, storage_options: di
     with result_lock(where, name):
         _zarr.commit(zstore, where, attributes=None, nodes={}, owns=_owned_by(name))
         sync(zstore.delete_dir(_prefix(name)))
+        snapshots.drop(zstore, name)  # removed, not replaced: a Dataset held still is stale
 
 
 @contextlib.contextmanager
