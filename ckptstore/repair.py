@@ -8,7 +8,7 @@ sha256, a metrics column that fails its digest (all metrics when their ``step``
 column does), an analysis result that is unreadable, incomplete, disagrees with
 its provenance, holds a dropped checkpoint or covers a step that is not a committed
 checkpoint. Leftovers of a crashed writer are removed as on every open for append
-(docs/store-format.md §4.3).
+(docs/store-format.md §4.3), and so are the kept earlier versions of results (§1.5.1).
 
 Everything is decided first, from the store as it is, and then done in one step: one
 commit of the record (with the ``repair`` history event), after which the files of what
@@ -35,7 +35,7 @@ import zarr.errors
 from zarr.core.sync import sync
 
 from ckpt.errors import CkptError, CorruptChunkError, StoreError
-from ckpt.store import _zarr
+from ckpt.store import _zarr, snapshots
 from ckpt.store.arrays import column_digest
 from ckpt.store.format import (
     ANALYSES,
@@ -65,6 +65,7 @@ class RepairReport:
     dropped_metrics: list[str] = field(default_factory=list)
     dropped_analyses: dict[str, str] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
+    dropped_versions: list[str] = field(default_factory=list)
     checkpoints: int = 0
 
     @property
@@ -82,6 +83,9 @@ class RepairReport:
         lines += [f"dropped metrics {name!r} (fails its digest)" for name in self.dropped_metrics]
         lines += [f"dropped analysis {name!r} ({why})" for name, why in self.dropped_analyses.items()]
         lines += [f"removed uncommitted {path}" for path in self.removed]
+        lines += [
+            f"removed kept earlier version {path} (held views of it are now stale)" for path in self.dropped_versions
+        ]
         return lines
 
 
@@ -195,6 +199,8 @@ def _repair(where: str, storage_options: dict[str, Any] | None) -> RepairReport:
             _zarr.commit(zstore, where, attributes=attrs, nodes=nodes, owns=lambda path: True)
             _delete(zstore, [*gone, *report.removed])
             _tidy_arrays(zstore, nodes)
+        # earlier versions of results are kept only for Datasets held meanwhile (snapshots.py): repair frees them
+        report.dropped_versions = snapshots.drop(zstore)
         report.checkpoints = len(store.steps) - len(report.dropped_steps)
     finally:
         lock.release()
