@@ -1,10 +1,12 @@
 """A result held lazily (a notebook's view) while ``ckpt analyze`` replaces, regrows or extends it.
 
 Real stores, the real engine in this process. A view opened before the result was committed
-again either reads what it opened (extension of a per-checkpoint result: the old chunks are
-untouched) or raises :class:`~ckpt.errors.StaleResultError` naming both commits and saying to
-reopen: never :class:`~ckpt.errors.CorruptChunkError` (the store is fine) and never a mix of
-versions. A chunk damaged while the record did not change stays CorruptChunkError.
+again reads what it opened (extension of a per-checkpoint result: the old chunks are untouched;
+a replaced or regrown one: from the kept earlier version, tests/test_snapshot_reads.py) or, once
+that version is no longer kept (here: ``ckpt repair`` removed it), raises
+:class:`~ckpt.errors.StaleResultError` naming both commits and saying to reopen: never
+:class:`~ckpt.errors.CorruptChunkError` (the store is fine) and never a mix of versions. A chunk
+damaged while the record did not change stays CorruptChunkError.
 """
 
 from __future__ import annotations
@@ -57,9 +59,16 @@ def _append(path: Path, steps: tuple[int, ...]) -> None:
             writer.write(step, mlp())
 
 
+def _repair(path: Path) -> None:
+    """``ckpt repair``: it also removes the kept earlier versions of results."""
+    done = invoke_ckpt("repair", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "removed kept earlier version" in done.stdout
+
+
 def _assert_stale(held: Any, name: str, opened: str, now: str) -> None:
     with pytest.raises(StaleResultError) as caught:
-        held.load()
+        held.compute()
     message = str(caught.value)
     assert not isinstance(caught.value, CorruptChunkError)
     assert isinstance(caught.value, StoreError)
@@ -79,7 +88,7 @@ def test_a_result_replaced_by_force_with_the_same_values_reads_them(mlp_store: P
     np.testing.assert_array_equal(loaded["loss"].values, fresh["loss"].values)
 
 
-def test_a_result_replaced_for_new_eval_data_is_stale_not_corrupt(mlp_store: Path) -> None:
+def test_a_result_replaced_for_new_eval_data_is_stale_not_corrupt_once_unkept(mlp_store: Path) -> None:
     ckpt.analyze("loss", mlp_store, progress=False)
     held = ckptstore.open(mlp_store).analysis("loss")
     opened = held.ckpt.created
@@ -89,19 +98,21 @@ def test_a_result_replaced_for_new_eval_data_is_stale_not_corrupt(mlp_store: Pat
         writer.add_data("eval", inputs=inputs, targets=targets, overwrite=True)
     ckpt.analyze("loss", mlp_store, progress=False)
     now = ckptstore.open(mlp_store).analysis("loss").ckpt.created
+    _repair(mlp_store)
     _assert_stale(held, "loss", str(opened), str(now))
     # read variable by variable, the changed one still refuses: each chunk read is checked
     with pytest.raises(StaleResultError):
         held["loss"].values  # noqa: B018
 
 
-def test_a_per_run_result_regrown_is_stale_not_corrupt(mlp_store: Path, registry: Registry) -> None:
+def test_a_per_run_result_regrown_is_stale_not_corrupt_once_unkept(mlp_store: Path, registry: Registry) -> None:
     ckpt.analyze("relative-norm", mlp_store, registry=registry, progress=False)
     held = ckptstore.open(mlp_store).analysis("relative-norm")
     opened = held.ckpt.created
     _append(mlp_store, (6, 7))
     ckpt.analyze("relative-norm", mlp_store, registry=registry, progress=False)
     now = ckptstore.open(mlp_store).analysis("relative-norm").ckpt.created
+    _repair(mlp_store)
     _assert_stale(held, "relative-norm", str(opened), str(now))
 
 
@@ -111,7 +122,7 @@ def test_a_per_checkpoint_result_extended_still_reads_what_was_opened(mlp_store:
     before = ckptstore.open(mlp_store).analysis("loss").load()
     _append(mlp_store, (6, 7, 8))
     ckpt.analyze("loss", mlp_store, progress=False)
-    loaded = held.load()
+    loaded = held.compute()
     assert loaded["step"].values.tolist() == [0, 1, 2, 3, 4, 5]
     np.testing.assert_array_equal(loaded["loss"].values, before["loss"].values)
     np.testing.assert_array_equal(loaded["mean_loss"].values, before["mean_loss"].values)
