@@ -97,8 +97,12 @@ def retire(zstore: Any, where: str, name: str) -> None:
     sync(zstore.delete_dir(source))
 
 
-def prune(zstore: Any, name: str, *, grace_s: float = SNAPSHOT_GRACE_S) -> list[str]:
-    """Delete the kept versions of ``name`` retired over ``grace_s`` ago, but the most recent; return them."""
+def prune(zstore: Any, name: str, *, grace_s: float | None = None) -> list[str]:
+    """Delete the kept versions of ``name`` retired over ``grace_s`` ago, but the most recent; return them.
+
+    ``grace_s`` defaults to :data:`SNAPSHOT_GRACE_S` as it is when called.
+    """
+    grace_s = SNAPSHOT_GRACE_S if grace_s is None else grace_s
     kept = versions(zstore, name)
     now = _dt.datetime.now(_dt.UTC)
     gone = [v for v in kept[:-1] if (now - _retired_at(v)).total_seconds() > grace_s]  # type: ignore[operator]

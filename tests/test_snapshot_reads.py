@@ -171,6 +171,17 @@ def test_after_the_prune_a_held_view_is_stale_never_corrupt_or_mixed(mlp_store: 
     _assert_stale(second)
 
 
+def test_each_commit_prunes_the_versions_past_the_grace_period(
+    mlp_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(snapshots, "SNAPSHOT_GRACE_S", 0.0)
+    ckpt.analyze("loss", mlp_store, progress=False)
+    for _ in range(3):
+        ckpt.analyze("loss", mlp_store, force=True, progress=False)
+    kept = snapshots.versions(_zarr.open_zarr_store(mlp_store, read_only=True), "loss")
+    assert len(kept) == 1  # the most recently replaced stays until the next replacement
+
+
 def test_rm_deletes_the_kept_versions_with_the_result(mlp_store: Path) -> None:
     ckpt.analyze("loss", mlp_store, progress=False)
     held = ckptstore.open(mlp_store).analysis("loss")
