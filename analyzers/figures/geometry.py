@@ -19,9 +19,9 @@ from ckpt.analyzers.figures import COLORS, new_figure, step_axis
 from ckpt.analyzers.figures.tokens import (
     PAIR_SUM_MAX_TOKENS,
     FrequentTokensView,
+    TableView,
     bounds,
     principal_plane,
-    table_rows,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,15 +35,13 @@ CYCLIC = "twilight"
 """Colormap of residues and classes mod N: cyclic, so that N-1 and 0 look alike as they are."""
 
 
-class EmbeddingView:
+class EmbeddingView(TableView):
     """The rows 0..N-1 of an embedding table across checkpoints, as 2-D points.
 
     Parameters
     ----------
-    store
-        The opened store.
-    tensor
-        The table's name (``[tokens, dim]``).
+    store, tensor
+        As :class:`~ckpt.analyzers.figures.tokens.TableView`.
     modulus
         N: the rows shown, and the classes of the pair sums.
     """
@@ -55,16 +53,9 @@ class EmbeddingView:
         if modulus > PAIR_SUM_MAX_TOKENS:  # a programming error: embedding_view chooses the view
             msg = f"{modulus} residues have too many pair sums to draw (at most {PAIR_SUM_MAX_TOKENS})"
             raise ValueError(msg)
-        self.store, self.tensor, self.modulus = store, tensor, modulus
-        last = table_rows(store, tensor, [int(store.steps[-1])], slice(modulus))[0]
-        self.projection = principal_plane(last)  # the last checkpoint's top-2 principal directions
-        self.axis_names = ("PC 1", "PC 2") if self.projection is not None else ("dim 0", "dim 1")
+        super().__init__(store, tensor, slice(modulus))
+        self.modulus = modulus
         self.title = f"{tensor}: residues 0..{modulus - 1} and their pair sums"
-
-    def points(self, steps: Sequence[int]) -> np.ndarray:
-        """``[step, residue, 2]``: the rows at ``steps``, projected when the table is wider than 2."""
-        table = table_rows(self.store, self.tensor, steps, slice(self.modulus))
-        return table @ self.projection if self.projection is not None else table[..., :2]
 
     def draw(self, axes: Sequence[Axes], points: np.ndarray, limits: tuple[Any, Any] | None) -> None:
         """Draw one checkpoint: residues (numbered) on ``axes[0]``, pair sums by class on ``axes[1]``."""

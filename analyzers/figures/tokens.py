@@ -120,8 +120,11 @@ def frequent_tokens(
     return np.arange(shown), f"token ids 0..{shown - 1} (no token data in the store to rank tokens by)"
 
 
-class FrequentTokensView:
-    """The most frequent tokens of a large embedding table across checkpoints, as 2-D points.
+class TableView:
+    """Chosen rows of an embedding table across checkpoints, as 2-D points.
+
+    One projection for all steps, the top-2 principal directions of the rows at the last
+    checkpoint, so that frames are comparable; a table of 2 columns is shown as it is.
 
     Parameters
     ----------
@@ -129,6 +132,29 @@ class FrequentTokensView:
         The opened store.
     tensor
         The table's name (``[tokens, dim]``).
+    rows
+        The rows shown: a slice or an array of ids.
+    """
+
+    def __init__(self, store: Any, tensor: str, rows: slice | np.ndarray) -> None:
+        self.store, self.tensor, self.rows = store, tensor, rows
+        last = table_rows(store, tensor, [int(store.steps[-1])], rows)[0]
+        self.projection = principal_plane(last)
+        self.axis_names = ("PC 1", "PC 2") if self.projection is not None else ("dim 0", "dim 1")
+
+    def points(self, steps: Sequence[int]) -> np.ndarray:
+        """``[step, row, 2]``: the shown rows at ``steps``, projected when the table is wider than 2."""
+        table = table_rows(self.store, self.tensor, steps, self.rows)
+        return table @ self.projection if self.projection is not None else table[..., :2]
+
+
+class FrequentTokensView(TableView):
+    """The most frequent tokens of a large embedding table across checkpoints, as 2-D points.
+
+    Parameters
+    ----------
+    store, tensor
+        As :class:`TableView`.
     rows
         Only ids below this are shown (default: every row).
     count
@@ -139,17 +165,9 @@ class FrequentTokensView:
     """Axes one checkpoint is drawn on."""
 
     def __init__(self, store: Any, tensor: str, rows: int | None = None, count: int = TOKENS_SHOWN) -> None:
-        self.store, self.tensor = store, tensor
         self.ids, self.description = frequent_tokens(store, int(store.schema[tensor].shape[0]), count, below=rows)
-        last = table_rows(store, tensor, [int(store.steps[-1])], self.ids)[0]
-        self.projection = principal_plane(last)  # one projection for all steps: frames are comparable
-        self.axis_names = ("PC 1", "PC 2") if self.projection is not None else ("dim 0", "dim 1")
+        super().__init__(store, tensor, self.ids)
         self.title = f"{tensor}: {self.description}"
-
-    def points(self, steps: Sequence[int]) -> np.ndarray:
-        """``[step, token, 2]``: the shown tokens' rows at ``steps``, projected when the table is wider than 2."""
-        table = table_rows(self.store, self.tensor, steps, self.ids)
-        return table @ self.projection if self.projection is not None else table[..., :2]
 
     @staticmethod
     def limits(points: np.ndarray) -> tuple[Any, ...]:
@@ -178,6 +196,7 @@ __all__ = [
     "PAIR_SUM_MAX_TOKENS",
     "TOKENS_SHOWN",
     "FrequentTokensView",
+    "TableView",
     "bounds",
     "frequent_tokens",
     "principal_plane",
