@@ -62,7 +62,10 @@ def _callback(store: str, names: tuple[str, ...], **values: Any) -> None:
         click.echo(f"{name}: computed {len(followed.computed_steps)} step(s)")
     why = "the run is finished" if watched.stopped == "finished" else f"idle for {until_idle}"
     count = len(watched.reports)
-    click.echo(f"watched {store} until {why}; read {watched.reads} checkpoint(s) once for {count} analyzer(s)")
+    reads = f"read {watched.reads} checkpoint(s) once for {count} analyzer(s)"
+    if not watched.reads:  # all reused, or worker processes that read the store themselves
+        reads = f"no checkpoint read in this process for {count} analyzer(s)"
+    click.echo(f"watched {store} until {why}; {reads}")
     shown = ", ".join(f"analyses/{name}" for name in watched.reports)
     click.echo(f"results: {shown} in {store} (ckpt show {store} NAME)")
 
