@@ -100,6 +100,24 @@ def _chunk_opens(store: Path) -> Iterator[Counter[str]]:
         active[0] = False
 
 
+def _small_run(path: Path, count: int) -> Path:
+    """A finished store of ``count`` checkpoints of the example MLP with an eval split, written here (no training)."""
+    import torch
+
+    from ckpt.plugins.examples import mlp
+
+    torch.manual_seed(0)
+    model = mlp()
+    with ckpt.create(path, model="ckpt.plugins.examples:mlp", objective="cross-entropy") as writer:
+        writer.add_data("eval", inputs=torch.randn(20, 3), targets=torch.randint(0, 4, (20,)))
+        for step in range(count):
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.add_(0.01)
+            writer.write(step, model)
+    return path
+
+
 def _same_result(watched: xr.Dataset, alone: xr.Dataset) -> None:
     assert watched["step"].values.tolist() == alone["step"].values.tolist()
     xr.testing.assert_identical(watched.drop_attrs(), alone.drop_attrs())
@@ -128,10 +146,9 @@ def test_a_watch_reads_each_checkpoint_once_for_all_and_computes_what_each_alone
 
 
 def test_separate_followers_read_each_checkpoint_once_each(tmp_path: Path) -> None:
-    from ckpt.plugins.examples import write_example_run
     from ckpt.store.results import delete_analysis
 
-    store = write_example_run(tmp_path / "run.zarr", 3)
+    store = _small_run(tmp_path / "run.zarr", 3)
     with _chunk_opens(Path(store)) as opens:
         for name in NAMES:
             follow(name, store, until_idle=30, progress=False)
@@ -193,34 +210,50 @@ def test_ctrl_c_keeps_what_each_analyzer_committed_and_exits_130(tmp_path: Path)
 
 
 def test_bad_input_is_one_error_line_and_the_store_unchanged(tmp_path: Path) -> None:
-    from ckpt.plugins.examples import write_example_run
-
-    store = str(write_example_run(tmp_path / "run.zarr", 2))
+    store = str(_small_run(tmp_path / "run.zarr", 2))
     (tmp_path / "folder").mkdir()
     before = sorted(p.name for p in Path(store).rglob("*"))
     for args, expected in (
         ([store, "no-such"], "unknown analyzer 'no-such'; registered analyzers:"),
         ([store, "polca"], "polca requires hessian-basis, a result over the whole run (a basis)"),
-        ([store, "loss", "clusters"], "clusters requires hessian-basis (through polca)"),
-        ([str(tmp_path / "none.zarr"), "loss"], "no store at"),
         ([str(tmp_path / "folder")], "is not a ckpt store"),
-        ([store, "--until-idle", "soon"], "--until-idle must be a duration such as 30s"),
-        ([store, "--rerun-every", "0s"], "--rerun-every must be a positive duration"),
         ([store, "--as", "x"], "No such option '--as'"),
-        ([store, "loss", "--device", "tpu"], "--device must be auto, cpu"),
+        ([store, "--until-idle", "soon"], "--until-idle must be a duration such as 30s"),
     ):
         done = run_ckpt("watch", *args)
         assert done.returncode != 0
         assert done.stderr.count("Error:") == 1 and expected in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    for where, names, settings, expected in (
+        (store, ["loss", "clusters"], {}, "clusters requires hessian-basis (through polca)"),
+        (str(tmp_path / "none.zarr"), ["loss"], {}, "no store at"),
+        (store, ["loss"], {"every": "0s"}, "--rerun-every must be a positive duration"),
+        (store, ["loss"], {"device": "tpu"}, "--device must be auto, cpu"),
+        (store, ["loss"], {"split": "eval"}, "ckpt watch runs each analyzer with its stored (or default) options"),
+    ):
+        with pytest.raises(ckpt.errors.CkptError, match=re.escape(expected)):
+            watch(where, names, until_idle=1, **settings)
     assert sorted(p.name for p in Path(store).rglob("*")) == before  # refused before anything ran
     assert ckpt.open(store).analyses == []
 
 
-def test_kept_checkpoints_are_copies_read_once_and_only_for_the_round(tmp_path: Path) -> None:
-    from ckpt.plugins.examples import write_example_run
+def test_a_watch_extends_a_result_stored_with_other_options_instead_of_replacing_it(tmp_path: Path) -> None:
+    store = _small_run(tmp_path / "run.zarr", 3)
+    ckpt.analyze("loss", store, batch_size=7, progress=False)
+    created = ckpt.open(store).analysis("loss").ckpt.provenance["created"]
+    writer = ckpt.open(store, mode="a")
+    writer.write(3, ckpt.open(store).tensors(2))
+    writer.close()
+    done = watch(store, ["loss"], until_idle=30, progress=False)
+    assert done.reports["loss"].computed_steps == [3]  # the stored steps kept: run with their options
+    stored = ckpt.open(store).analysis("loss")
+    assert stored.ckpt.provenance["options"]["batch_size"] == 7
+    assert stored["step"].values.tolist() == [0, 1, 2, 3]
+    assert stored.ckpt.provenance["created"] == created
 
-    path = write_example_run(tmp_path / "run.zarr", 3)
+
+def test_kept_checkpoints_are_copies_read_once_and_only_for_the_round(tmp_path: Path) -> None:
+    path = _small_run(tmp_path / "run.zarr", 3)
     store = SharedReads(str(path))
     alone = ckpt.open(path)
     expected = {step: alone.tensors(step) for step in (1, 2)}
@@ -245,9 +278,7 @@ def test_kept_checkpoints_are_copies_read_once_and_only_for_the_round(tmp_path: 
 
 
 def test_the_kept_checkpoints_fit_their_limit(tmp_path: Path) -> None:
-    from ckpt.plugins.examples import write_example_run
-
-    path = write_example_run(tmp_path / "run.zarr", 3)
+    path = _small_run(tmp_path / "run.zarr", 3)
     one = sum(info.nbytes for info in ckpt.open(path).schema.values())
     store = SharedReads(str(path), limit=one)  # room for one checkpoint
     with store.round([0, 1, 2]):
