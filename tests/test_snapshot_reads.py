@@ -226,3 +226,26 @@ def test_checkpoints_appended_by_another_process_do_not_change_what_an_analysis_
     assert read["step"].values.tolist() == list(range(6))
     _assert_same(read, expected)
     assert read.ckpt.steps == list(range(6))
+
+
+@pytest.mark.parametrize("damage", ["hostile metadata", "other values"])
+def test_a_kept_version_that_was_tampered_with_is_never_read(mlp_store: Path, damage: str) -> None:
+    """A kept version is data: its metadata is bounded before zarr parses it, its chunks checked by digest."""
+    ckpt.analyze("loss", mlp_store, progress=False)
+    held = ckptstore.open(mlp_store).analysis("loss")
+    _new_eval_data(mlp_store)
+    ckpt.analyze("loss", mlp_store, progress=False)
+    (version,) = (mlp_store / ".snapshots" / "analyses" / "loss").iterdir()
+    if damage == "hostile metadata":
+        (version / "mean_loss" / "zarr.json").write_text("[" * 100_000 + "]" * 100_000)
+    else:  # the current result's chunks in the kept version's place: they decode, to the wrong values
+        for chunk in (version / "mean_loss" / "c").iterdir():
+            chunk.write_bytes((mlp_store / "analyses" / "loss" / "mean_loss" / "c" / chunk.name).read_bytes())
+    with pytest.raises(StaleResultError, match="no longer kept") as caught:
+        held[["mean_loss"]].compute()
+    assert not isinstance(caught.value, CorruptChunkError)
+    if damage == "other values":  # the version's other variable is sound and still reads
+        assert held[["loss"]].compute()["loss"].shape == (6, 50)
+    else:  # a version with any hostile document is not opened at all
+        with pytest.raises(StaleResultError, match="no longer kept"):
+            held[["loss"]].compute()
