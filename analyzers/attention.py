@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.analyzers._one_split import OneSplit
 from ckpt.analyzers.spike_causes import check_model_and_split
 from ckpt.engine.memory import format_size
 from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, Option, Worker
@@ -213,7 +214,7 @@ def attention_at(worker: Worker, step: int, *, first: int, **options: Any) -> di
     return {"weights": weights, "start_end_correlation": correlation(start, weights)}
 
 
-class Attention(Analyzer):
+class Attention(OneSplit, Analyzer):
     """Attention weights of every layer and head on the probe examples, and their correlation with the start."""
 
     name = "attention"
@@ -223,10 +224,6 @@ class Attention(Analyzer):
     split = Option(str, "eval", "Data split whose first --examples examples are the probes.")
     examples = Option(int, None, "Probe examples: the split's first N (default: all).", minimum=1)
     batch_size = Option(int, 256, "Examples per forward pass (bounds memory).", minimum=1)
-
-    def data_splits(self, store: Any) -> tuple[str, ...]:
-        """Only ``--split``'s data."""
-        return (str(self.split),)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task per checkpoint; layers and shapes are found on one example before any work."""

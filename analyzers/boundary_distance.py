@@ -80,6 +80,7 @@ from ckpt.analyzers._boundary_search import (
     margin,
     nearest_boundary,
 )
+from ckpt.analyzers._one_split import OneSplit
 from ckpt.analyzers.spike_causes import check_model_and_split
 from ckpt.numerics.derivatives import DTYPES
 from ckpt.plugins import (
@@ -309,7 +310,7 @@ def check_readout(store: Any, model: Any, readout: str | None, split: str) -> tu
     return name, int(calls[0].shape[1])
 
 
-class BoundaryDistance(Analyzer):
+class BoundaryDistance(OneSplit, Analyzer):
     """Distance of each sequence embedding ξ to the read-out's nearest decision boundary, and ‖∂ζ/∂ξ‖₂."""
 
     name = "boundary-distance"
@@ -324,10 +325,6 @@ class BoundaryDistance(Analyzer):
     tol = Option(float, 1e-6, "Bisection tolerance on the distance.", minimum=0)
     seed = Option(int, 0, "Seed of the random search directions (d > 2).", minimum=0)
     dtype = Option(str, "float64", "Precision of the search.", choices=DTYPES)
-
-    def data_splits(self, store: Any) -> tuple[str, ...]:
-        """Only ``--split``'s data."""
-        return (str(self.split),)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task per checkpoint; the read-out and its shapes are checked here, before any work."""

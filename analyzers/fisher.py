@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.analyzers._one_split import OneSplit
 from ckpt.analyzers.basis import BasisReader
 from ckpt.analyzers.polca import checkpoint_terms
 from ckpt.numerics.basis_format import FOUND_AT, check_basis
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
 
-class Fisher(BasisReader, Analyzer):
+class Fisher(OneSplit, BasisReader, Analyzer):
     """Squared projection of every datapoint's gradient on every basis vector, at every checkpoint."""
 
     name = "fisher"
@@ -34,10 +35,6 @@ class Fisher(BasisReader, Analyzer):
     objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
     basis_batch = Option(int, 8, "Basis vectors per vectorized JVP pass (bounds memory).", minimum=1)
     block_examples = Option(int, 8192, "Examples per Dask task.", minimum=1)
-
-    def data_splits(self, store: Any) -> tuple[str, ...]:
-        """Only ``--split``'s data: another split added or replaced leaves the result as it is."""
-        return (str(self.split),)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One first-order JVP pass per checkpoint and block of examples."""

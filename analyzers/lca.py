@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.analyzers._one_split import OneSplit
 from ckpt.analyzers.basis import ComputeOptions
 from ckpt.analyzers.polca import measure_passes, plan_passes, worker_space
 from ckpt.engine.resume import Journal
@@ -164,7 +165,7 @@ PIECE = {"first_order": ("parameter", "datapoint"), "lca": ("parameter", "datapo
 """The variables of one pair's allocation, and their dims (without ``step``)."""
 
 
-class Lca(ComputeOptions, Analyzer):
+class Lca(OneSplit, ComputeOptions, Analyzer):
     """Loss Change Allocation of the largest parameters, per datapoint and checkpoint pair."""
 
     name = "lca"
@@ -178,10 +179,6 @@ class Lca(ComputeOptions, Analyzer):
         int, 32, "Parameters allocated to: the N largest in magnitude at the last checkpoint.", minimum=1
     )
     basis_batch = Option(int, 8, "Parameters per vectorized JVP pass (bounds memory).", minimum=1)
-
-    def data_splits(self, store: Any) -> tuple[str, ...]:
-        """Only ``--split``'s data: another split added or replaced leaves the result as it is."""
-        return (str(self.split),)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Select the parameters (reads the last checkpoint), then one task per checkpoint pair."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.analyzers._one_split import OneSplit
 from ckpt.plugins import AnalysisContext, Analyzer, Option, Worker, datapoint_index
 from ckpt.plugins.manager import analyzer_hook
 
@@ -28,7 +29,7 @@ def datapoint_losses(
     return {"loss": losses}
 
 
-class Loss(Analyzer):
+class Loss(OneSplit, Analyzer):
     """Exact loss per datapoint at every checkpoint, and its mean over the split."""
 
     name = "loss"
@@ -39,10 +40,6 @@ class Loss(Analyzer):
     objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
     batch_size = Option(int, 1024, "Examples per forward pass.", minimum=1)
     block_examples = Option(int, 8192, "Examples per Dask task (bounds a task's memory).", minimum=1)
-
-    def data_splits(self, store: Any) -> tuple[str, ...]:
-        """Only ``--split``'s data: another split added or replaced leaves the result as it is."""
-        return (str(self.split),)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Per-datapoint losses for ``ctx.steps``, lazily."""

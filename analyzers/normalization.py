@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.analyzers._one_split import OneSplit
 from ckpt.analyzers.spike_causes import check_model_and_split, learning_rates
 from ckpt.engine.memory import format_size
 from ckpt.plugins import (
@@ -140,7 +141,7 @@ def input_norms(
     return {"norm_quantile": quantiles, "below_lr": below, "vectors": vectors, "learning_rate": np.array(eta)}
 
 
-class Normalization(Analyzer):
+class Normalization(OneSplit, Analyzer):
     """Distribution of ‖x‖ at each normalisation layer's input and the share with ‖x‖ < η, per checkpoint."""
 
     name = "normalization"
@@ -151,10 +152,6 @@ class Normalization(Analyzer):
     split = Option(str, "eval", "Data split fed to the model.")
     batch_size = Option(int, 1024, "Examples per forward pass (bounds memory).", minimum=1)
     lr = Option(float, None, "Learning rate η (default: the store's lr or learning_rate metric).", minimum=0)
-
-    def data_splits(self, store: Any) -> tuple[str, ...]:
-        """Only ``--split``'s data."""
-        return (str(self.split),)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task per checkpoint; modules and η are resolved here, before any work."""

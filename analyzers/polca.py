@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.analyzers._one_split import OneSplit
 from ckpt.analyzers._polca_plan import (
     CPU_TOKEN_VECTORS,
     PASS_PEAK,
@@ -255,7 +256,7 @@ def step_projections(
     return {"delta": total.cpu().numpy()}
 
 
-class Polca(BasisReader, Analyzer):
+class Polca(OneSplit, BasisReader, Analyzer):
     """Per-datapoint loss change allocated to the directions of a basis."""
 
     name = "polca"
@@ -281,10 +282,6 @@ class Polca(BasisReader, Analyzer):
         "~80 s to compile per worker (pays from ~50 checkpoints).",
     )
     block_examples = Option(int, 8192, "Examples per Dask task.", minimum=1)
-
-    def data_splits(self, store: Any) -> tuple[str, ...]:
-        """Only ``--split``'s data: another split added or replaced leaves the result as it is."""
-        return (str(self.split),)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """Per-checkpoint terms once per checkpoint, combined lazily into per-pair POLCA."""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.analyzers._one_split import OneSplit
 from ckpt.analyzers.spike_causes import check_model_and_split
 from ckpt.plugins import (
     AnalysisContext,
@@ -114,7 +115,7 @@ def sparsity_counts(
     return {"sparsity": sparsity, "nonpositive": fraction, "values": values}
 
 
-class Sparsity(Analyzer):
+class Sparsity(OneSplit, Analyzer):
     """Fraction of activations with |a| < ε over an ε grid, per module, at every checkpoint."""
 
     name = "sparsity"
@@ -128,10 +129,6 @@ class Sparsity(Analyzer):
     eps_max = Option(float, 1e2, "Largest ε of the grid.", minimum=1e-30)
     eps_count = Option(int, 50, "Number of log-spaced ε values.", minimum=1)
     batch_size = Option(int, 1024, "Examples per forward pass (bounds memory).", minimum=1)
-
-    def data_splits(self, store: Any) -> tuple[str, ...]:
-        """Only ``--split``'s data: another split added or replaced leaves the result as it is."""
-        return (str(self.split),)
 
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """One task per checkpoint; the modules are resolved on the model built here."""
