@@ -527,7 +527,7 @@ class Store:
         )
 
     def analysis(self, name: str) -> xr.Dataset:
-        """A stored analysis result as a lazy :class:`xarray.Dataset` (no analyzer code imported).
+        """A stored result as a lazy :class:`xarray.Dataset` reading the version it opened (§1.5.1 of the format).
 
         Raises
         ------
