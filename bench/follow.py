@@ -3,7 +3,7 @@
 Usage::
 
     python bench/follow.py [--hidden 2048] [--checkpoints 5] [--idle 10]      # both parts
-    python bench/follow.py --parts training [--steps 24] [--every 2] [--paced 5]
+    python bench/follow.py --parts training [--steps 32] [--every 2] [--paced 5]
 
 Part ``idle`` measures, on the same store and model (the example MLP, ``--hidden`` wide):
 
@@ -30,7 +30,14 @@ model of bench/scale.py (GPT-2, 4 layers, d 256, vocab 8,192, its ``TRAIN_BATCH`
 - **without**, **with**, **without**: the same ``--steps`` steps; in ``with`` the writer was
   created with ``follow=["loss"]`` and its follower pinned to another core. The figure is the
   median step time (forward, backward, optimizer; the commits are timed apart) of ``with`` over
-  that of both ``without`` arms: target at most 1.05;
+  that of both ``without`` arms: target at most 1.05. On a shared machine the arms drift apart
+  by more than that, so the ``with`` arm also alternates, checkpoint by checkpoint, blocks of
+  steps with its follower running and blocks with it stopped (SIGSTOP; it catches up when
+  continued, so it computes in the running blocks): the ratio of those two medians compares
+  steps seconds apart. The ``with`` figure is that of its running blocks. Each step's own CPU
+  time (``time.thread_time``) is compared the same ways: the machine's other load takes wall time
+  from the trainer (a busy follower core sends every other process to the trainer's), not CPU time,
+  while contention for caches and memory shows in both;
 - **latency** (end of the ``with`` arm): once the follower has caught up, ``--paced`` checkpoints
   committed one at a time, each the time from its commit to the follower's ``loss: step N
   computed`` line in its log (printed once the result is committed, hence readable), against
@@ -45,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -243,21 +251,38 @@ def train_child(folder: Path, steps: int, every: int, paced: int) -> dict[str, o
         writer.add_data("eval", inputs=eval_ids)
         writer.write(0, untied_state(model))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        step_s, commit_s = [], []
+        step_s: list[float] = []
+        stopped_s: list[float] = []  # with a follower: the blocks it was stopped (SIGSTOP) in
+        cpu_s: list[float] = []  # the step's own CPU time, running blocks (or all, without a follower)
+        stopped_cpu_s: list[float] = []
+        commit_s = []
         model.train()
         for step in range(1, steps + 1):
-            began = time.perf_counter()
+            running = not follow or (step - 1) // every % 2 == 1
+            if follow and (step - 1) % every == 0:
+                for process in writer.followers:
+                    os.kill(process.pid, signal.SIGCONT if running else signal.SIGSTOP)
+            began, began_cpu = time.perf_counter(), time.thread_time()
             loss = model(train[step - 1], labels=train[step - 1]).loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            step_s.append(time.perf_counter() - began)
+            (step_s if running else stopped_s).append(time.perf_counter() - began)
+            (cpu_s if running else stopped_cpu_s).append(time.thread_time() - began_cpu)
             if step % every == 0:
                 began = time.perf_counter()
                 writer.write(step, untied_state(model), metrics={"loss": loss.item()})
                 commit_s.append(time.perf_counter() - began)
-        figures: dict[str, object] = {"step_s": step_s, "commit_s": commit_s}
+        figures: dict[str, object] = {
+            "step_s": step_s,
+            "stopped_s": stopped_s,
+            "cpu_s": cpu_s,
+            "stopped_cpu_s": stopped_cpu_s,
+            "commit_s": commit_s,
+        }
         if follow:
+            for process in writer.followers:
+                os.kill(process.pid, signal.SIGCONT)
             log = writer.follow_log
             assert log is not None
             last = steps - steps % every
@@ -313,7 +338,8 @@ def training_part(args: argparse.Namespace) -> None:
     warm = 2  # the first steps: allocator and caches
     without = statistics.median([s for a in figures["without"] for s in a["step_s"][warm:]])
     followed = figures["with"]
-    with_s = statistics.median(followed["step_s"][warm:])
+    with_s = statistics.median(followed["step_s"])
+    stopped = statistics.median(followed["stopped_s"][warm:])
     latency = statistics.median(followed["latency_s"])
     print(
         json.dumps(
@@ -326,6 +352,16 @@ def training_part(args: argparse.Namespace) -> None:
                 "step_s_with_follower_median": round(with_s, 4),
                 "step_time_ratio_with_over_without": round(with_s / without, 3),
                 "step_s_without_arms": [round(statistics.median(a["step_s"][warm:]), 4) for a in figures["without"]],
+                "step_s_follower_stopped_median": round(stopped, 4),
+                "step_time_ratio_interleaved_running_over_stopped": round(with_s / stopped, 3),
+                "step_cpu_ratio_interleaved_running_over_stopped": round(
+                    statistics.median(followed["cpu_s"]) / statistics.median(followed["stopped_cpu_s"][warm:]), 3
+                ),
+                "step_cpu_ratio_with_over_without": round(
+                    statistics.median(followed["cpu_s"])
+                    / statistics.median([s for a in figures["without"] for s in a["cpu_s"][warm:]]),
+                    3,
+                ),
                 "commit_s_median": round(statistics.median(followed["commit_s"]), 4),
                 "follower_behind_at_end_s": round(followed["follower_behind_at_end_s"], 3),
                 "commit_to_loss_readable_s": [round(x, 3) for x in followed["latency_s"]],
@@ -351,7 +387,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=2048, help="idle: hidden units of the MLP")
     parser.add_argument("--checkpoints", type=int, default=5, help="idle: checkpoints committed while following")
     parser.add_argument("--idle", type=float, default=10.0, help="idle: seconds the idle CPU is measured over")
-    parser.add_argument("--steps", type=int, default=24, help="training: optimizer steps per arm")
+    parser.add_argument("--steps", type=int, default=32, help="training: optimizer steps per arm")
     parser.add_argument("--every", type=int, default=2, help="training: a checkpoint every this many steps")
     parser.add_argument("--paced", type=int, default=5, help="training: checkpoints of the latency phase")
     args = parser.parse_args()
