@@ -167,3 +167,23 @@ def test_the_training_callbacks_check_their_names_before_training(tmp_path: Path
     with pytest.raises(InvalidArgumentError, match="unknown analyzer 'gradnorms'"):
         callback_class(str(tmp_path / "run.zarr"), every=1, follow=["gradnorms"])
     assert callback_class(str(tmp_path / "run.zarr"), every=1, follow=["grad-norms"]).follow == ("grad-norms",)
+
+
+def test_a_follower_that_exits_while_training_lives_is_reaped(tmp_path: Path) -> None:
+    store = tmp_path / "run.zarr"
+    writer = ckpt.create(store, follow=["loss"], follow_log=tmp_path / "followers.log")
+    (process,) = writer.followers
+    began = time.monotonic()
+    writer.close()  # no checkpoint: the follower finds the run finished and exits
+    assert time.monotonic() - began < 1.0  # close() does not wait for it
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            psutil.Process(process.pid)
+        except psutil.NoSuchProcess:
+            break  # waited for by the writer's reaper: no zombie left in a long-lived process
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"follower {process.pid} still a process (running or a zombie) after 60 s")
+    assert process.returncode == 0
+    assert "loss: followed" in (tmp_path / "followers.log").read_text()
