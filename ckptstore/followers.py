@@ -129,10 +129,14 @@ def _environment(where: str, storage_options: dict[str, Any] | None) -> dict[str
     return env
 
 
-def check_followable(where: str) -> None:
-    """Refuse a store that another process cannot open (``memory://``)."""
+def check_followable(where: str, log: str | os.PathLike[str] | None = None) -> None:
+    """Refuse a store that another process cannot open (``memory://``), or a log in no folder."""
     if where.startswith("memory://"):
         msg = f"follow runs analyzers in other processes, which cannot see {where}: write to a path or a remote URL"
+        raise InvalidArgumentError(msg)
+    folder = log_path(where, log).parent
+    if not folder.is_dir():
+        msg = f"the followers' log would be in {folder}, which is not a folder: create it or pass follow_log=..."
         raise InvalidArgumentError(msg)
 
 
@@ -159,7 +163,7 @@ class Followers:
         storage_options: dict[str, Any] | None = None,
         log: str | os.PathLike[str] | None = None,
     ) -> None:
-        check_followable(where)
+        check_followable(where, log)
         local = _zarr.local_path(where)
         target = str(local.absolute()) if local is not None else where
         env = _environment(where, storage_options)

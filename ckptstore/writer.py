@@ -121,7 +121,7 @@ class Writer:
         self._where = str(path)
         names = check_names(follow)  # before the store is touched: a wrong name changes nothing
         if names:
-            check_followable(self._where)
+            check_followable(self._where, follow_log)
         self._followers: Followers | None = None
         self._storage_options = storage_options
         self._reject_nonfinite = reject_nonfinite
@@ -584,7 +584,7 @@ def create(
     names = check_names(follow)
     if not names:
         return creating.create(path, **kwargs)
-    check_followable(str(path))
+    check_followable(str(path), follow_log)
     writer = creating.create(path, **kwargs)
     try:
         writer._followers = Followers(writer.path, names, storage_options=kwargs.get("storage_options"), log=follow_log)

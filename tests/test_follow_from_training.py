@@ -187,3 +187,9 @@ def test_a_follower_that_exits_while_training_lives_is_reaped(tmp_path: Path) ->
         pytest.fail(f"follower {process.pid} still a process (running or a zombie) after 60 s")
     assert process.returncode == 0
     assert "loss: followed" in (tmp_path / "followers.log").read_text()
+
+
+def test_a_log_in_no_folder_fails_before_the_store_is_created(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"followers' log would be in .*missing, which is not a folder"):
+        ckpt.create(tmp_path / "run.zarr", follow=["loss"], follow_log=tmp_path / "missing" / "follow.log")
+    assert not (tmp_path / "run.zarr").exists()
