@@ -200,7 +200,7 @@ def _repair(where: str, storage_options: dict[str, Any] | None) -> RepairReport:
             _delete(zstore, [*gone, *report.removed])
             _tidy_arrays(zstore, nodes)
         # earlier versions of results are kept only for Datasets held meanwhile (snapshots.py): repair frees them
-        report.dropped_versions = snapshots.drop(zstore)
+        report.dropped_versions = snapshots.drop(zstore, where=where)
         report.checkpoints = len(store.steps) - len(report.dropped_steps)
     finally:
         lock.release()

@@ -54,7 +54,7 @@ def _children(zstore: Any, prefix: str) -> list[str]:
 
     try:
         return sorted(sync(listed()))
-    except FileNotFoundError:
+    except OSError:  # none kept (or a file where the folder belongs: nothing to read in it)
         return []
 
 
@@ -113,8 +113,16 @@ def prune(zstore: Any, name: str, *, grace_s: float | None = None) -> list[str]:
     return gone
 
 
-def drop(zstore: Any, name: str | None = None) -> list[str]:
-    """Delete the kept versions of result ``name`` (all results' when None); return what was deleted."""
+def drop(zstore: Any, name: str | None = None, where: str | None = None) -> list[str]:
+    """Delete the kept versions of result ``name`` (all results' when None); return what was deleted.
+
+    With ``where`` (the store's path), a plain file or a link in place of ``.snapshots`` is
+    removed itself (never followed), as the folder would have been.
+    """
+    local = None if where is None else _zarr.local_path(where)
+    if local is not None and ((local / SNAPSHOTS).is_symlink() or (local / SNAPSHOTS).is_file()):
+        (local / SNAPSHOTS).unlink()
+        return [SNAPSHOTS]
     if name is None:
         names = _children(zstore, f"{SNAPSHOTS}/{ANALYSES}")
         gone = [f"{versions_prefix(n)}/{v}" for n in names for v in _children(zstore, versions_prefix(n))]
@@ -169,6 +177,9 @@ def _read(
 
     if version not in opened:
         prefix = f"{versions_prefix(name)}/{version}"
+        local = _zarr.local_path(where)
+        if local is not None and _holds_a_link(local, prefix):  # reads never leave the store
+            return None
         # a kept version is data like the rest: its metadata is checked, bounded, before zarr parses it
         nodes = {}
         for child in ["", *_children(zstore, prefix)]:
@@ -189,6 +200,18 @@ def _read(
         return None
     with _zarr.translated_read_errors(f"kept version {version} of analysis {name!r}"):
         return np.asarray(held[region].values)
+
+
+def _holds_a_link(local: Any, prefix: str) -> bool:
+    """Whether the folder ``prefix`` of the local store at ``local``, or anything in it, is a symbolic link."""
+    top = local / prefix
+    for folder in (local / SNAPSHOTS, top.parent.parent, top.parent, top):
+        if folder.is_symlink():
+            return True
+    for root, folders, files in os.walk(top):
+        if any(os.path.islink(os.path.join(root, entry)) for entry in (*folders, *files)):
+            return True
+    return False
 
 
 def quietly_prune(zstore: Any, name: str) -> None:

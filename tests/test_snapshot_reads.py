@@ -228,9 +228,9 @@ def test_checkpoints_appended_by_another_process_do_not_change_what_an_analysis_
     assert read.ckpt.steps == list(range(6))
 
 
-@pytest.mark.parametrize("damage", ["hostile metadata", "other values"])
-def test_a_kept_version_that_was_tampered_with_is_never_read(mlp_store: Path, damage: str) -> None:
-    """A kept version is data: its metadata is bounded before zarr parses it, its chunks checked by digest."""
+@pytest.mark.parametrize("damage", ["hostile metadata", "other values", "a link outside the store"])
+def test_a_kept_version_that_was_tampered_with_is_never_read(mlp_store: Path, damage: str, tmp_path: Path) -> None:
+    """A kept version is data: metadata bounded before zarr parses it, chunks checked, no link followed."""
     ckpt.analyze("loss", mlp_store, progress=False)
     held = ckptstore.open(mlp_store).analysis("loss")
     _new_eval_data(mlp_store)
@@ -238,6 +238,9 @@ def test_a_kept_version_that_was_tampered_with_is_never_read(mlp_store: Path, da
     (version,) = (mlp_store / ".snapshots" / "analyses" / "loss").iterdir()
     if damage == "hostile metadata":
         (version / "mean_loss" / "zarr.json").write_text("[" * 100_000 + "]" * 100_000)
+    elif damage == "a link outside the store":  # the right chunks, but outside: never read
+        (version / "mean_loss").rename(tmp_path / "outside")
+        (version / "mean_loss").symlink_to(tmp_path / "outside")
     else:  # the current result's chunks in the kept version's place: they decode, to the wrong values
         for chunk in (version / "mean_loss" / "c").iterdir():
             chunk.write_bytes((mlp_store / "analyses" / "loss" / "mean_loss" / "c" / chunk.name).read_bytes())
@@ -246,6 +249,6 @@ def test_a_kept_version_that_was_tampered_with_is_never_read(mlp_store: Path, da
     assert not isinstance(caught.value, CorruptChunkError)
     if damage == "other values":  # the version's other variable is sound and still reads
         assert held[["loss"]].compute()["loss"].shape == (6, 50)
-    else:  # a version with any hostile document is not opened at all
+    else:  # a version with any hostile document or link is not opened at all
         with pytest.raises(StaleResultError, match="no longer kept"):
             held[["loss"]].compute()
