@@ -92,7 +92,7 @@ from scipy import stats
 import ckpt.plugins
 import ckpt.store as ckptstore
 from ckpt.analyzers.grad_norms import chance_cooccurrence, near
-from ckpt.sandboxes.base import learning_rate
+from ckpt.sandboxes.base import create_task_store, learning_rate
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
 
 PRESET = "paper"
@@ -144,18 +144,7 @@ def is_complete(path: str, steps: int) -> bool:
 
 def create_store(task: SparseModularAddition, path: str, attrs: dict[str, Any], data: Any) -> ckptstore.Writer:
     """A new store (replacing an incomplete one) with the model spec, objective and splits of ``train``."""
-    writer = ckptstore.create(
-        path,
-        model=task.factory,
-        config=task.model_config(attrs["config"]),
-        objective=task.objective,
-        framework="torch",
-        attrs=attrs,
-        overwrite=True,
-    )
-    for split, arrays in data.splits.items():
-        writer.add_data(split, **arrays)
-    return writer
+    return create_task_store(task, path, attrs["config"], data, attrs=attrs, overwrite=True)
 
 
 def stacked_metrics(

@@ -106,6 +106,33 @@ def _check_same_run(stored: ckptstore.Store, task: Task, model_config: Mapping[s
         raise TaskError(msg)
 
 
+def create_task_store(
+    task: Task,
+    path: str | os.PathLike[str],
+    config: Mapping[str, Any],
+    data: Dataset,
+    *,
+    attrs: Mapping[str, Any],
+    **options: Any,
+) -> ckptstore.Writer:
+    """A new store for a run of ``task`` with ``config``: its model spec, objective and ``data``'s splits.
+
+    ``options`` are :func:`ckpt.store.create`'s (``parent``, ``overwrite`` ...).
+    """
+    writer = ckptstore.create(
+        path,
+        model=task.factory,
+        config=task.model_config(config),
+        objective=task.objective,
+        framework="torch",
+        attrs=attrs,
+        **options,
+    )
+    for split, arrays in data.splits.items():
+        writer.add_data(split, **arrays)
+    return writer
+
+
 def train(
     task: Task | LazyTask,
     store: str | os.PathLike[str],
@@ -208,17 +235,7 @@ def train(
             state, grown = initial_state(task, model, source)
             model.load_state_dict(state)
             parent = source.record(grown)
-        writer = ckptstore.create(
-            store,
-            model=task.factory,
-            config=task.model_config(config),
-            objective=task.objective,
-            framework="torch",
-            attrs=attrs,
-            parent=parent,
-        )
-        for split, arrays in data.splits.items():
-            writer.add_data(split, **arrays)
+        writer = create_task_store(task, store, config, data, attrs=attrs, parent=parent)
         start = 0
     data = _to(data, target)
     optimizer, scheduler = task.make_optimizer(model, config)
@@ -269,4 +286,4 @@ def train(
     return ckptstore.open(store)
 
 
-__all__ = ["SMALL_MODEL_PARAMETERS", "checkpoint_steps", "cpu_kernels", "train"]
+__all__ = ["SMALL_MODEL_PARAMETERS", "checkpoint_steps", "cpu_kernels", "create_task_store", "train"]
