@@ -130,11 +130,13 @@ class CorruptChunkError(StoreError, OSError):
 
 
 class StaleResultError(StoreError):
-    """A result read through a Dataset opened earlier was committed again since (recomputed, extended, removed).
+    """A Dataset opened earlier holds a version of a result that is no longer kept.
 
-    The store is fine, the Dataset is out of date: reopen it. Raised instead of
-    :class:`CorruptChunkError` when a chunk no longer matches what the Dataset opened
-    because a later commit rewrote it, so a Dataset never mixes two versions of a result.
+    The store is fine, the Dataset is out of date: reopen it. A replaced or regrown
+    result's old version is kept for a while (``.snapshots/``, docs/store-format.md
+    §1.5.1) and a held Dataset reads it; once that version is deleted (its grace period,
+    ``ckpt rm``, ``ckpt repair``) a chunk that no longer matches what the Dataset opened
+    raises this instead of :class:`CorruptChunkError`, so a Dataset never mixes two versions.
     """
 
 
