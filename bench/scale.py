@@ -439,30 +439,31 @@ def bench_size(size: str, args: argparse.Namespace, figures: dict[str, Any], sav
         if not done.ok:
             print(f"{size}: building the run failed: {done.detail}", flush=True)
             return
+    at = Measuring(size, args, figures, limit, save)
     vectors = None  # the random basis's, for the floor of polca
     for name, command in ckpt_steps(store, folder, args):
         baseline_name = BASELINE_OF.get(name)
         if name == "hessian-basis":
             # its baseline is one forward + backward, timed inside the baseline's process; taken right before
             # and right after the search (tens of minutes at L), it shows how far the machine's speed moved
-            measure_baseline(size, baseline_name, args, figures, vectors, limit, save)
-        done = measure_step(size, name, command, args, figures, limit, save)
+            measure_baseline(at, baseline_name, vectors)
+        done = measure_step(at, name, command)
         if name in ("import", "data add") and not done.ok:
             break  # nothing after can run
         if name == "random-basis" and done.ok:
             vectors = done.result.get("vectors")
         if baseline_name is None or not done.ok or (baseline_name == "floor" and not vectors):
             continue
-        measure_baseline(size, baseline_name, args, figures, vectors, limit, save)
+        measure_baseline(at, baseline_name, vectors)
         for again in range(1, 1 if name == "hessian-basis" else args.rounds):
             # alternated (ckpt, baseline, baseline, ckpt, ...): a drift of the machine's speed weighs on both
             again_command = [*command, "--force"]
             if again % 2:
-                measure_baseline(size, baseline_name, args, figures, vectors, limit, save)
-                measure_step(size, name, again_command, args, figures, limit, save)
+                measure_baseline(at, baseline_name, vectors)
+                measure_step(at, name, again_command)
             else:
-                measure_step(size, name, again_command, args, figures, limit, save)
-                measure_baseline(size, baseline_name, args, figures, vectors, limit, save)
+                measure_step(at, name, again_command)
+                measure_baseline(at, baseline_name, vectors)
 
 
 def _record(entry: dict[str, Any] | None, done: Outcome) -> dict[str, Any]:
@@ -474,17 +475,22 @@ def _record(entry: dict[str, Any] | None, done: Outcome) -> dict[str, Any]:
     return entry
 
 
-def measure_step(
-    size: str,
-    name: str,
-    command: list[str],
-    args: argparse.Namespace,
-    figures: dict[str, Any],
-    limit: float | None,
-    save: Callable[[], None],
-) -> Outcome:
-    """One run of ckpt step ``name`` of size ``size``, recorded in ``figures["steps"]`` (a repeat after the first)."""
-    store = args.out / size / "run.zarr"
+@dataclass(frozen=True)
+class Measuring:
+    """What every measurement of one size records into and is bounded by."""
+
+    size: str
+    args: argparse.Namespace
+    figures: dict[str, Any]
+    limit: float | None
+    """Peak RSS (bytes) at which a measured command is killed: ``--memory-limit``, or None."""
+    save: Callable[[], None]
+    """Called after every measurement, so that a run stopped at a time limit keeps what it measured."""
+
+
+def measure_step(at: Measuring, name: str, command: list[str]) -> Outcome:
+    """One run of ckpt step ``name``, recorded in ``figures["steps"]`` (a repeat after the first)."""
+    store = at.args.out / at.size / "run.zarr"
 
     def read_result(done: Outcome, logs: Path) -> None:
         if name in ("loss", "grad-norms", "hessian-basis", "random-basis"):
@@ -492,42 +498,29 @@ def measure_step(
         if name == "hessian-basis":
             done.result |= search_time(logs.with_suffix(".err"))
 
-    logs = name.replace(" ", "-")
-    return measure_round(size, "steps", name, f"ckpt {name}", logs, command, args, figures, limit, save, read_result)
+    return measure_round(at, "steps", name, f"ckpt {name}", name.replace(" ", "-"), command, read_result)
 
 
-def measure_baseline(
-    size: str,
-    name: str,
-    args: argparse.Namespace,
-    figures: dict[str, Any],
-    vectors: int | None,
-    limit: float | None,
-    save: Callable[[], None],
-) -> Outcome:
+def measure_baseline(at: Measuring, name: str, vectors: int | None) -> Outcome:
     """One run of plain-PyTorch baseline ``name``, recorded in ``figures["baselines"]`` (a repeat after the first)."""
-    command = [sys.executable, __file__, "--baseline", name, "--run", str(args.out / size), "--device", args.device]
+    run = at.args.out / at.size
+    command = [sys.executable, __file__, "--baseline", name, "--run", str(run), "--device", at.args.device]
     command += ["--k", str(vectors or 0)]
 
     def read_result(done: Outcome, logs: Path) -> None:
         done.result = json.loads(logs.with_suffix(".out").read_text().splitlines()[-1])
         done.gpu_peak = done.result.get("gpu_peak")
 
-    label, logs = f"baseline {name}", f"baseline-{name}"
-    return measure_round(size, "baselines", name, label, logs, command, args, figures, limit, save, read_result)
+    return measure_round(at, "baselines", name, f"baseline {name}", f"baseline-{name}", command, read_result)
 
 
 def measure_round(
-    size: str,
+    at: Measuring,
     kind: str,
     name: str,
     label: str,
     logs: str,
     command: list[str],
-    args: argparse.Namespace,
-    figures: dict[str, Any],
-    limit: float | None,
-    save: Callable[[], None],
     read_result: Callable[[Outcome, Path], None],
 ) -> Outcome:
     """Run ``command`` once, as ``figures[kind][name]`` or (after the first) a repeat of it, and save the figures.
@@ -535,15 +528,16 @@ def measure_round(
     ``logs``: the stem of its log files (``-2``, ``-3``, ... for the repeats); ``read_result`` fills in a run
     that ended well (``done.result``) from them or from the store.
     """
-    count = len(figures[kind].get(name, {}).get("repeats", []))
-    print(f"{size}: {label}{f' (round {count + 1})' if count else ''} ...", end=" ", flush=True)
-    path = args.out / size / "logs" / (logs + (f"-{count + 1}" if count else ""))
-    done = measure(command, path, args.timeout, limit)
+    figures = at.figures[kind]
+    count = len(figures.get(name, {}).get("repeats", []))
+    print(f"{at.size}: {label}{f' (round {count + 1})' if count else ''} ...", end=" ", flush=True)
+    path = at.args.out / at.size / "logs" / (logs + (f"-{count + 1}" if count else ""))
+    done = measure(command, path, at.args.timeout, at.limit)
     if done.ok:
         read_result(done, path)
     print(f"{done.seconds:.1f} s, {done.peak_rss / 2**30:.2f} GiB" + (f" ({done.detail})" if done.detail else ""))
-    figures[kind][name] = _record(figures[kind].get(name), done)
-    save()
+    figures[name] = _record(figures.get(name), done)
+    at.save()
     return done
 
 
