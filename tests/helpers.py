@@ -5,7 +5,7 @@ A command runs in the test's process (:func:`invoke_ckpt`) unless the test is ab
 the environment, isolation between processes).
 
 Fixtures live in ``tests/conftest.py``; plugin authors' helpers (``write_example_run``,
-``tree_digest``) are public, in :mod:`ckpt.plugins.testing`. This module imports no pytest: the
+``tree_digest``) are public, in :mod:`ckpt.plugins.testing`. This module imports no pytest at its top: the
 writer and crash processes the tests start import it too.
 """
 
@@ -28,12 +28,18 @@ from ckpt.plugins.examples import tree_digest
 
 __all__ = [
     "CKPT",
+    "assert_causal",
     "assert_refused",
+    "eval_loss",
     "invoke_ckpt",
     "make_tensors",
+    "registry_with",
     "run_ckpt",
+    "run_repro",
+    "sparse_modular_store",
     "state_dict",
     "tree_digest",
+    "write_analyzed_run",
     "write_gpt2_run",
 ]
 
@@ -221,3 +227,84 @@ def s3_server() -> Iterator[dict[str, str]]:
         yield env
     finally:
         server.stop()
+
+
+def registry_with(*analyzers: Any) -> Any:
+    """The built-in registry plus ``analyzers``, registered through a plugin's hook as a third party's are."""
+    import types
+
+    from ckpt.plugins import hookimpl
+    from ckpt.plugins.manager import load_registry
+
+    @hookimpl
+    def ckpt_register_analyzers(register: Any) -> None:
+        for analyzer in analyzers:
+            register(analyzer)
+
+    return load_registry(extra=[types.SimpleNamespace(ckpt_register_analyzers=ckpt_register_analyzers)])
+
+
+def write_analyzed_run(path: Path, steps: int = 3, examples: int = 8) -> Path:
+    """A small example run (:func:`write_example_run`) with its ``loss`` computed: hostile-store tests' base."""
+    from ckpt.plugins.examples import write_example_run
+
+    write_example_run(path, steps=steps, examples=examples)
+    analyzed = invoke_ckpt("analyze", "loss", str(path), "--no-progress")
+    assert analyzed.returncode == 0, analyzed.stderr
+    return path
+
+
+def sparse_modular_store(name: str, settings: dict[str, Any]) -> Any:
+    """A module fixture: a run of the sparse-modular-addition sandbox trained once with ``settings``."""
+    import pytest
+
+    from ckpt.sandboxes.base import train
+    from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
+
+    @pytest.fixture(scope="module")
+    def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        path = tmp_path_factory.mktemp(name) / "sma.zarr"
+        train(SparseModularAddition(), path, **settings)
+        return path
+
+    return store
+
+
+def run_repro(script: str, args: list[str], out: Path) -> tuple[Any, Any]:
+    """``repro/SCRIPT.py`` imported as a module and its ``main(ARGS --out OUT)`` run: the module and its results."""
+    import importlib
+
+    repro = str(Path(__file__).resolve().parents[1] / "repro")
+    sys.path.insert(0, repro)
+    try:
+        module = importlib.import_module(script)
+        return module, module.main([*args, "--out", str(out)])
+    finally:
+        sys.path.remove(repro)
+
+
+def assert_causal(model: Any, vocab: int, length: int, position: int, batch: int = 3) -> Any:
+    """A token changed at ``position`` changes no output before it and some after it; the outputs before."""
+    import torch
+
+    inputs = torch.randint(0, vocab, (batch, length))
+    changed = inputs.clone()
+    changed[:, position] = (changed[:, position] + 1) % vocab
+    with torch.no_grad():
+        before, after = model(inputs), model(changed)
+    assert before.shape == (batch, length, vocab)
+    torch.testing.assert_close(before[:, :position], after[:, :position], rtol=0, atol=0)
+    assert not torch.allclose(before[:, position:], after[:, position:])
+    return inputs
+
+
+def eval_loss(store: Path, ids: np.ndarray, folder: Path) -> Any:
+    """``ids`` added as the ``eval`` split of ``store`` (``ckpt data add``); its loss, computed and loaded."""
+    import ckpt.store as ckptstore
+
+    np.save(folder / "ids.npy", ids)
+    added = invoke_ckpt("data", "add", str(store), "eval", "--inputs", str(folder / "ids.npy"))
+    assert added.returncode == 0, added.stderr
+    analyzed = invoke_ckpt("analyze", "loss", str(store), "--no-progress")
+    assert analyzed.returncode == 0, analyzed.stderr
+    return ckptstore.open(store).analysis("loss").load()

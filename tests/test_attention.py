@@ -20,8 +20,7 @@ from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
 from ckpt.sandboxes.addition import Addition
 from ckpt.sandboxes.base import train
-from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
-from tests.helpers import assert_refused
+from tests.helpers import assert_refused, sparse_modular_store
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -29,14 +28,7 @@ SMALL = {"steps": 8, "every": 4, "seed": 0, "train_size": 32, "test_size": 32}
 """Checkpoints at steps 0, 4 and 8; 64 eval sequences."""
 
 
-def sandbox_run(path: Path) -> Path:
-    train(SparseModularAddition(), path, **SMALL)
-    return path
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return sandbox_run(tmp_path_factory.mktemp("attention") / "sma.zarr")
+store = sparse_modular_store("attention", SMALL)
 
 
 def weights(path: Path, step: int) -> dict[str, np.ndarray]:

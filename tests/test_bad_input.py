@@ -15,9 +15,8 @@ import pytest
 
 from ckpt.plugins import load_registry
 from ckpt.plugins.tasks import resolve_task
-from ckpt.plugins.testing import write_example_run
 from ckpt.store.trust import TRUST_ENV
-from tests.helpers import run_ckpt
+from tests.helpers import run_ckpt, write_analyzed_run
 
 pytestmark = pytest.mark.slow  # one ckpt process per bad input: every command, every mistake
 
@@ -134,9 +133,7 @@ def _digest(folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def original(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = write_example_run(tmp_path_factory.mktemp("bad-input") / "run.zarr", steps=3, examples=10)
-    assert run_ckpt("analyze", "loss", str(path), "--no-progress").returncode == 0
-    return path
+    return write_analyzed_run(tmp_path_factory.mktemp("bad-input") / "run.zarr", examples=10)
 
 
 def test_the_table_is_large_enough() -> None:

@@ -28,9 +28,7 @@ from ckpt.analyzers.boundary_distance import (
 from ckpt.engine.pipeline import run
 from ckpt.plugins import AnalysisError
 from ckpt.plugins.testing import write_example_run
-from ckpt.sandboxes.base import train
-from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
-from tests.helpers import assert_refused
+from tests.helpers import assert_refused, sparse_modular_store
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -39,14 +37,7 @@ SMALL = {"steps": 8, "every": 8, "seed": 0, "train_size": 32, "test_size": 32}
 FAST = {"directions": 32, "batch_size": 4096}
 
 
-def sandbox_run(path: Path) -> Path:
-    train(SparseModularAddition(), path, **SMALL)
-    return path
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return sandbox_run(tmp_path_factory.mktemp("boundary") / "sma.zarr")
+store = sparse_modular_store("boundary", SMALL)
 
 
 def grid_distance(logits_of_points: Any, xi: np.ndarray, predicted: int, half: float, n: int = 2000) -> float:

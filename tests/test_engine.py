@@ -24,7 +24,7 @@ from ckpt.engine.pipeline import run
 from ckpt.engine.worker import TaskSpec
 from ckpt.plugins import AnalysisContext, AnalysisError, Analyzer, load_registry
 from ckpt.plugins.testing import raise_if_dask_computes, write_example_run
-from tests.helpers import invoke_ckpt, run_ckpt
+from tests.helpers import invoke_ckpt, registry_with, run_ckpt
 from tests.models import mlp, tiny_lm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,14 +116,8 @@ class EagerNorm(Analyzer):
         return xr.Dataset({"norm": ("step", np.ones(len(ctx.steps)))}, coords={"step": ctx.steps})
 
 
-class EagerPlugin:
-    @ckpt.plugins.hookimpl
-    def ckpt_register_analyzers(self, register) -> None:
-        register(EagerNorm)
-
-
 def test_an_analyzer_that_computes_eagerly_is_refused(mlp_store: Path) -> None:
-    registry = load_registry(extra=[EagerPlugin()])
+    registry = registry_with(EagerNorm)
     with pytest.raises(AnalysisError, match="computed 'norm' while building its graph"):
         run("eager-norm", mlp_store, registry=registry)
 
@@ -491,14 +485,8 @@ class LossChange(Analyzer):
         return xr.Dataset({"change": (("step", "datapoint"), after - before)}, coords={"step": ctx.steps})
 
 
-class LossChangePlugin:
-    @ckpt.plugins.hookimpl
-    def ckpt_register_analyzers(self, register) -> None:
-        register(LossChange)
-
-
 def test_requirements_run_first_and_pairs_grow_incrementally(mlp_store: Path) -> None:
-    registry = load_registry(extra=[LossChangePlugin()])
+    registry = registry_with(LossChange)
     report = run("loss-change-test", mlp_store, registry=registry)
     assert [d.name for d in report.dependencies] == ["loss"]
     assert report.dependencies[0].computed_steps == [0, 1, 2, 3, 4, 5]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
+from tests.helpers import eval_loss, invoke_ckpt, run_ckpt, tree_digest
 
 pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
 
@@ -76,12 +76,7 @@ def test_a_trainer_run_is_imported_and_analyzed_with_no_code(trainer_run: Path, 
         np.testing.assert_allclose(store.metrics[name].values, [logged[s][name] for s in (2, 4, 6)])
 
     ids = token_ids(16, seed=1)
-    np.save(tmp_path / "ids.npy", ids)
-    added = invoke_ckpt("data", "add", str(store_path), "eval", "--inputs", str(tmp_path / "ids.npy"))
-    assert added.returncode == 0, added.stderr
-    analyzed = invoke_ckpt("analyze", "loss", str(store_path), "--no-progress")
-    assert analyzed.returncode == 0, analyzed.stderr
-    loss = ckptstore.open(store_path).analysis("loss").load()
+    loss = eval_loss(store_path, ids, tmp_path)
     assert loss.sizes["datapoint"] == 16 * (LENGTH - 1), "every token but the first is predicted"
     assert set(np.unique(loss["position"].values)) == set(range(1, LENGTH))
     from transformers import AutoModelForCausalLM

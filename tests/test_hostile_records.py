@@ -16,20 +16,15 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.errors import CorruptRecordError
-from ckpt.plugins.testing import write_example_run
 from ckpt.store.record import MAX_JSON_DEPTH, parse_record
-from tests.helpers import invoke_ckpt, run_ckpt, tree_digest
+from tests.helpers import run_ckpt, tree_digest, write_analyzed_run
 
 pytestmark = pytest.mark.slow  # one ckpt process per bad input: every command, every mistake
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("base") / "run.zarr"
-    write_example_run(path, steps=3, examples=8)
-    analyzed = invoke_ckpt("analyze", "loss", str(path), "--no-progress")
-    assert analyzed.returncode == 0, analyzed.stderr
-    return path
+    return write_analyzed_run(tmp_path_factory.mktemp("base") / "run.zarr")
 
 
 def _rename(metadata: dict, old: str, new: str) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.helpers import CKPT, invoke_ckpt, run_ckpt, tiny_gpt2
+from tests.helpers import CKPT, eval_loss, invoke_ckpt, run_ckpt, tiny_gpt2
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -158,12 +158,7 @@ def test_a_suite_imports_one_checkpoint_per_step_branch_and_is_analyzed(cache: P
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
     ids = np.random.default_rng(1).integers(0, VOCAB, (6, LENGTH))
-    np.save(tmp_path / "ids.npy", ids)
-    added = invoke_ckpt("data", "add", str(store), "eval", "--inputs", str(tmp_path / "ids.npy"))
-    assert added.returncode == 0, added.stderr
-    analyzed = invoke_ckpt("analyze", "loss", str(store), "--no-progress")
-    assert analyzed.returncode == 0, analyzed.stderr
-    loss = ckptstore.open(store).analysis("loss").load()
+    loss = eval_loss(store, ids, tmp_path)
     for step, commit in commits.items():  # the model's own loss, from the revision's files
         expected = model_loss(repo_folder(cache, repo) / "snapshots" / commit, ids)
         np.testing.assert_allclose(float(loss["mean_loss"].sel(step=step)), expected, rtol=1e-5)

@@ -18,10 +18,10 @@ import torch
 import ckpt
 import ckpt.store as ckptstore
 from ckpt.engine.plan import Plan, plan
-from ckpt.plugins import AnalysisContext, Analyzer, hookimpl
-from ckpt.plugins.manager import Registry, load_registry
+from ckpt.plugins import AnalysisContext, Analyzer
+from ckpt.plugins.manager import Registry
 from ckpt.plugins.testing import mlp, raise_if_dask_computes
-from tests.helpers import weight_norm
+from tests.helpers import registry_with, weight_norm
 
 
 class WholeRunNorm(Analyzer):
@@ -35,15 +35,9 @@ class WholeRunNorm(Analyzer):
         return ctx.map_checkpoints(weight_norm, {"norm": ((), np.float64)}).mean("step")
 
 
-class _Plugin:
-    @hookimpl
-    def ckpt_register_analyzers(self, register: Any) -> None:
-        register(WholeRunNorm)
-
-
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return load_registry(extra=[_Plugin()])
+    return registry_with(WholeRunNorm)
 
 
 def _plan(registry: Registry, name: str, path: Path, **options: Any) -> Plan:

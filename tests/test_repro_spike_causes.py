@@ -7,7 +7,6 @@ correlations are recomputed here from the stores, by hand where it is cheap.
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
@@ -16,10 +15,10 @@ import pytest
 
 import ckpt.store as ckptstore
 from ckpt.analyzers.grad_norms import detect_spikes
+from tests.helpers import run_repro
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
-REPRO = Path(__file__).resolve().parents[1] / "repro"
 ARGS = ["--num-seeds", "2", "--epochs", "25", "--threshold", "0.5", "--radius", "10"]
 ARGS += ["--boundary-examples", "16", "--probes", "16"]
 
@@ -27,15 +26,9 @@ ARGS += ["--boundary-examples", "16", "--probes", "16"]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, dict]:
     """The script as a module, its output folder and its results."""
-    import sys
-
-    sys.path.insert(0, str(REPRO))
-    try:
-        module = importlib.import_module("spike_causes")
-        out = tmp_path_factory.mktemp("spike-causes")
-        return module, out, module.main([*ARGS, "--out", str(out)])
-    finally:
-        sys.path.remove(str(REPRO))
+    out = tmp_path_factory.mktemp("spike-causes")
+    module, results = run_repro("spike_causes", ARGS, out)
+    return module, out, results
 
 
 def test_onsets_and_pairs_follow_the_stored_loss(tiny: tuple[object, Path, dict]) -> None:

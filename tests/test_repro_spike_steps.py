@@ -19,6 +19,7 @@ import torch
 
 import ckpt.store as ckptstore
 from ckpt.analyzers.grad_norms import detect_spikes
+from tests.helpers import run_repro
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -29,13 +30,9 @@ ARGS = ["--num-seeds", "2", "--epochs", "25", "--threshold", "0.5", "--radius", 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, dict]:
     """The script as a module, its output folder and its results (with the in-memory run)."""
-    sys.path.insert(0, str(REPRO))
-    try:
-        module = importlib.import_module("spike_steps")
-        out = tmp_path_factory.mktemp("spike-steps")
-        return module, out, module.main([*ARGS, "--out", str(out)])
-    finally:
-        sys.path.remove(str(REPRO))
+    out = tmp_path_factory.mktemp("spike-steps")
+    module, results = run_repro("spike_steps", ARGS, out)
+    return module, out, results
 
 
 def test_the_run_is_sparse_dynamics_and_the_pairs_are_spike_causes(

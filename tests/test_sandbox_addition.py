@@ -16,7 +16,7 @@ import ckpt.store as ckptstore
 from ckpt.sandboxes import TASKS
 from ckpt.sandboxes.addition import ANSWER_POSITIONS, Addition, build_model, split_arrays
 from ckpt.sandboxes.base import train
-from tests.helpers import invoke_ckpt
+from tests.helpers import assert_causal, invoke_ckpt
 
 pytestmark = pytest.mark.slow  # trains sandbox runs and analyzes them
 
@@ -102,21 +102,13 @@ def test_model_parameter_names_and_shapes() -> None:
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     expected = {"embed.weight": (12, 16), "pos.weight": (11, 16), "unembed.weight": (12, 16), "unembed.bias": (12,)}
     expected |= {"ln_final.weight": (16,), "ln_final.bias": (16,)}
+    # each block's layers: (name, output width, input width); every layer has a bias of its output width
+    block = (("ln1", 16, None), ("qkv", 48, 16), ("out", 16, 16), ("ln2", 16, None))
+    block += (("fc_in", 32, 16), ("fc_out", 16, 32))
     for i in range(2):
-        expected |= {
-            f"blocks.{i}.ln1.weight": (16,),
-            f"blocks.{i}.ln1.bias": (16,),
-            f"blocks.{i}.qkv.weight": (48, 16),
-            f"blocks.{i}.qkv.bias": (48,),
-            f"blocks.{i}.out.weight": (16, 16),
-            f"blocks.{i}.out.bias": (16,),
-            f"blocks.{i}.ln2.weight": (16,),
-            f"blocks.{i}.ln2.bias": (16,),
-            f"blocks.{i}.fc_in.weight": (32, 16),
-            f"blocks.{i}.fc_in.bias": (32,),
-            f"blocks.{i}.fc_out.weight": (16, 32),
-            f"blocks.{i}.fc_out.bias": (16,),
-        }
+        for layer, width, fan_in in block:
+            expected[f"blocks.{i}.{layer}.weight"] = (width,) if fan_in is None else (width, fan_in)
+            expected[f"blocks.{i}.{layer}.bias"] = (width,)
     assert shapes == expected
     assert set(model.state_dict()) == set(shapes), "no buffers: the store holds exactly the parameters"
     with pytest.raises(ValueError, match="divisible"):
@@ -126,14 +118,7 @@ def test_model_parameter_names_and_shapes() -> None:
 def test_model_is_causal() -> None:
     torch.manual_seed(0)
     model = build_model(**TINY).eval()
-    inputs = torch.randint(0, 12, (4, 11))
-    changed = inputs.clone()
-    changed[:, 6] = (changed[:, 6] + 1) % 12
-    with torch.no_grad():
-        before, after = model(inputs), model(changed)
-    assert before.shape == (4, 11, 12)
-    torch.testing.assert_close(before[:, :6], after[:, :6], rtol=0, atol=0)
-    assert not torch.allclose(before[:, 6:], after[:, 6:])
+    assert_causal(model, vocab=12, length=11, position=6, batch=4)
 
 
 def test_paper_preset_has_about_9_5_million_parameters() -> None:

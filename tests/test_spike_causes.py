@@ -20,9 +20,8 @@ import ckpt.store as ckptstore
 from ckpt.analyzers.normalization import QUANTILES
 from ckpt.engine.pipeline import run
 from ckpt.plugins.testing import write_example_run
-from ckpt.sandboxes.base import train
 from ckpt.sandboxes.sparse_modular_addition import SparseModularAddition
-from tests.helpers import run_ckpt, tree_digest
+from tests.helpers import assert_refused, run_ckpt, sparse_modular_store, tree_digest
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -30,14 +29,7 @@ SMALL = {"steps": 16, "every": 8, "seed": 0, "train_size": 128, "test_size": 64}
 """Checkpoints at steps 0, 8 and 16; 128 train and 192 eval sequences."""
 
 
-def sandbox_run(path: Path) -> Path:
-    train(SparseModularAddition(), path, **SMALL)
-    return path
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return sandbox_run(tmp_path_factory.mktemp("spikes") / "sma.zarr")
+store = sparse_modular_store("spikes", SMALL)
 
 
 def weights(path: Path, step: int) -> dict[str, torch.Tensor]:
@@ -100,18 +92,13 @@ def test_curvature_modules_option_and_a_one_parameter_block(store: Path) -> None
 
 
 def test_curvature_bad_input_is_one_error_line_and_leaves_the_store(store: Path) -> None:
-    before = tree_digest(store)
     for args, expected in (
         (["--modules", "nothing"], "--modules pattern 'nothing' matches no module"),
         (["--modules", "mlp.norm"], "--modules: module 'mlp.norm' has no trainable parameters"),
         (["--max-memory", "1KiB"], "raise --max-memory"),
         (["--split", "test"], "pass --split one of"),
     ):
-        done = run_ckpt("analyze", "curvature", str(store), "--samples", "8", "--no-progress", *args)
-        lines = done.stderr.strip().splitlines()
-        assert done.returncode != 0 and len(lines) == 1, done.stderr
-        assert lines[0].startswith("Error:") and expected in lines[0], lines[0]
-    assert tree_digest(store) == before
+        assert_refused(store, "curvature", ["--samples", "8", *args], expected)
 
 
 # -- normalization --------------------------------------------------------------------------------
