@@ -1,6 +1,6 @@
 """A fuzzer of hostile stores: mutate a real store, run every reading command, judge what they print.
 
-Used by ``tests/test_fuzz_store.py`` (250 mutants in CI that apply every operator, seeded and
+Used by ``tests/test_fuzz_store.py`` (120 mutants in CI that apply every operator, seeded and
 derandomized; ``CKPT_FUZZ_EXAMPLES=2000`` for issue 68's count). More by hand::
 
     CKPT_FUZZ_EXAMPLES=20000 CKPT_FUZZ_SEED=7 pytest tests/test_fuzz_store.py -x
