@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 import numpy as np
@@ -185,6 +185,10 @@ def best_bases(clusters: Any, count: int = 3) -> list[int]:
 )
 @click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda", help="Torch device.")
 @click.option("--steps", type=click.IntRange(min=1), help="Train this many steps instead of the preset's.")
+# Hidden: a smaller run than any preset, so that tests/test_demo.py checks the whole demo in seconds
+# (the preset's checkpoint spacing and Hessian samples set the size of every analysis)
+@click.option("--every", type=click.IntRange(min=1), hidden=True, help="Checkpoint every this many steps.")
+@click.option("--samples", type=click.IntRange(min=1), hidden=True, help="Examples of the Hessian and Fisher.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the training run.")
 @click.option(
     "--seeds",
@@ -206,6 +210,8 @@ def demo(
     preset: str,
     device: str,
     steps: int | None,
+    every: int | None,
+    samples: int | None,
     seed: int,
     seeds: str | None,
     fast_kernels: bool,
@@ -226,6 +232,9 @@ def demo(
     CPU's instruction set; an AMD and an Intel CPU still train different
     weights (docs/sandboxes.md has both's figures). --fast-kernels lifts the pin.
     """
+    # the checks that need no torch come first: a mistake is told before torch's imports
+    chosen = _seed_range(seeds) if seeds is not None else None
+    _check_folder(Path(directory))
     if not fast_kernels and device in ("auto", "cpu"):
         from ckpt.sandboxes.reproducible import pin_cpu_kernels
 
@@ -237,17 +246,25 @@ def demo(
     device = resolve_device(device)  # before DIR is created: a wrong --device leaves nothing behind
     if progress is None:
         progress = sys.stderr.isatty()
-    if seeds is not None:
-        chosen = _seed_range(seeds)
+    size = DemoSize(steps, every, samples)
+    if chosen is not None:
         tables = {}
         for each in chosen:
             click.echo(f"== seed {each} ==")
-            tables[each] = _demo_run(Path(directory) / f"seed-{each}", preset, device, steps, each, progress)
+            tables[each] = _demo_run(Path(directory) / f"seed-{each}", preset, device, size, each, progress)
             click.echo("")
         for line in seed_spread(tables):
             click.echo(line)
         return
-    _demo_run(Path(directory), preset, device, steps, seed, progress)
+    _demo_run(Path(directory), preset, device, size, seed, progress)
+
+
+def _check_folder(folder: Path) -> None:
+    """Refuse a ``folder`` that is a file (or under one): the demo's runs and report go in a directory."""
+    taken = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if taken is not None and not taken.is_dir():
+        msg = f"cannot use {folder} as the demo's folder ({taken} is a file); pass a directory path"
+        raise click.ClickException(msg)
 
 
 def _seed_range(text: str) -> list[int]:
@@ -297,8 +314,16 @@ def seed_spread(tables: Mapping[int, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+class DemoSize(NamedTuple):
+    """What a run overrides of its preset: steps, checkpoint spacing, Hessian samples (``None``: the preset's)."""
+
+    steps: int | None = None
+    every: int | None = None
+    samples: int | None = None
+
+
 def _demo_run(
-    folder: Path, preset: str, device: str, steps: int | None, seed: int, progress: bool = False
+    folder: Path, preset: str, device: str, size: DemoSize, seed: int, progress: bool = False
 ) -> dict[str, Any]:
     """Train (or reuse) the run in ``folder``, analyze it, print the report; the clusters per method."""
     import ckpt.store as ckptstore
@@ -326,7 +351,16 @@ def _demo_run(
     else:
         click.echo(f"training the addition task ({preset} preset, seed {seed}) into {path} ...")
         task = registry().tasks["addition"]
-        train(task, str(path), preset=preset, steps=steps, seed=seed, device=device, progress=progress)
+        train(
+            task,
+            str(path),
+            preset=preset,
+            steps=size.steps,
+            every=size.every,
+            seed=seed,
+            device=device,
+            progress=progress,
+        )
         click.echo(f"trained in {time.perf_counter() - started:.0f} s")
     trained = time.perf_counter()
     settings = DEMO_ANALYSES[preset]
@@ -340,7 +374,7 @@ def _demo_run(
         return report.dataset.load()
 
     loss = analyze("exact loss of every answer token at every checkpoint (loss)", "loss")
-    basis = settings["basis"]
+    basis = {**settings["basis"], **({"samples": size.samples} if size.samples else {})}
     order = settings["second_order"]
     analyze(f"Hessian basis, a top eigenvector every {basis['every']} steps (hessian-basis)", "hessian-basis", **basis)
     order_text = "first order" if order == "none" else f"{order} second order"

@@ -14,6 +14,9 @@ from tests.helpers import run_ckpt, tree_digest
 
 pytestmark = pytest.mark.slow  # repro, bench and demo scripts end to end at small sizes
 
+SMALL = ("--steps", "400", "--every", "100", "--samples", "128")
+"""A smaller run than the default preset's (2,000 steps, a checkpoint every 40, 640 Hessian samples)."""
+
 
 def _row(out: str, method: str) -> list[str]:
     """The cells after ``method`` on its Table-3 line."""
@@ -25,18 +28,19 @@ def _row(out: str, method: str) -> list[str]:
 
 def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
-    # 400 steps: 11 checkpoints, basis vectors found at steps 0 and 400, 10 POLCA transitions
-    result = run_ckpt("demo", str(folder), "--steps", "400", "--device", "cpu", timeout=600)
+    # 400 steps: 5 checkpoints, basis vectors found at steps 0 and 400 from 128 problems, 4 POLCA transitions
+    result = run_ckpt("demo", str(folder), *SMALL, "--device", "cpu", timeout=600)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     store = ckptstore.open(folder / "addition.zarr")
-    assert [int(s) for s in store.steps] == list(range(0, 401, 40))
+    assert [int(s) for s in store.steps] == list(range(0, 401, 100))
     assert {"loss", "hessian-basis", "polca", "fisher", "clusters"} <= set(store.analyses)
     # the three clusterings of Table 3 are kept side by side
     for name, on in (("clusters-loss", "loss"), ("clusters-fisher", "fisher"), ("clusters", "polca")):
         assert store.analysis(name).ckpt.option("on") == on, name
     polca = store.analysis("polca")
     assert polca.attrs["ckpt"]["options"]["second_order"] == "none"
+    assert store.analysis("hessian-basis").ckpt.option("samples") == 128
     assert polca.sizes["basis"] == 2
 
     # the stored clusters are the POLCA ones; recompute their carry homogeneities from the labels
@@ -95,7 +99,7 @@ def test_demo_prints_table_3_of_its_own_clusters(tmp_path: Path) -> None:
     # --seeds: one demo per seed in DIR/seed-S, then the spread; the seed-0 run is reused from above
     seeds = tmp_path / "seeds"
     shutil.copytree(folder, seeds / "seed-0")
-    spread = run_ckpt("demo", str(seeds), "--seeds", "0-0", "--device", "cpu", timeout=600)
+    spread = run_ckpt("demo", str(seeds), "--seeds", "0-0", *SMALL, "--device", "cpu", timeout=600)
     assert spread.returncode == 0, spread.stderr
     assert "== seed 0 ==" in spread.stdout and "using the run already in" in spread.stdout
     best = {method: _row(spread.stdout, method) for method in ("exact loss", "Fisher", "POLCA (first order)")}
