@@ -28,6 +28,9 @@ def _share_the_cores() -> None:
     of the GPT-2 test model side by side took 196 s with 2 threads each and 58 s with 1 (2026-11-28).
     Tests of thread counts set them themselves; ``pytest -n 0`` runs with torch's defaults.
     """
+    # Threads that wait for work sleep instead of spinning: beside another worker, a process with 2 threads
+    # (ckpt demo's pinned kernels) spent most of its CPU spinning; the arithmetic is the same (the same weights)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers < 1:
         return
