@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ckpt.store as ckptstore
-from tests.helpers import run_ckpt, s3_server
+from tests.helpers import invoke_ckpt, run_ckpt, s3_server
 
 pytestmark = pytest.mark.slow  # installs packages or starts many ckpt processes
 
@@ -55,7 +55,7 @@ def test_a_run_in_s3_is_imported_completed_and_analyzed(s3_env: dict[str, str], 
             ("set-model", where, "--model", "tests.models:mlp", "--objective", "cross-entropy"),
             ("analyze", "loss", where, "--no-progress", *trust),
         ):
-            result = run_ckpt(*args, extra_env=s3_env)
+            result = invoke_ckpt(*args, extra_env=s3_env)
             assert result.returncode == 0, (args, result.stderr)
     remote = ckptstore.open(url, storage_options={"endpoint_url": s3_env["AWS_ENDPOINT_URL"], "key": "test",
                                                   "secret": "test"})  # fmt: skip
@@ -65,15 +65,15 @@ def test_a_run_in_s3_is_imported_completed_and_analyzed(s3_env: dict[str, str], 
     )
     # a new checkpoint: appended to the S3 store, and only it is computed
     torch.save(model.state_dict(), folder / "step_30.pt")
-    appended = run_ckpt("import", str(folder), url, extra_env=s3_env)
+    appended = invoke_ckpt("import", str(folder), url, extra_env=s3_env)
     assert appended.returncode == 0, appended.stderr
     assert "appended 1 new torch checkpoints (steps 30 .. 30)" in appended.stdout
-    rerun = run_ckpt("analyze", "loss", url, "--no-progress", *trust, extra_env=s3_env)
+    rerun = invoke_ckpt("analyze", "loss", url, "--no-progress", *trust, extra_env=s3_env)
     assert "computed 1 step(s), reused 3 stored" in rerun.stdout, rerun.stdout
-    verified = run_ckpt("verify", url, extra_env=s3_env)
+    verified = invoke_ckpt("verify", url, extra_env=s3_env)
     assert verified.returncode == 0, verified.stderr
     page = tmp_path / "report.html"
-    reported = run_ckpt("report", url, "--out", str(page), extra_env=s3_env)
+    reported = invoke_ckpt("report", url, "--out", str(page), extra_env=s3_env)
     assert reported.returncode == 0, reported.stderr
     assert 'alt="loss curves"' in page.read_text()
 
