@@ -35,6 +35,14 @@ CYCLIC = "twilight"
 """Colormap of residues and classes mod N: cyclic, so that N-1 and 0 look alike as they are."""
 
 
+def cyclic_scatter(
+    axes: Axes, points: np.ndarray, classes: np.ndarray, modulus: int, *, size: float, outline: float = 0.0
+) -> None:
+    """``points`` (``[n, 2]``) coloured by their ``classes`` 0..modulus-1 on :data:`CYCLIC`; ``outline``: edge width."""
+    edges = {"edgecolors": "black", "linewidths": outline} if outline else {}
+    axes.scatter(points[:, 0], points[:, 1], c=classes, cmap=CYCLIC, vmin=0, vmax=modulus, s=size, **edges)
+
+
 class EmbeddingView(TableView):
     """The rows 0..N-1 of an embedding table across checkpoints, as 2-D points.
 
@@ -62,23 +70,13 @@ class EmbeddingView(TableView):
         embed_axes, sums_axes = axes
         n = self.modulus
         residues = np.arange(n)
-        embed_axes.scatter(
-            points[:, 0],
-            points[:, 1],
-            c=residues,
-            cmap=CYCLIC,
-            vmin=0,
-            vmax=n,
-            s=30,
-            edgecolors="black",
-            linewidths=0.3,
-        )
+        cyclic_scatter(embed_axes, points, residues, n, size=30, outline=0.3)
         if n <= 64:
             for a in residues:
                 embed_axes.annotate(str(a), points[a], textcoords="offset points", xytext=(3, 3), fontsize=6)
         first, second = np.triu_indices(n)
         sums = points[first] + points[second]
-        sums_axes.scatter(sums[:, 0], sums[:, 1], c=(first + second) % n, cmap=CYCLIC, vmin=0, vmax=n, s=8)
+        cyclic_scatter(sums_axes, sums, (first + second) % n, n, size=8)
         embed_axes.set_title(f"E_a, a = 0..{n - 1}", fontsize="medium")
         sums_axes.set_title("E_a + E_b, colour (a + b) mod N", fontsize="medium")
         for index, axes in enumerate((embed_axes, sums_axes)):
@@ -192,17 +190,7 @@ def project_sequences(xi: np.ndarray, plane: np.ndarray | None) -> np.ndarray:
 def draw_sequences(axes: Axes, xi: np.ndarray, target: np.ndarray, title: str, plane: np.ndarray | None = None) -> None:
     """ξ of every probe, coloured by the target on the cyclic map; on ``plane`` when d > 2 (:func:`sequence_plane`)."""
     points = project_sequences(xi, plane)
-    axes.scatter(
-        points[:, 0],
-        points[:, 1],
-        c=target,
-        cmap=CYCLIC,
-        vmin=0,
-        vmax=int(target.max()) + 1,
-        s=6,
-        edgecolors="black",
-        linewidths=0.2,
-    )
+    cyclic_scatter(axes, points, target, int(target.max()) + 1, size=6, outline=0.2)
     axes.set_title(title, fontsize="small")
     axes.set_xlabel("ξ 0" if plane is None else "ξ, PC 1")
     axes.set_ylabel("ξ 1" if plane is None else "ξ, PC 2")
@@ -263,6 +251,7 @@ __all__ = [
     "CYCLIC",
     "SNAPSHOTS",
     "EmbeddingView",
+    "cyclic_scatter",
     "default_view",
     "draw_sequences",
     "embedding_view",
