@@ -28,7 +28,7 @@ def test_the_analyzers_of_one_split() -> None:
         "sparsity",
     ]
     for name in one_split:
-        assert analyzers[name](split="train").data_splits(None) == ("train",)  # type: ignore[arg-type]
+        assert analyzers[name](split="train").data_splits(None) == ("train",)  # the store is not read
 
 
 def test_a_split_added_leaves_a_result_of_another_split_as_it_is(tmp_path: Path) -> None:
