@@ -79,6 +79,12 @@ class HessianBasis(HessianOptions, ComputeOptions, Analyzer):
         """Only the Hessian's split."""
         return (self.hessian_split(store),)
 
+    def recomputes_at(self, step: int) -> bool:
+        """Whether a new checkpoint at ``step`` grows the basis (a follower recomputes it then): a basis checkpoint."""
+        if self.at_steps:
+            return step in {int(part) for part in str(self.at_steps).replace(" ", "").split(",") if part.isdigit()}
+        return self.every is None or step % self.every == 0
+
     def compute(self, ctx: AnalysisContext) -> xr.Dataset:
         """A chain of one Dask task per basis checkpoint; the vectors split back into tensors."""
         import dask.array as da
