@@ -258,7 +258,7 @@ def _follow(name: str, paths: list[str], following: dict[str, Any], engine: dict
             name,
             store,
             until_idle=following["until_idle"],
-            every=every,
+            rerun_every=every,
             on_report=show,
             registry=loaded,
             **engine,

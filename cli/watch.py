@@ -51,7 +51,7 @@ def _callback(store: str, names: tuple[str, ...], **values: Any) -> None:
             store,
             names,
             until_idle=until_idle,
-            every=rerun_every if rerun_every is not None else DEFAULT_EVERY,
+            rerun_every=rerun_every if rerun_every is not None else DEFAULT_EVERY,
             on_report=show,
             registry=loaded,
             **values,

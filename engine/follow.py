@@ -8,9 +8,17 @@ missing, so:
 
 - a per-checkpoint analyzer (``loss``, ``grad-norms`` ...) computes each new checkpoint once;
 - a pair analyzer computes each pair once both of its checkpoints are committed;
-- a per-run analyzer (``clusters``, ``loss-spikes``, ``hessian-basis`` ...) is recomputed over
-  the whole run at most once per ``every`` seconds while checkpoints arrive, and once more at
-  the end when checkpoints came after its last computation.
+- a per-run analyzer (``clusters``, ``loss-spikes`` ...) is recomputed over the whole run at
+  most once per ``rerun_every`` seconds while checkpoints arrive, and once more at the end when
+  checkpoints came after its last computation;
+- a per-run analyzer that says which checkpoints change it (a method ``recomputes_at(step)``:
+  ``hessian-basis`` grows at the basis checkpoints of its schedule, ``--every`` /
+  ``--at-steps``) is recomputed as soon as one of those is committed, not at the cadence, and
+  once more at the end;
+- an analyzer that requires a per-run result (``polca`` reads the final basis, so each pair
+  changes when the basis grows) is recomputed whole with it: when its requirement would be
+  (a basis checkpoint, else the cadence) and at the end, never at each checkpoint, which would
+  recompute that requirement whole each time.
 
 Everything committed stays committed: an interrupt (Ctrl-C) loses at most the block being
 computed, which the next run computes again. :func:`follow_loop` is that loop for one analyzer
@@ -30,8 +38,9 @@ import ckpt.store as ckptstore
 from ckpt.engine.runner import RunReport, run
 from ckpt.engine.settings import EngineSettings, with_engine_settings
 from ckpt.engine.waiting import DEFAULT_EVERY, RecordWatch, parse_duration
-from ckpt.errors import AnalysisError, StoreLockedError
+from ckpt.errors import AnalysisError, CkptError, StoreLockedError
 from ckpt.plugins import PER_RUN
+from ckpt.plugins.manager import Registry
 from ckpt.plugins.manager import registry as shared_registry
 
 BUSY_RETRY = 1.0
@@ -62,7 +71,7 @@ def follow(
     store: str | os.PathLike[str] | ckptstore.Store,
     *,
     until_idle: str | float | None = None,
-    every: str | float = DEFAULT_EVERY,
+    rerun_every: str | float = DEFAULT_EVERY,
     on_report: Callable[[RunReport], None] | None = None,
     fastest: float = 0.2,
     slowest: float = 5.0,
@@ -83,7 +92,7 @@ def follow(
         Path or URL of the checkpoint store (or a :class:`ckpt.store.Store` opened on it).
     until_idle
         Stop after this long without a new checkpoint: seconds, or ``"30s"``, ``"10m"``, ``"1h"``.
-    every
+    rerun_every
         A per-run analyzer is recomputed at most once per this long while checkpoints arrive
         (and once more at the end); other analyzers compute each new checkpoint at once.
     on_report
@@ -100,15 +109,15 @@ def follow(
         The steps computed, why it stopped, the last run's report (the stored result).
     """
     idle = None if until_idle is None else parse_duration(until_idle, "--until-idle")
-    cadence = parse_duration(every, "--rerun-every")
-    settings, _options = EngineSettings.split(kwargs)
+    cadence = parse_duration(rerun_every, "--rerun-every")
+    settings, options = EngineSettings.split(kwargs)
     registry = settings.registry if settings.registry is not None else shared_registry()
     kwargs["registry"] = registry
     if isinstance(store, ckptstore.Store):
         opened = store
     else:
         opened = ckptstore.open(str(store), storage_options=settings.storage_options)
-    followed = Followed(name, kwargs, name in registry.analyzers and registry.analyzers[name].per == PER_RUN)
+    followed = Followed(name, kwargs, *schedule(name, options, registry))
     watch = RecordWatch(opened.path, settings.storage_options, fastest=fastest, slowest=slowest)
     try:
         follow_loop(opened, [followed], watch, idle, cadence, on_report)
@@ -126,6 +135,11 @@ class Followed:
     """What each run gets: the engine settings (the registry among them) and the analyzer's options."""
     per_run: bool
     """Recomputed whole (at most once per cadence while checkpoints arrive, and at the end)."""
+    recomputes_at: Callable[[int], bool] | None = None
+    """Of a per-run analyzer: whether a new checkpoint at a step changes it (it is recomputed then,
+    not at the cadence); None: the cadence decides."""
+    changed: bool = False
+    """Whether a checkpoint ``recomputes_at`` accepts came since the last run."""
     report: FollowReport = field(init=False)
     stale: bool = True
     """Whether checkpoints came that the result does not cover yet."""
@@ -140,9 +154,50 @@ class Followed:
         self.report = FollowReport(self.name)
 
     def due(self, now: float, finished: bool, cadence: float) -> bool:
-        """Whether it runs now: stale, and not a per-run analyzer waiting for its cadence."""
-        waits = self.per_run and self.report.last is not None and not finished and now - self.last_run < cadence
-        return self.stale and not waits
+        """Whether it runs now: stale, and not a per-run one waiting for its cadence or a checkpoint that changes it."""
+        if not self.stale or not self.per_run or self.report.last is None or finished:
+            return self.stale
+        if self.recomputes_at is not None:
+            return self.changed
+        return now - self.last_run >= cadence
+
+    def committed(self, steps: set[int]) -> None:
+        """New checkpoints at ``steps``: stale, and changed when one of them changes a per-run result."""
+        self.stale = True
+        if self.recomputes_at is not None and any(self.recomputes_at(step) for step in sorted(steps)):
+            self.changed = True
+
+    @property
+    def on_cadence(self) -> bool:
+        """Whether the cadence decides when it is recomputed (a stale one wakes the loop for it)."""
+        return self.per_run and self.recomputes_at is None
+
+
+def schedule(name: str, options: dict[str, Any], registry: Registry) -> tuple[bool, Callable[[int], bool] | None]:
+    """Whether ``name`` is recomputed whole while following, and which new checkpoints change it (None: any).
+
+    A per-run analyzer is; so is one requiring a per-run result (directly or through others),
+    changed where that result is. ``recomputes_at`` is the analyzer's method of that name, where
+    it has one (each of the per-run results it requires must have one, else the cadence decides).
+    An analyzer that cannot be built with ``options`` is left to its run to refuse.
+    """
+    cls = registry.analyzers.get(name)
+    try:
+        analyzer = cls(**options) if cls is not None else None
+    except (CkptError, TypeError):
+        analyzer = None
+    if analyzer is None:
+        return False, None
+    if analyzer.per == PER_RUN:
+        return True, getattr(analyzer, "recomputes_at", None)
+    given = analyzer.dependency_options()
+    hooks = [schedule(dependency, dict(given.get(dependency) or {}), registry) for dependency in analyzer.requires]
+    whole = [hook for per_run, hook in hooks if per_run]
+    if not whole:
+        return False, None
+    if any(hook is None for hook in whole):
+        return True, None
+    return True, lambda step: any(hook(step) for hook in whole if hook is not None)
 
 
 def follow_loop(
@@ -171,10 +226,10 @@ def follow_loop(
         steps = {int(s) for s in store.steps}
         if steps - known:
             fresh |= steps - known
+            for one in followed:
+                one.committed(steps - known)
             known |= steps
             last_new = last_read
-            for one in followed:
-                one.stale = True
         finished = _finished(store)
         followed = [one for one in everyone if not one.left_out]
         if not followed:
@@ -201,7 +256,7 @@ def follow_loop(
         waits = [RECHECK - (now - last_read)]
         if idle is not None:
             waits.append(idle - (now - last_new))
-        waits += [cadence - (now - one.last_run) for one in followed if one.stale and one.per_run]
+        waits += [cadence - (now - one.last_run) for one in followed if one.stale and one.on_cadence]
         watch.wait(max(0.0, min(waits)))
 
 
@@ -224,7 +279,7 @@ def _round(
                 one.left_out = str(exc)  # its first run: it does not apply to this store
                 continue
             if done:
-                one.stale, one.last_run = False, time.monotonic()
+                one.stale, one.changed, one.last_run = False, False, time.monotonic()
                 ran.append(one)
             else:
                 busy.append(one)
@@ -260,4 +315,4 @@ def _finished(store: ckptstore.Store) -> bool:
     return store.finished is True
 
 
-__all__ = ["DEFAULT_EVERY", "FollowReport", "Followed", "follow", "follow_loop", "parse_duration"]
+__all__ = ["DEFAULT_EVERY", "FollowReport", "Followed", "follow", "follow_loop", "parse_duration", "schedule"]

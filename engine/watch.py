@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ckpt.store as ckptstore
-from ckpt.engine.follow import Followed, FollowReport, follow_loop
+from ckpt.engine.follow import Followed, FollowReport, follow_loop, schedule
 from ckpt.engine.plan import stored_provenance
 from ckpt.engine.runner import RunReport
 from ckpt.engine.settings import EngineSettings, with_engine_settings
@@ -73,7 +73,7 @@ def watch(
     names: Sequence[str] = (),
     *,
     until_idle: str | float | None = None,
-    every: str | float = DEFAULT_EVERY,
+    rerun_every: str | float = DEFAULT_EVERY,
     on_report: Callable[[RunReport], None] | None = None,
     fastest: float = 0.2,
     slowest: float = 5.0,
@@ -93,7 +93,7 @@ def watch(
         Registered analyzer names; empty: the default ones.
     until_idle
         Stop after this long without a new checkpoint: seconds, or ``"30s"``, ``"10m"``, ``"1h"``.
-    every
+    rerun_every
         A per-run analyzer is recomputed at most once per this long while checkpoints arrive.
     on_report
         Called with each run's :class:`~ckpt.engine.runner.RunReport`.
@@ -109,7 +109,7 @@ def watch(
         Each analyzer's report, those left out, why it stopped, the checkpoints read.
     """
     idle = None if until_idle is None else parse_duration(until_idle, "--until-idle")
-    cadence = parse_duration(every, "--rerun-every")
+    cadence = parse_duration(rerun_every, "--rerun-every")
     settings, options = EngineSettings.split(kwargs)
     if options:
         msg = (
@@ -167,7 +167,7 @@ def _followed(
         )
         raise AnalysisError(msg)
     run_kwargs = {**kwargs, "registry": registry, **stored}
-    return Followed(name, run_kwargs, cls.per == PER_RUN, optional=optional)
+    return Followed(name, run_kwargs, *schedule(name, stored, registry), optional=optional)
 
 
 def _built(cls: type[Analyzer], options: dict[str, Any]) -> Analyzer:

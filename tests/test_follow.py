@@ -11,6 +11,7 @@ stderr), and how the follower stops.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -178,6 +179,89 @@ def test_a_per_run_analyzer_is_recomputed_while_following_and_once_at_the_end(tm
     assert int(runs[0]) < 4
     result = ckpt.open(store).analysis("loss-spikes")
     assert result.ckpt.steps == [0, 1, 2, 3]
+
+
+def _recomputed_over(name: str, stderr: str) -> list[int]:
+    return [int(n) for n in re.findall(rf"^{name}: recomputed over (\d+) checkpoint\(s\)", stderr, flags=re.M)]
+
+
+def test_hessian_basis_is_recomputed_at_its_basis_checkpoints_and_at_the_end(tmp_path: Path) -> None:
+    from ckpt.numerics.basis_format import FOUND_AT
+
+    writer, follower, store = _start(
+        tmp_path,
+        *("6", "0.8", "close", "hessian-basis"),
+        until_idle=None,
+        analyze=("hessian-basis", "--every", "3", "--rerun-every", "50ms"),
+    )
+    _stdout, stderr = follower.communicate(timeout=120)
+    assert writer.wait(timeout=60) == 0
+    assert follower.returncode == 0, stderr
+    runs = _recomputed_over("hessian-basis", stderr)  # each run covers the steps 0 .. N-1 committed then
+    assert runs[-1] == 6, stderr  # once more at the end: step 5 is not a basis checkpoint
+    for before, after in itertools.pairwise(runs[:-1]):  # the cadence (50ms) never decides
+        assert any(step % 3 == 0 for step in range(before, after)), runs  # a basis checkpoint came
+    assert 2 <= len(runs) <= 3, runs
+    followed = ckpt.open(store).analysis("hessian-basis").load()
+    assert followed.ckpt.steps == [0, 1, 2, 3, 4, 5]
+    again = ckpt.analyze("hessian-basis", store, every=3, force=True, scheduler="sync")
+    assert followed[FOUND_AT].values.tolist() == again[FOUND_AT].values.tolist() == [0, 3]
+    np.testing.assert_array_equal(followed["eigenvalue"].values, again["eigenvalue"].values)
+
+
+def test_what_a_follower_recomputes_whole_and_which_checkpoints_change_it() -> None:
+    from ckpt.engine.follow import schedule
+    from ckpt.plugins import load_registry
+
+    registry = load_registry()
+    for name, options, basis_steps in (
+        ("hessian-basis", {"every": 3}, [0, 3]),
+        ("hessian-basis", {"at_steps": "1, 4"}, [1, 4]),
+        ("hessian-basis", {}, [0, 1, 2, 3, 4, 5]),
+        ("polca", {"every": 2}, [0, 2, 4]),  # whole with its basis, when the basis grows
+    ):
+        whole, changes = schedule(name, options, registry)
+        assert whole and changes is not None, name
+        assert [step for step in range(6) if changes(step)] == basis_steps, (name, options)
+    assert schedule("loss-spikes", {}, registry) == (True, None)  # the cadence decides
+    assert schedule("polca", {"basis": "random-basis"}, registry) == (True, None)
+    assert schedule("loss", {}, registry) == (False, None)  # each checkpoint as it comes
+    assert schedule("no-such-analyzer", {}, registry) == (False, None)  # its run says what is wrong
+
+
+@contextlib.contextmanager
+def dask_cluster() -> Iterator[Any]:
+    """A real ``distributed`` cluster, its scheduler and one worker in this process, on TCP (a follower connects)."""
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=False, protocol="tcp", dashboard_address=None
+    ) as cluster:
+        yield cluster
+
+
+def plain_run(store: Path, name: str, copy: Path) -> Any:
+    """``name`` computed by a plain ``ckpt.analyze`` on a copy of ``store`` (its result there, loaded)."""
+    import shutil
+
+    shutil.copytree(store, copy)
+    return ckpt.analyze(name, copy, force=True, scheduler="sync").load()
+
+
+def test_a_follower_on_a_dask_cluster_computes_what_a_plain_run_does(tmp_path: Path) -> None:
+    import xarray as xr
+
+    with dask_cluster() as cluster:
+        writer, follower, store = _start(
+            tmp_path, "3", "0.3", "close", until_idle=None, analyze=("loss", "--address", cluster.scheduler_address)
+        )
+        _stdout, stderr = follower.communicate(timeout=120)
+        assert cluster.scheduler.transition_counter > 0  # the follower's tasks ran on the cluster
+    assert writer.wait(timeout=60) == 0
+    assert follower.returncode == 0, stderr
+    assert _computed(stderr) == [0, 1, 2]
+    followed = ckpt.open(store).analysis("loss").load()
+    xr.testing.assert_identical(followed.drop_attrs(), plain_run(store, "loss", tmp_path / "plain.zarr").drop_attrs())
 
 
 def test_the_commit_record_says_whether_a_run_is_finished(tmp_path: Path) -> None:

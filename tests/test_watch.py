@@ -33,7 +33,7 @@ from ckpt.engine.watch import default_analyzers, watch
 from ckpt.engine.watch_reads import SharedReads
 from ckpt.plugins.manager import registry
 from tests.helpers import CKPT, run_ckpt
-from tests.test_follow import WRITER, interrupted, on_s3
+from tests.test_follow import WRITER, dask_cluster, interrupted, on_s3, plain_run
 
 NAMES = ["loss", "grad-norms", "sparsity"]
 
@@ -184,6 +184,20 @@ def test_ckpt_watch_follows_the_default_analyzers_until_the_writer_closes_the_st
     assert f"watched {store} until the run is finished; read 3 checkpoint(s) once for {len(watched)}" in stdout
 
 
+def test_ckpt_watch_on_a_dask_cluster_computes_what_plain_runs_do(tmp_path: Path) -> None:
+    store = tmp_path / "live.zarr"
+    with dask_cluster() as cluster:
+        writer = _writer(tmp_path, str(store), 3, 0.3, first="loss")
+        watcher = _watcher(str(store), "loss", "grad-norms", "--address", cluster.scheduler_address)
+        _stdout, stderr = watcher.communicate(timeout=120)
+        assert cluster.scheduler.transition_counter > 0  # the watch's tasks ran on the cluster
+    assert writer.wait(timeout=60) == 0
+    assert watcher.returncode == 0, stderr
+    for name in ("loss", "grad-norms"):
+        assert _computed(stderr, name) == [0, 1, 2]
+        _same_result(ckpt.open(store).analysis(name).load(), plain_run(store, name, tmp_path / f"{name}.zarr"))
+
+
 def test_ckpt_watch_stops_when_idle_and_reruns_a_per_run_analyzer(tmp_path: Path) -> None:
     store = tmp_path / "live.zarr"
     writer = _writer(tmp_path, str(store), 4, 0.5, close="open", first="grad-norms")
@@ -227,7 +241,7 @@ def test_bad_input_is_one_error_line_and_the_store_unchanged(tmp_path: Path) -> 
     for where, names, settings, expected in (
         (store, ["loss", "clusters"], {}, "clusters requires hessian-basis (through polca)"),
         (str(tmp_path / "none.zarr"), ["loss"], {}, "no store at"),
-        (store, ["loss"], {"every": "0s"}, "--rerun-every must be a positive duration"),
+        (store, ["loss"], {"rerun_every": "0s"}, "--rerun-every must be a positive duration"),
         (store, ["loss"], {"device": "tpu"}, "--device must be auto, cpu"),
         (store, ["loss"], {"split": "eval"}, "ckpt watch runs each analyzer with its stored (or default) options"),
     ):
