@@ -32,7 +32,7 @@ import ckpt.errors
 import ckpt.plugins
 from ckpt.engine.waiting import RecordWatch, parse_duration
 from ckpt.errors import AnalysisError
-from tests.helpers import CKPT, s3_server
+from tests.helpers import CKPT, run_ckpt, s3_server
 
 WRITER = """
 import os, sys, time
@@ -79,6 +79,22 @@ def _start(
     analyze: tuple[str, ...] = ("loss",),
 ) -> tuple[subprocess.Popen[str], subprocess.Popen[str], Path]:
     """A writer (``count pause close|open``) and a follower of its store, both started; the store's path."""
+    writer, store = _writer(tmp_path, *args, url=url, env=env)
+    follower = subprocess.Popen(
+        [*_command(), "analyze", analyze[0], url or str(store), "--follow", "--no-progress", *analyze[1:]]
+        + (["--until-idle", until_idle] if until_idle else []),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
+    )
+    return writer, follower, store
+
+
+def _writer(
+    tmp_path: Path, *args: str, url: str | None = None, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], Path]:
+    """The writer (``count pause close|open [first]``), started; returns once its store exists."""
     store = tmp_path / "live.zarr"
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
@@ -87,15 +103,36 @@ def _start(
     deadline = time.monotonic() + 60
     while not _exists(url or str(store)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    follower = subprocess.Popen(
-        [*_command(), "analyze", analyze[0], url or str(store), "--follow", "--no-progress", *analyze[1:]]
-        + (["--until-idle", until_idle] if until_idle else []),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    return writer, follower, store
+    return writer, store
+
+
+def _followed(
+    tmp_path: Path, *args: str, until_idle: str | None = None, analyze: tuple[str, ...] = ("loss",)
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """A writer started (as :func:`_start`) and a follower of its store run to its end; its outcome, the store.
+
+    The follower runs through tests/helpers.py's ``run_ckpt``: a process of its own, forked after
+    the third-party imports. The writer is checked to have exited 0.
+    """
+    writer, store = _writer(tmp_path, *args)
+    try:
+        done = run_ckpt(
+            "analyze",
+            analyze[0],
+            str(store),
+            "--follow",
+            "--no-progress",
+            *analyze[1:],
+            *(["--until-idle", until_idle] if until_idle else []),
+        )
+    except BaseException:
+        writer.kill()
+        raise
+    if done.returncode != 0:
+        writer.kill()  # the follower failed: the writer would wait for its first result
+    assert done.returncode == 0, done.stderr
+    assert writer.wait(timeout=60) == 0
+    return done, store
 
 
 def _exists(where: str) -> bool:
@@ -111,24 +148,18 @@ def _computed(stderr: str) -> list[int]:
 
 
 def test_a_follower_computes_each_checkpoint_once_as_it_is_committed(tmp_path: Path) -> None:
-    writer, follower, store = _start(tmp_path, "5", "0.4", "open")
-    stdout, stderr = follower.communicate(timeout=120)
-    assert writer.wait(timeout=60) == 0
-    assert follower.returncode == 0, stderr
-    assert "Error" not in stderr
-    assert _computed(stderr) == [0, 1, 2, 3, 4]  # one line per checkpoint, each once, in order
+    done, store = _followed(tmp_path, "4", "0.3", "open", until_idle="2s")
+    assert "Error" not in done.stderr
+    assert _computed(done.stderr) == [0, 1, 2, 3]  # one line per checkpoint, each once, in order
     result = ckpt.open(store).analysis("loss")
-    assert result["step"].values.tolist() == [0, 1, 2, 3, 4]
-    assert "until idle for 4s; computed 5 step(s)" in stdout
+    assert result["step"].values.tolist() == [0, 1, 2, 3]
+    assert "until idle for 2s; computed 4 step(s)" in done.stdout
 
 
 def test_a_follower_stops_when_the_writer_closes_the_store(tmp_path: Path) -> None:
-    writer, follower, store = _start(tmp_path, "4", "0.3", "close", until_idle=None)
-    stdout, stderr = follower.communicate(timeout=120)
-    assert writer.wait(timeout=60) == 0
-    assert follower.returncode == 0, stderr
-    assert _computed(stderr) == [0, 1, 2, 3]  # the last checkpoints computed before it stops
-    assert "until the run is finished; computed 4 step(s)" in stdout
+    done, store = _followed(tmp_path, "4", "0.3", "close")
+    assert _computed(done.stderr) == [0, 1, 2, 3]  # the last checkpoints computed before it stops
+    assert "until the run is finished; computed 4 step(s)" in done.stdout
     assert ckpt.open(store).analysis("loss")["step"].values.tolist() == [0, 1, 2, 3]
 
 
@@ -165,12 +196,8 @@ def test_a_follower_of_an_s3_store_polls_and_stops_when_it_is_closed(
 
 
 def test_a_per_run_analyzer_is_recomputed_while_following_and_once_at_the_end(tmp_path: Path) -> None:
-    writer, follower, store = _start(
-        tmp_path, "4", "0.6", "close", "grad-norms", until_idle=None, analyze=("loss-spikes", "--rerun-every", "1s")
-    )
-    _stdout, stderr = follower.communicate(timeout=120)
-    assert writer.wait(timeout=60) == 0
-    assert follower.returncode == 0, stderr
+    done, store = _followed(tmp_path, "4", "0.6", "close", "grad-norms", analyze=("loss-spikes", "--rerun-every", "1s"))
+    stderr = done.stderr
     steps = [int(s) for s in re.findall(r"^grad-norms: step (\d+) computed$", stderr, flags=re.M)]
     assert steps == [0, 1, 2, 3]  # its requirement follows along, each checkpoint once
     runs = re.findall(r"^loss-spikes: recomputed over (\d+) checkpoint\(s\)", stderr, flags=re.M)
@@ -188,22 +215,16 @@ def _recomputed_over(name: str, stderr: str) -> list[int]:
 def test_hessian_basis_is_recomputed_at_its_basis_checkpoints_and_at_the_end(tmp_path: Path) -> None:
     from ckpt.numerics.basis_format import FOUND_AT
 
-    writer, follower, store = _start(
-        tmp_path,
-        *("6", "0.8", "close", "hessian-basis"),
-        until_idle=None,
-        analyze=("hessian-basis", "--every", "3", "--rerun-every", "50ms"),
-    )
-    _stdout, stderr = follower.communicate(timeout=120)
-    assert writer.wait(timeout=60) == 0
-    assert follower.returncode == 0, stderr
+    basis = ("hessian-basis", "--every", "3", "--rerun-every", "50ms")  # basis checkpoints 0 and 3
+    done, store = _followed(tmp_path, "5", "0.6", "close", "hessian-basis", analyze=basis)
+    stderr = done.stderr
     runs = _recomputed_over("hessian-basis", stderr)  # each run covers the steps 0 .. N-1 committed then
-    assert runs[-1] == 6, stderr  # once more at the end: step 5 is not a basis checkpoint
+    assert runs[-1] == 5, stderr  # once more at the end: step 4 is not a basis checkpoint
     for before, after in itertools.pairwise(runs[:-1]):  # the cadence (50ms) never decides
         assert any(step % 3 == 0 for step in range(before, after)), runs  # a basis checkpoint came
     assert 2 <= len(runs) <= 3, runs
     followed = ckpt.open(store).analysis("hessian-basis").load()
-    assert followed.ckpt.steps == [0, 1, 2, 3, 4, 5]
+    assert followed.ckpt.steps == [0, 1, 2, 3, 4]
     again = ckpt.analyze("hessian-basis", store, every=3, force=True, scheduler="sync")
     assert followed[FOUND_AT].values.tolist() == again[FOUND_AT].values.tolist() == [0, 3]
     np.testing.assert_array_equal(followed["eigenvalue"].values, again["eigenvalue"].values)
@@ -252,21 +273,15 @@ def test_a_follower_on_a_dask_cluster_computes_what_a_plain_run_does(tmp_path: P
     import xarray as xr
 
     with dask_cluster() as cluster:
-        writer, follower, store = _start(
-            tmp_path, "3", "0.3", "close", until_idle=None, analyze=("loss", "--address", cluster.scheduler_address)
-        )
-        _stdout, stderr = follower.communicate(timeout=120)
+        done, store = _followed(tmp_path, "3", "0.3", "close", analyze=("loss", "--address", cluster.scheduler_address))
         assert cluster.scheduler.transition_counter > 0  # the follower's tasks ran on the cluster
-    assert writer.wait(timeout=60) == 0
-    assert follower.returncode == 0, stderr
-    assert _computed(stderr) == [0, 1, 2]
+    assert _computed(done.stderr) == [0, 1, 2]
     followed = ckpt.open(store).analysis("loss").load()
     xr.testing.assert_identical(followed.drop_attrs(), plain_run(store, "loss", tmp_path / "plain.zarr").drop_attrs())
 
 
 def test_the_commit_record_says_whether_a_run_is_finished(tmp_path: Path) -> None:
     from ckpt.plugins.examples import mlp
-    from tests.helpers import run_ckpt
 
     path = tmp_path / "run.zarr"
     writer = ckpt.create(path)
@@ -344,7 +359,7 @@ def test_until_idle_and_rerun_every_need_follow_and_a_duration(tmp_path: Path) -
         ([store, "--follow", "--rerun-every", "0s"], "--rerun-every must be a positive duration"),
         ([store, other, "--follow"], "--follow follows one store, got 2"),
     ):
-        done = subprocess.run([*_command(), "analyze", "loss", *args], capture_output=True, text=True, check=False)
+        done = run_ckpt("analyze", "loss", *args)
         assert done.returncode != 0
         assert done.stderr.count("Error:") == 1 and expected in done.stderr, done.stderr
         assert "Traceback" not in done.stderr

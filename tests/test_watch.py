@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -75,6 +76,25 @@ def _watcher(where: str, *args: str, env: dict[str, str] | None = None) -> subpr
     )
 
 
+def _watched(
+    tmp_path: Path, store: Path, count: int, pause: float, first: str, *args: str, close: str = "close"
+) -> tuple[str, str]:
+    """A writer started and ``ckpt watch STORE ARGS`` run to its end beside it; the watch's stdout and stderr.
+
+    The watch runs through tests/helpers.py's ``run_ckpt`` (a process of its own, forked after the
+    third-party imports); both must exit 0.
+    """
+    writer = _writer(tmp_path, str(store), count, pause, close=close, first=first)
+    try:
+        done = run_ckpt("watch", str(store), *args, "--no-progress")
+    finally:
+        if writer.poll() is None and not ckpt.open(store).analyses:
+            writer.kill()  # the watch failed before its first result: the writer would wait for it
+    assert done.returncode == 0, done.stderr
+    assert writer.wait(timeout=60) == 0
+    return done.stdout, done.stderr
+
+
 def _computed(stderr: str, name: str) -> list[int]:
     return [int(s) for s in re.findall(rf"^{name}: step (\d+) computed$", stderr, flags=re.M)]
 
@@ -135,11 +155,12 @@ def test_a_watch_reads_each_checkpoint_once_for_all_and_computes_what_each_alone
     assert len(opens) == 4 * tensors  # every chunk of every checkpoint opened ...
     assert set(opens.values()) == {1}  # ... once, for the three analyzers
     assert done.reads == 4
-    # the same run, written again (seeded), analyzed by each analyzer alone
-    assert _writer(tmp_path, str(alone), 4, 0.0).wait(timeout=60) == 0
+    # the same checkpoints, copied, analyzed by each analyzer alone
+    shutil.copytree(watched, alone)
     with _chunk_opens(alone) as separate:
         for name in NAMES:
-            _same_result(ckpt.open(watched).analysis(name).load(), ckpt.analyze(name, alone, progress=False).load())
+            again = ckpt.analyze(name, alone, progress=False, force=True).load()
+            _same_result(ckpt.open(watched).analysis(name).load(), again)
     assert len(separate) == 4 * tensors
     assert sum(separate.values()) >= len(NAMES) * 4 * tensors  # once per analyzer at least
     assert min(separate.values()) >= len(NAMES)
@@ -165,11 +186,7 @@ def test_separate_followers_read_each_checkpoint_once_each(tmp_path: Path) -> No
 
 def test_ckpt_watch_follows_the_default_analyzers_until_the_writer_closes_the_store(tmp_path: Path) -> None:
     store = tmp_path / "live.zarr"
-    writer = _writer(tmp_path, str(store), 3, 0.3, first="loss")
-    watcher = _watcher(str(store))
-    stdout, stderr = watcher.communicate(timeout=120)
-    assert writer.wait(timeout=60) == 0
-    assert watcher.returncode == 0, stderr
+    stdout, stderr = _watched(tmp_path, store, 3, 0.3, "loss")
     assert "Error" not in stderr and "Traceback" not in stderr
     chosen = default_analyzers(registry())
     assert {"loss", "grad-norms", "sparsity"} <= set(chosen)
@@ -187,12 +204,9 @@ def test_ckpt_watch_follows_the_default_analyzers_until_the_writer_closes_the_st
 def test_ckpt_watch_on_a_dask_cluster_computes_what_plain_runs_do(tmp_path: Path) -> None:
     store = tmp_path / "live.zarr"
     with dask_cluster() as cluster:
-        writer = _writer(tmp_path, str(store), 3, 0.3, first="loss")
-        watcher = _watcher(str(store), "loss", "grad-norms", "--address", cluster.scheduler_address)
-        _stdout, stderr = watcher.communicate(timeout=120)
+        watching = ("loss", "grad-norms", "--address", cluster.scheduler_address)
+        _stdout, stderr = _watched(tmp_path, store, 3, 0.3, "loss", *watching)
         assert cluster.scheduler.transition_counter > 0  # the watch's tasks ran on the cluster
-    assert writer.wait(timeout=60) == 0
-    assert watcher.returncode == 0, stderr
     for name in ("loss", "grad-norms"):
         assert _computed(stderr, name) == [0, 1, 2]
         _same_result(ckpt.open(store).analysis(name).load(), plain_run(store, name, tmp_path / f"{name}.zarr"))
@@ -200,11 +214,8 @@ def test_ckpt_watch_on_a_dask_cluster_computes_what_plain_runs_do(tmp_path: Path
 
 def test_ckpt_watch_stops_when_idle_and_reruns_a_per_run_analyzer(tmp_path: Path) -> None:
     store = tmp_path / "live.zarr"
-    writer = _writer(tmp_path, str(store), 4, 0.5, close="open", first="grad-norms")
-    watcher = _watcher(str(store), "grad-norms", "loss-spikes", "--until-idle", "2s", "--rerun-every", "0.5s")
-    stdout, stderr = watcher.communicate(timeout=120)
-    assert writer.wait(timeout=60) == 0
-    assert watcher.returncode == 0, stderr
+    watching = ("grad-norms", "loss-spikes", "--until-idle", "2s", "--rerun-every", "0.5s")
+    stdout, stderr = _watched(tmp_path, store, 4, 0.5, "grad-norms", *watching, close="open")
     assert _computed(stderr, "grad-norms") == [0, 1, 2, 3]
     runs = re.findall(r"^loss-spikes: recomputed over (\d+) checkpoint\(s\)", stderr, flags=re.M)
     assert len(runs) >= 2 and runs[-1] == "4"  # at the start, at most once a second, and at the end
