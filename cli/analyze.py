@@ -202,8 +202,9 @@ def duration_options(*, follow: bool = False) -> list[click.Option]:
         click.Option(
             ["--rerun-every"],
             metavar="DURATION",
-            help=f"{recompute} a per-run analyzer (clusters, loss-spikes, hessian-basis ...) at most "
-            f"once per DURATION while checkpoints arrive, and once more at the end [default: {DEFAULT_EVERY:g}s].",
+            help=f"{recompute} a per-run analyzer (clusters, loss-spikes ...) at most once per DURATION while "
+            "checkpoints arrive, and once more at the end; hessian-basis (and polca with it) when a basis "
+            f"checkpoint of its schedule is committed instead [default: {DEFAULT_EVERY:g}s].",
         ),
     ]
 
