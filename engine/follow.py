@@ -39,7 +39,7 @@ from ckpt.engine.runner import RunReport, run
 from ckpt.engine.settings import EngineSettings, with_engine_settings
 from ckpt.engine.waiting import DEFAULT_EVERY, RecordWatch, parse_duration
 from ckpt.errors import AnalysisError, CkptError, StoreLockedError
-from ckpt.plugins import PER_RUN
+from ckpt.plugins import PER_PAIR, PER_RUN
 from ckpt.plugins.manager import Registry
 from ckpt.plugins.manager import registry as shared_registry
 
@@ -117,12 +117,16 @@ def follow(
         opened = store
     else:
         opened = ckptstore.open(str(store), storage_options=settings.storage_options)
-    followed = Followed(name, kwargs, *schedule(name, options, registry))
+    followed = Followed(name, kwargs, *schedule(name, options, registry), needs=needs(name, registry))
     watch = RecordWatch(opened.path, settings.storage_options, fastest=fastest, slowest=slowest)
     try:
         follow_loop(opened, [followed], watch, idle, cadence, on_report)
     finally:
         watch.close()
+    if followed.report.last is None:  # stopped before the store held what its first run needs
+        what = "compares pairs of consecutive checkpoints" if followed.needs > 1 else "needs a checkpoint"
+        msg = f"{name} {what} and {opened.path} has {len(opened.steps)} when the follower stopped: nothing computed"
+        raise AnalysisError(msg)
     return followed.report
 
 
@@ -144,6 +148,8 @@ class Followed:
     stale: bool = True
     """Whether checkpoints came that the result does not cover yet."""
     last_run: float = field(default_factory=time.monotonic)
+    needs: int = 1
+    """Checkpoints the store must hold before the first run (a pair analyzer: two)."""
     optional: bool = False
     """Left out, instead of failing the follower, when its first run refuses the store (an
     :class:`~ckpt.errors.AnalysisError`: a model without what it measures)."""
@@ -171,6 +177,12 @@ class Followed:
     def on_cadence(self) -> bool:
         """Whether the cadence decides when it is recomputed (a stale one wakes the loop for it)."""
         return self.per_run and self.recomputes_at is None
+
+
+def needs(name: str, registry: Registry) -> int:
+    """Checkpoints a store must hold before ``name`` computes anything: two for a pair analyzer, else one."""
+    cls = registry.analyzers.get(name)
+    return 2 if cls is not None and cls.per == PER_PAIR else 1
 
 
 def schedule(name: str, options: dict[str, Any], registry: Registry) -> tuple[bool, Callable[[int], bool] | None]:
@@ -234,7 +246,7 @@ def follow_loop(
         followed = [one for one in everyone if not one.left_out]
         if not followed:
             return _stopped(everyone, "left out")
-        due = [one for one in followed if steps and one.due(last_read, finished, cadence)]
+        due = [one for one in followed if len(steps) >= one.needs and one.due(last_read, finished, cadence)]
         if due:
             ran, busy = _round(store, due, on_report, fresh, rounds)
             if ran:
@@ -249,7 +261,7 @@ def follow_loop(
             return _stopped(everyone, "finished")
         now = time.monotonic()
         if idle is not None and now - last_new >= idle:
-            stale = [one for one in followed if one.stale and steps]
+            stale = [one for one in followed if one.stale and len(steps) >= one.needs]
             if stale and _round(store, stale, on_report, fresh, rounds)[1]:
                 continue  # a per-run result not yet over the last checkpoints, held by another process
             return _stopped(everyone, "idle")
@@ -315,4 +327,4 @@ def _finished(store: ckptstore.Store) -> bool:
     return store.finished is True
 
 
-__all__ = ["DEFAULT_EVERY", "FollowReport", "Followed", "follow", "follow_loop", "parse_duration", "schedule"]
+__all__ = ["DEFAULT_EVERY", "FollowReport", "Followed", "follow", "follow_loop", "needs", "parse_duration", "schedule"]

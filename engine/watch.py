@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ckpt.store as ckptstore
-from ckpt.engine.follow import Followed, FollowReport, follow_loop, schedule
+from ckpt.engine.follow import Followed, FollowReport, follow_loop, needs, schedule
 from ckpt.engine.plan import stored_provenance
 from ckpt.engine.runner import RunReport
 from ckpt.engine.settings import EngineSettings, with_engine_settings
@@ -167,7 +167,7 @@ def _followed(
         )
         raise AnalysisError(msg)
     run_kwargs = {**kwargs, "registry": registry, **stored}
-    return Followed(name, run_kwargs, *schedule(name, stored, registry), optional=optional)
+    return Followed(name, run_kwargs, *schedule(name, stored, registry), needs=needs(name, registry), optional=optional)
 
 
 def _built(cls: type[Analyzer], options: dict[str, Any]) -> Analyzer:

@@ -43,22 +43,25 @@ import ckpt.plugins
 from ckpt.plugins.examples import mlp
 
 path, count, pause, close = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "close"
-first = sys.argv[5] if len(sys.argv) > 5 else "loss"  # the result that says the follower has started ("-": none)
+# the result that says the follower has started ("-": none), in the store after step 0 ("NAME@STEP": after STEP)
+first, _, after = (sys.argv[5] if len(sys.argv) > 5 else "loss").partition("@")
 torch.manual_seed(0)
 model = mlp()
 inputs, targets = torch.randn(20, 3), torch.randint(0, 4, (20,))
 writer = ckpt.create(path, model="ckpt.plugins.examples:mlp", objective="cross-entropy")
 writer.add_data("eval", inputs=inputs, targets=targets)
-writer.write(0, model)
-deadline = time.monotonic() + 60
-while first != "-" and first not in ckpt.open(path).analyses and time.monotonic() < deadline:
-    time.sleep(0.1)  # the follower computed the first checkpoint: the rest arrive while it follows
-for step in range(1, count):
-    time.sleep(pause)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.01)
+for step in range(count):
+    if step:
+        time.sleep(pause)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.01)
     writer.write(step, model)
+    deadline = time.monotonic() + 60
+    while step == int(after or 0) and first != "-" and first not in ckpt.open(path).analyses:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # the follower computed what is there: the rest arrive while it follows
 if close:
     writer.close()
 else:
@@ -228,6 +231,33 @@ def test_hessian_basis_is_recomputed_at_its_basis_checkpoints_and_at_the_end(tmp
     again = ckpt.analyze("hessian-basis", store, every=3, force=True, scheduler="sync")
     assert followed[FOUND_AT].values.tolist() == again[FOUND_AT].values.tolist() == [0, 3]
     np.testing.assert_array_equal(followed["eigenvalue"].values, again["eigenvalue"].values)
+
+
+@pytest.mark.slow  # a basis and its pairs recomputed over six checkpoints as they come
+def test_polca_follows_its_basis_schedule_and_ends_as_a_plain_run(tmp_path: Path) -> None:
+    import xarray as xr
+
+    polca = ("polca", "--every", "3", "--rerun-every", "50ms")  # its basis grows at steps 0 and 3
+    done, store = _followed(tmp_path, "6", "0.6", "close", "polca@1", analyze=polca)
+    assert "Error" not in done.stderr
+    runs = _recomputed_over("hessian-basis", done.stderr)  # with polca, whole, each time
+    assert runs[0] == 2 and runs[-1] == 6, runs  # from the first pair on, and once more at the end
+    for before, after in itertools.pairwise(runs[:-1]):  # never at each checkpoint, nor at the cadence
+        assert any(step % 3 == 0 for step in range(before, after)), runs  # a basis checkpoint came
+    followed = ckpt.open(store).analysis("polca").load()
+    assert followed["step"].values.tolist() == [0, 1, 2, 3, 4]
+    again = plain_run(store, "polca", tmp_path / "plain.zarr")
+    xr.testing.assert_identical(followed.drop_attrs(), again.drop_attrs())
+
+
+def test_a_pair_analyzer_followed_until_the_end_of_a_one_checkpoint_run_says_so(tmp_path: Path) -> None:
+    from ckpt.engine.follow import follow
+    from ckpt.plugins.examples import write_example_run
+
+    store = write_example_run(tmp_path / "run.zarr", 1)
+    with pytest.raises(AnalysisError, match=r"polca compares pairs of consecutive checkpoints and .* has 1"):
+        follow("polca", store, until_idle=0.5, progress=False)
+    assert "polca" not in ckpt.open(store).analyses
 
 
 def test_what_a_follower_recomputes_whole_and_which_checkpoints_change_it() -> None:
