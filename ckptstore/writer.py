@@ -36,12 +36,11 @@ from ckpt.errors import (
     InvalidNameError,
     NonFiniteError,
     ReadOnlyError,
-    SchemaMismatchError,
     StepOrderError,
     UnsupportedTensorError,
 )
 from ckpt.store import _zarr, creating
-from ckpt.store.arrays import count_nonfinite, tensor_digest, to_numpy
+from ckpt.store.arrays import count_nonfinite, tensor_digest
 from ckpt.store.followers import Followers, check_followable, check_names
 from ckpt.store.format import (
     CHECKPOINTS,
@@ -53,7 +52,6 @@ from ckpt.store.format import (
     METRICS,
     ROOT_ATTR,
     STEP,
-    check_name,
     history_entry,
 )
 from ckpt.store.reader import INCOMPLETE, Store, check_complete, check_format, open_zarr_store
@@ -64,7 +62,9 @@ from ckpt.store.writer_rows import (
     check_metric_digests,
     check_metric_step,
     check_metrics,
+    check_schema,
     check_step,
+    convert_tensors,
     create_tensor_arrays,
     ensure_capacity,
     stage_metrics,
@@ -145,6 +145,7 @@ class Writer:
             if repaired:
                 entry["repaired"] = repaired
             self._attrs[ROOT_ATTR]["history"].append(entry)
+            self._state_at_open = self._attrs[ROOT_ATTR].get(FINISHED)
             self._attrs[ROOT_ATTR][FINISHED] = False  # reopened: the run grows again until close()
             self._commit()
             if names:  # after the commit that marks the run open: a follower must not see it finished
@@ -176,6 +177,7 @@ class Writer:
         self._find_whole_chunks()
         self._count = int(self._nodes[f"{CHECKPOINTS}/{STEP}"]["shape"][0])
         self._metric_count = int(self._nodes[f"{METRICS}/{STEP}"]["shape"][0])
+        self._count_at_open, self._metric_count_at_open = self._count, self._metric_count
         self._steps_cache = self._read_steps(CHECKPOINTS, self._count)
         self._metric_steps_cache = self._read_steps(METRICS, self._metric_count)
         self._metric_columns: dict[str, list[Any]] | None = None
@@ -338,7 +340,7 @@ class Writer:
         checked_metrics = check_metrics(metrics, step)
         if checked_metrics:
             check_metric_step(self, step)
-        arrays = self._convert(step, _as_tensor_mapping(tensors))
+        arrays = convert_tensors(step, _as_tensor_mapping(tensors))
         reject = self._reject_nonfinite if reject_nonfinite is None else reject_nonfinite
         if reject:
             for name, (array, logical) in arrays.items():
@@ -352,7 +354,7 @@ class Writer:
         if len(self._ckpt_arrays) == 1:  # only `step`: the first checkpoint defines the schema
             create_tensor_arrays(self, arrays)
         else:
-            self._check_schema(step, arrays)
+            check_schema(self, step, arrays)
         index = self._count
         ensure_capacity(self, CHECKPOINTS, index + 1)
         values = {name: array for name, (array, _) in arrays.items()}
@@ -368,50 +370,6 @@ class Writer:
         if checked_metrics:
             stage_metrics(self, step, checked_metrics)
         self._commit()
-
-    def _convert(self, step: int, tensors: Mapping[str, Any]) -> dict[str, tuple[np.ndarray, str]]:
-        if not tensors:
-            msg = f"checkpoint at step {step} has no tensors"
-            raise SchemaMismatchError(msg)
-        converted = {}
-        for name, value in tensors.items():
-            problem = check_name(name, "tensor")
-            if problem:
-                raise InvalidNameError(f"{problem} (step {step})")
-            try:
-                converted[name] = to_numpy(value)
-            except UnsupportedTensorError as exc:
-                raise UnsupportedTensorError(f"tensor {name!r} at step {step}: {exc}") from None
-        return converted
-
-    def _check_schema(self, step: int, arrays: Mapping[str, tuple[np.ndarray, str]]) -> None:
-        expected = {n: a for n, a in self._ckpt_arrays.items() if n != STEP}
-        missing = [n for n in expected if n not in arrays]
-        extra = [n for n in arrays if n not in expected]
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append(f"missing tensor(s) {', '.join(map(repr, missing[:5]))}")
-            if extra:
-                parts.append(f"unexpected tensor(s) {', '.join(map(repr, extra[:5]))}")
-            msg = (
-                f"checkpoint at step {step} has {' and '.join(parts)}; every checkpoint must hold the same "
-                f"{len(expected)} tensors as the first one"
-            )
-            raise SchemaMismatchError(msg)
-        for name, (array, logical) in arrays.items():
-            node = self._nodes[f"{CHECKPOINTS}/{name}"]
-            shape = tuple(node["shape"][1:])
-            want = node["attributes"][ROOT_ATTR]["dtype"]
-            if array.shape != shape:
-                msg = (
-                    f"tensor {name!r} at step {step} has shape {array.shape}; "
-                    f"expected {shape} as in the first checkpoint"
-                )
-                raise SchemaMismatchError(msg)
-            if logical != want:
-                msg = f"tensor {name!r} at step {step} has dtype {logical}; expected {want} as in the first checkpoint"
-                raise SchemaMismatchError(msg)
 
     # -- metrics ---------------------------------------------------------------------------
 
@@ -537,7 +495,10 @@ class Writer:
                 group, _, name = path.partition("/")
                 if group in (CHECKPOINTS, METRICS) and name and node.get("node_type") == "array":
                     _zarr.write_json(self._zstore, f"{path}/{_zarr.ROOT_KEY}", node)
-            self._attrs[ROOT_ATTR][FINISHED] = True
+            if (finished := self._finished_at_close()) is None:
+                del self._attrs[ROOT_ATTR][FINISHED]  # a store from before the mark stays unknown
+            else:
+                self._attrs[ROOT_ATTR][FINISHED] = finished
             self._commit()
             if self._followers is not None:  # finished: they complete the run and exit on their own
                 self._followers.release()
@@ -546,6 +507,13 @@ class Writer:
             self._lock.release()
             if self._chunk_writers is not None:
                 self._chunk_writers.shutdown()
+
+    def _finished_at_close(self) -> bool | None:
+        """Finished, unless this writer only attached data or a model to a run left open (or unknown)."""
+        grew = self._count > self._count_at_open or self._metric_count > self._metric_count_at_open
+        if grew or self._count_at_open == 0 or self._state_at_open is True:
+            return True
+        return self._state_at_open if isinstance(self._state_at_open, bool) else None
 
     def __enter__(self) -> Writer:
         return self

@@ -20,9 +20,16 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import StorePath
 
-from ckpt.errors import CorruptChunkError, DataError, InvalidNameError, StepOrderError
+from ckpt.errors import (
+    CorruptChunkError,
+    DataError,
+    InvalidNameError,
+    SchemaMismatchError,
+    StepOrderError,
+    UnsupportedTensorError,
+)
 from ckpt.store import _zarr
-from ckpt.store.arrays import column_digest
+from ckpt.store.arrays import column_digest, to_numpy
 from ckpt.store.format import CHECKPOINTS, METRIC_DIGESTS, METRICS, ROOT_ATTR, STEP, check_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,6 +86,51 @@ def check_metric_digests(writer: Writer) -> None:
                 "damaged); appending would build on them: restore the store from a copy"
             )
             raise CorruptChunkError(msg)
+
+
+def convert_tensors(step: int, tensors: Mapping[str, Any]) -> dict[str, tuple[np.ndarray, str]]:
+    """Each tensor of the checkpoint at ``step`` as an array and its logical dtype, its name checked."""
+    if not tensors:
+        msg = f"checkpoint at step {step} has no tensors"
+        raise SchemaMismatchError(msg)
+    converted = {}
+    for name, value in tensors.items():
+        problem = check_name(name, "tensor")
+        if problem:
+            raise InvalidNameError(f"{problem} (step {step})")
+        try:
+            converted[name] = to_numpy(value)
+        except UnsupportedTensorError as exc:
+            raise UnsupportedTensorError(f"tensor {name!r} at step {step}: {exc}") from None
+    return converted
+
+
+def check_schema(writer: Writer, step: int, arrays: Mapping[str, tuple[np.ndarray, str]]) -> None:
+    """Refuse a checkpoint whose tensors, shapes or dtypes differ from the first checkpoint's."""
+    expected = {n: a for n, a in writer._ckpt_arrays.items() if n != STEP}
+    missing = [n for n in expected if n not in arrays]
+    extra = [n for n in arrays if n not in expected]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing tensor(s) {', '.join(map(repr, missing[:5]))}")
+        if extra:
+            parts.append(f"unexpected tensor(s) {', '.join(map(repr, extra[:5]))}")
+        msg = (
+            f"checkpoint at step {step} has {' and '.join(parts)}; every checkpoint must hold the same "
+            f"{len(expected)} tensors as the first one"
+        )
+        raise SchemaMismatchError(msg)
+    for name, (array, logical) in arrays.items():
+        node = writer._nodes[f"{CHECKPOINTS}/{name}"]
+        shape = tuple(node["shape"][1:])
+        want = node["attributes"][ROOT_ATTR]["dtype"]
+        if array.shape != shape:
+            msg = f"tensor {name!r} at step {step} has shape {array.shape}; expected {shape} as in the first checkpoint"
+            raise SchemaMismatchError(msg)
+        if logical != want:
+            msg = f"tensor {name!r} at step {step} has dtype {logical}; expected {want} as in the first checkpoint"
+            raise SchemaMismatchError(msg)
 
 
 def create_tensor_arrays(writer: Writer, arrays: Mapping[str, tuple[np.ndarray, str]]) -> None:
