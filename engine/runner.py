@@ -113,6 +113,7 @@ def _run(
     force = settings.force and not active
     # user mistakes first: an error after the dependencies ran would leave the store changed
     _check_target(name, target, store, registry)
+    _check_pairs(analyzer, store)
     analyzer.preflight(store)
     report = RunReport(target)
     results, requirements = _dependencies(analyzer, store, settings, registry, active, report)
@@ -266,6 +267,16 @@ def _warn_if_nonfinite(store: ckptstore.Store, target: str, steps: list[int]) ->
             f"{sorted(causes)}, computed from checkpoints whose weights are not finite: {shown}"
         )
         warnings.warn(msg, NonFiniteWarning, stacklevel=3)
+
+
+def _check_pairs(analyzer: Analyzer, store: ckptstore.Store) -> None:
+    """Refuse a pair analyzer on a store of fewer than two checkpoints, before its dependencies run."""
+    if analyzer.per == PER_PAIR and len(store.steps) < 2:
+        msg = (
+            f"{analyzer.name} compares pairs of consecutive checkpoints and {store.path} has "
+            f"{len(store.steps)}: run it once the store holds two or more"
+        )
+        raise AnalysisError(msg)
 
 
 def _check_target(name: str, target: str, store: ckptstore.Store, registry: Registry) -> None:
