@@ -258,6 +258,13 @@ def test_a_pair_analyzer_followed_until_the_end_of_a_one_checkpoint_run_says_so(
     with pytest.raises(AnalysisError, match=r"polca compares pairs of consecutive checkpoints and .* has 1"):
         follow("polca", store, until_idle=0.5, progress=False)
     assert "polca" not in ckpt.open(store).analyses
+    plain = run_ckpt("analyze", "polca", str(store), "--no-progress")  # refused before its basis is computed
+    assert plain.returncode == 1
+    assert plain.stderr.strip().splitlines() == [
+        f"Error: polca compares pairs of consecutive checkpoints and {store} has 1: run it once the store "
+        "holds two or more"
+    ]
+    assert ckpt.open(store).analyses == []
 
 
 def test_what_a_follower_recomputes_whole_and_which_checkpoints_change_it() -> None:
@@ -331,6 +338,34 @@ def test_the_commit_record_says_whether_a_run_is_finished(tmp_path: Path) -> Non
     (path / "zarr.json").write_text(json.dumps(record))
     assert ckpt.open(path).finished is None
     assert "run          unknown" in run_ckpt("info", str(path), "--no-finite-check").stdout
+
+
+def test_attaching_data_keeps_the_state_of_the_run_it_found(tmp_path: Path) -> None:
+    """``ckpt data add`` on a killed run leaves it open (a follower keeps waiting); a finished run stays finished."""
+    from ckpt.plugins.examples import mlp, write_example_run
+
+    killed = tmp_path / "killed.zarr"
+    training = (
+        "import os, signal, ckpt\n"
+        "from ckpt.plugins.examples import mlp\n"
+        f"writer = ckpt.create({str(killed)!r})\n"
+        "writer.write(0, mlp())\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    died = subprocess.run([sys.executable, "-c", training], check=False, capture_output=True)
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    inputs = tmp_path / "inputs.npy"
+    np.save(inputs, np.zeros((4, 3), dtype=np.float32))
+    finished = write_example_run(tmp_path / "finished.zarr", 1)
+    for path, state in ((killed, False), (finished, True)):
+        assert ckpt.open(path).finished is state
+        added = run_ckpt("data", "add", str(path), "probe", "--inputs", str(inputs))
+        assert added.returncode == 0, added.stderr
+        assert "probe" in ckpt.open(path).splits
+        assert ckpt.open(path).finished is state, path.name
+    with ckpt.open(killed, mode="a") as resumed:  # training resumed: its close ends the run
+        resumed.write(1, mlp())
+    assert ckpt.open(killed).finished is True
 
 
 def test_a_finished_mark_that_is_not_a_bool_is_refused(tmp_path: Path) -> None:
