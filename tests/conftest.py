@@ -45,24 +45,23 @@ def _share_the_cores() -> None:
 _share_the_cores()
 
 LONGEST_FIRST = (
-    # seconds summed over a file's slowest tests, 2 workers on a shared, loaded machine, 2026-12-02
-    "tests/test_polca_memory.py",  # 388: GPT-2 POLCA under address-space limits (plain subprocesses)
-    "tests/test_crash_points.py",  # 343: commands killed at every file event
-    "tests/test_memory_budget.py",  # 268
-    "tests/test_bad_input.py",  # ~240: one ckpt process per bad input
-    "tests/test_conformance.py",  # ~200: the kit on every built-in
-    "tests/test_polca.py",  # 131
-    "tests/test_lca_resume.py",  # 123
-    "tests/test_sandbox_addition.py",  # 99: two trainings in fresh processes
-    "tests/test_basis_resume.py",  # 98
-    "tests/test_demo.py",  # 84; ckpt demo starts torch itself (plain subprocess)
-    "tests/test_result_from_journal.py",  # 80
-    "tests/test_fuzz_store.py",  # 600 at 2,000 mutants; the default 250 take an eighth of that
-    "tests/test_store_crash.py",  # 68
-    "tests/test_repro_spike_steps.py",  # 63
-    "tests/test_engine.py",  # 59
-    "tests/test_attach.py",  # 57
-    "tests/test_figures.py",  # 43 and its two trained runs
+    # seconds summed over a file's tests (--durations=0), 2 workers on a shared, loaded machine
+    "tests/test_crash_points.py",  # ~250: commands killed at every file event
+    "tests/test_memory_budget.py",  # ~115: GPT-2 hessian-basis under address-space limits
+    "tests/test_demo.py",  # ~90; ckpt demo starts torch itself (plain subprocess)
+    "tests/test_polca_memory.py",  # ~80: GPT-2 POLCA under address-space limits (plain subprocesses)
+    "tests/test_figures.py",  # ~80 and its two trained runs
+    "tests/test_bench_scale.py",  # ~75
+    "tests/test_follow.py",  # ~65
+    "tests/test_polca.py",  # ~65
+    "tests/test_basis_resume.py",  # ~65
+    "tests/test_bad_input.py",  # ~65: one ckpt process per bad input
+    "tests/test_lca_resume.py",  # ~55
+    "tests/test_engine.py",  # ~55
+    "tests/test_watch.py",  # ~47
+    "tests/test_result_from_journal.py",  # ~45
+    "tests/test_store_crash.py",  # ~44
+    "tests/test_sandbox_addition.py",  # ~39: two trainings in fresh processes
 )
 """The test files that take longest (``--durations=0``, summed a file), longest first.
 
