@@ -263,7 +263,9 @@ def test_curvature_and_normalization_draw_their_learning_rate_lines(sparse: Path
 
 
 def test_boundary_distance_draws_its_bands_and_the_xi_plane(sparse: Path) -> None:
-    run("boundary-distance", sparse, directions=32)
+    # 8 directions (angles at d = 2), not the default 128: the figure draws whatever was found, and
+    # every part of it (the bands, both planes, their points and contours) is drawn from 8 as from 128
+    run("boundary-distance", sparse, directions=8)
     result = ckptstore.open(sparse).analysis("boundary-distance").load()
     figures = figures_of(sparse, "boundary-distance")
     assert list(figures) == ["distances", "boundaries"]
@@ -276,6 +278,7 @@ def test_boundary_distance_draws_its_bands_and_the_xi_plane(sparse: Path) -> Non
         assert axes.get_title().startswith(f"step {step}:")
         points = axes.collections[-1]  # the ξ coloured by distance, drawn last
         found = result["distance"].sel(step=step).values
+        assert (found > 0).sum() >= len(found) // 2, "most ξ find a boundary, even along 8 directions"
         np.testing.assert_allclose(points.get_offsets(), result["xi"].sel(step=step).values[found > 0])
         np.testing.assert_allclose(points.get_array(), found[found > 0])
         assert any(c.get_linestyle() for c in axes.collections[:-2]), "no boundary contour drawn"
