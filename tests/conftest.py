@@ -50,8 +50,8 @@ LONGEST_FIRST = (
     "tests/test_memory_budget.py",  # ~115: GPT-2 hessian-basis under address-space limits
     "tests/test_demo.py",  # ~90; ckpt demo starts torch itself (plain subprocess)
     "tests/test_polca_memory.py",  # ~80: GPT-2 POLCA under address-space limits (plain subprocesses)
-    "tests/test_figures.py",  # ~80 and its two trained runs
     "tests/test_bench_scale.py",  # ~75
+    "tests/test_figures.py",  # ~65 and its two trained runs
     "tests/test_follow.py",  # ~65
     "tests/test_polca.py",  # ~65
     "tests/test_basis_resume.py",  # ~65
