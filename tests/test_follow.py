@@ -150,6 +150,7 @@ def _computed(stderr: str) -> list[int]:
     return [int(s) for s in re.findall(r"^loss: step (\d+) computed$", stderr, flags=re.M)]
 
 
+@pytest.mark.slow  # several seconds on its own: CI runs it, the quick suite does not
 def test_a_follower_computes_each_checkpoint_once_as_it_is_committed(tmp_path: Path) -> None:
     done, store = _followed(tmp_path, "4", "0.3", "open", until_idle="2s")
     assert "Error" not in done.stderr
@@ -215,6 +216,7 @@ def _recomputed_over(name: str, stderr: str) -> list[int]:
     return [int(n) for n in re.findall(rf"^{name}: recomputed over (\d+) checkpoint\(s\)", stderr, flags=re.M)]
 
 
+@pytest.mark.slow  # several seconds on its own: CI runs it, the quick suite does not
 def test_hessian_basis_is_recomputed_at_its_basis_checkpoints_and_at_the_end(tmp_path: Path) -> None:
     from ckpt.numerics.basis_format import FOUND_AT
 

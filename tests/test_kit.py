@@ -106,6 +106,7 @@ class TestLossy(ImporterTests):
 '''
 
 
+@pytest.mark.slow  # several seconds on its own: CI runs it, the quick suite does not
 def test_the_checks_fail_on_broken_plugins_and_a_passing_opt_out_fails_the_run(tmp_path: Path) -> None:
     (tmp_path / "test_broken.py").write_text(textwrap.dedent(BROKEN_PLUGINS))
     command = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "test_broken.py"]

@@ -106,6 +106,7 @@ def traced_run(store: Path, **options: Any) -> tuple[xr.Dataset, int]:
     return ckptstore.open(store).analysis(options.get("save_as", "chain-test")).load(), peak
 
 
+@pytest.mark.slow  # several seconds on its own: CI runs it, the quick suite does not
 def test_the_result_is_copied_from_the_journal_never_held_whole(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ckpt.store import chunks as chunks_module
 
