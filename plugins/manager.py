@@ -45,6 +45,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "ckpt.analyzers.sparsity",
     "ckpt.analyzers.embedding_geometry",
     "ckpt.analyzers.curvature",
+    "ckpt.analyzers.spectrum",
     "ckpt.analyzers.normalization",
     "ckpt.analyzers.boundary_distance",
     "ckpt.analyzers.attention",
