@@ -49,6 +49,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "ckpt.analyzers.normalization",
     "ckpt.analyzers.boundary_distance",
     "ckpt.analyzers.attention",
+    "ckpt.analyzers.llc",
     "ckpt.sandboxes",
 )
 """Modules of ckpt's own plugins, registered exactly like third-party ones."""
