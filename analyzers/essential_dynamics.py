@@ -1,0 +1,539 @@
+"""``essential-dynamics``: the developmental path of a run, PCA of its outputs over checkpoints.
+
+Hoogland, Wang, Farrugia-Roberts, Carroll, Wei & Murfet (2024), "Loss Landscape Degeneracy
+Drives Stagewise Development in Transformers", read the stages of training off the
+*essential dynamics*: checkpoint t gives the vector f_t of the model's outputs on a fixed probe
+set (every datapoint's logits, flattened and concatenated); the rows F[t, :] = f_t, centred over
+checkpoints, are decomposed by PCA, and the path of the checkpoints in the leading components
+shows the stages as its turns. That paper is not in our reference text; this module follows
+the method as published in devinterp (``devinterp.slt.pca``: PCA of the flattened outputs,
+Gaussian smoothing of each component over checkpoints, sharp turns of the smoothed path).
+
+Exact PCA without holding F: with F_c = F - 1 μᵀ (μ the mean over checkpoints of each output),
+the T x T Gram matrix G = F_c F_cᵀ = Σ_b F_c[:, b] F_c[:, b]ᵀ is a sum over blocks b of
+datapoints (centring is per column, so each block centres itself); G = U Λ Uᵀ gives the
+principal-component scores F_c V = U Λ^½ and the explained variance ratios λ_k / tr G, the
+SVD of F_c without its right singular vectors (D of them, the outputs' length). One Dask task per
+(checkpoint, block) computes the block's outputs; one per block adds its Gram to the sum. A
+block's outputs at every checkpoint are held until its Gram is added, and at most two blocks
+are in flight (the outputs of block b wait for the sum through block b - 2): blocks are sized
+so that two fit the memory budget. Each block reads every checkpoint, so a probe set of B
+blocks reads each checkpoint B times.
+
+The path: each component's scores smoothed over checkpoints by a Gaussian of σ = ``--smoothing``
+checkpoints (scipy's ``gaussian_filter1d``, the filter devinterp uses). At checkpoint t the
+*turning angle* is the angle between the smoothed path's displacements p_t - p_(t-w) and
+p_(t+w) - p_t in the leading components (w = max(1, round(2σ)) checkpoints); a *turning point* is
+a local maximum (within ±w) of the angle of at least ``--turn-angle`` degrees where both
+displacements are at least :data:`MIN_SPEED` of the path's largest (a path at rest has no
+direction). ``stage`` counts the turning points up to each checkpoint: 0, 1, ..., a turning point
+opening the next stage. ``extremum`` marks where a smoothed component's derivative changes sign.
+:func:`llc_boundaries` finds the plateaus of a stored ``llc`` curve, the paper's other mark of
+stage boundaries; the figures draw them when the store holds one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ckpt.analyzers.basis import sample_examples
+from ckpt.engine.memory import default_budget, format_size
+from ckpt.engine.worker import worker_for
+from ckpt.plugins import PER_RUN, AnalysisContext, AnalysisError, Analyzer, Option, Worker, datapoint_index
+from ckpt.plugins.manager import analyzer_hook
+from ckpt.plugins.objectives import logits_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
+    from matplotlib.figure import Figure
+
+OUTPUTS = ("auto", "logits", "loss")
+"""What ``--outputs`` can decompose (auto: :data:`LOGITS_WIDTH`)."""
+
+LOGITS_WIDTH = 1024
+"""``--outputs auto`` takes the logits when each datapoint has at most this many (class outputs, small
+vocabularies), else the per-datapoint losses: a 50k vocabulary makes T x datapoints x 50k numbers."""
+
+MIN_SPEED = 0.02
+"""A turn is measured only where both displacements are at least this fraction of the path's largest."""
+
+GRAM_COLUMNS_BYTES = 64 * 2**20
+"""Bytes of float64 centred outputs a block's Gram is accumulated from at a time."""
+
+
+# -- the decomposition (plain numpy, on the T x T Gram matrix) ----------------------------------------
+def pca_from_gram(gram: np.ndarray, components: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Principal-component scores and variances of centred rows F_c from their Gram matrix F_c F_cᵀ.
+
+    Parameters
+    ----------
+    gram
+        ``[T, T]`` symmetric positive semi-definite: G = F_c F_cᵀ.
+    components
+        How many leading components.
+
+    Returns
+    -------
+    scores : numpy.ndarray
+        ``[T, components]``: F_c V = U Λ^½ (the rows projected on the principal axes). Each
+        column's sign makes its largest entry in absolute value positive (scikit-learn's
+        ``svd_flip`` on U).
+    ratio : numpy.ndarray
+        ``[components]``: λ_k / tr G, the explained variance ratio.
+    variance : numpy.ndarray
+        ``[components]``: λ_k / (T - 1), the explained variance (scikit-learn's ``explained_variance_``).
+
+    Raises
+    ------
+    AnalysisError
+        When G is not finite, or is zero (every row equal: no dynamics to decompose).
+    """
+    gram = np.asarray(gram, dtype=np.float64)
+    if not np.isfinite(gram).all():
+        raise AnalysisError("the Gram matrix of the outputs is not finite: an output overflowed float64")
+    total = float(np.trace(gram))
+    if total <= 0:
+        msg = "the outputs are the same at every checkpoint: there is no path to decompose"
+        raise AnalysisError(msg)
+    values, vectors = np.linalg.eigh((gram + gram.T) / 2)
+    order = np.argsort(values)[::-1][:components]
+    values = np.clip(values[order], 0.0, None)  # rounding leaves tiny negative eigenvalues of a PSD matrix
+    vectors = vectors[:, order]
+    largest = np.argmax(np.abs(vectors), axis=0)
+    vectors = vectors * np.sign(vectors[largest, np.arange(vectors.shape[1])])
+    scores = vectors * np.sqrt(values)
+    return scores, values / total, values / max(1, gram.shape[0] - 1)
+
+
+def smoothed(path: np.ndarray, sigma: float) -> np.ndarray:
+    """Each column of ``path`` ``[T, k]`` smoothed over rows by a Gaussian of ``sigma`` rows (0: unchanged)."""
+    path = np.asarray(path, dtype=np.float64)
+    if sigma <= 0:
+        return path.copy()
+    from scipy.ndimage import gaussian_filter1d
+
+    return gaussian_filter1d(path, sigma, axis=0, mode="nearest")
+
+
+def window_of(sigma: float) -> int:
+    """Checkpoints on each side of a turning angle: max(1, round(2σ))."""
+    return max(1, math.floor(2 * sigma + 0.5))
+
+
+def turning_angles(path: np.ndarray, window: int) -> np.ndarray:
+    """The angle (degrees) between p_t - p_(t-w) and p_(t+w) - p_t at each row t; NaN where undefined.
+
+    Undefined within ``window`` rows of either end, and where either displacement is shorter than
+    :data:`MIN_SPEED` of the longest displacement over ``window`` rows on the path.
+    """
+    path = np.asarray(path, dtype=np.float64)
+    count = len(path)
+    angles = np.full(count, np.nan)
+    if count < 2 * window + 1:
+        return angles
+    steps = path[window:] - path[:-window]  # steps[i] = p_(i+w) - p_i
+    lengths = np.linalg.norm(steps, axis=1)
+    floor = MIN_SPEED * float(lengths.max())
+    if floor <= 0:
+        return angles
+    before, after = steps[:-window], steps[window:]  # at t = w .. T-1-w: p_t - p_(t-w) and p_(t+w) - p_t
+    low = np.minimum(lengths[:-window], lengths[window:])
+    cosine = np.einsum("ij,ij->i", before, after) / np.maximum(lengths[:-window] * lengths[window:], 1e-300)
+    inner = np.degrees(np.arccos(np.clip(cosine, -1.0, 1.0)))
+    angles[window : count - window] = np.where(low >= floor, inner, np.nan)
+    return angles
+
+
+def turning_points(angles: np.ndarray, window: int, min_angle: float) -> np.ndarray:
+    """Rows whose angle is at least ``min_angle`` and the largest within ±``window`` rows (first on ties)."""
+    angles = np.asarray(angles, dtype=np.float64)
+    found = np.zeros(len(angles), dtype=bool)
+    valued = np.where(np.isfinite(angles), angles, -np.inf)
+    for t in np.flatnonzero(valued >= min_angle):
+        near = valued[max(0, t - window) : t + window + 1]
+        first = int(np.argmax(near)) + max(0, t - window)
+        found[t] = first == t
+    return found
+
+
+def stages(turning: np.ndarray) -> np.ndarray:
+    """Stage of each row: the turning points at or before it (a turning point opens the next stage)."""
+    return np.cumsum(np.asarray(turning, dtype=np.int64))
+
+
+def extrema(path: np.ndarray) -> np.ndarray:
+    """``[T, k]`` bool: interior rows where a column's forward difference changes sign (a local max or min)."""
+    path = np.asarray(path, dtype=np.float64)
+    found = np.zeros(path.shape, dtype=bool)
+    if len(path) < 3:
+        return found
+    slope = np.sign(np.diff(path, axis=0))
+    found[1:-1] = slope[:-1] * slope[1:] < 0
+    return found
+
+
+def llc_boundaries(
+    steps: np.ndarray, llc: np.ndarray, sigma: float = 1.0, tolerance: float = 0.05
+) -> tuple[np.ndarray, np.ndarray]:
+    """Plateaus of a local learning coefficient curve λ̂(t), and the stage boundaries they mark.
+
+    The paper's stages lie between critical points of λ̂(t): where dλ̂/dt ≈ 0 between growth (or
+    shrinking) phases. λ̂ is smoothed by a Gaussian of ``sigma`` checkpoints; its slope per
+    checkpoint (``numpy.gradient``) is a plateau where its magnitude is below ``tolerance`` times
+    the largest. Each run of plateau checkpoints between two non-plateau ones is one boundary,
+    at its middle checkpoint.
+
+    Returns
+    -------
+    plateau : numpy.ndarray
+        ``[T]`` bool.
+    boundary : numpy.ndarray
+        ``[T]`` bool.
+    """
+    values = np.asarray(llc, dtype=np.float64)
+    count = len(values)
+    plateau = np.zeros(count, dtype=bool)
+    boundary = np.zeros(count, dtype=bool)
+    if count < 3 or not np.isfinite(values).all() or len(steps) != count:
+        return plateau, boundary
+    slope = np.abs(np.gradient(smoothed(values[:, None], sigma)[:, 0]))
+    if slope.max() <= 0:
+        return plateau, boundary
+    plateau = slope < tolerance * slope.max()
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], plateau.astype(np.int8), [0]])))
+    for start, stop in zip(edges[::2], edges[1::2], strict=True):  # plateau rows start .. stop-1
+        if start > 0 and stop < count:  # between growth phases, not the run's first or last rows
+            boundary[(start + stop - 1) // 2] = True
+    return plateau, boundary
+
+
+def decompose(
+    worker: Worker, gram: np.ndarray, *, components: int, smoothing: float, turn_angle: float
+) -> dict[str, np.ndarray]:
+    """The result's values from the summed Gram matrix (a task: the last of the graph)."""
+    scores, ratio, variance = pca_from_gram(gram, components)
+    path = smoothed(scores, smoothing)
+    window = window_of(smoothing)
+    angles = turning_angles(path, window)
+    turning = turning_points(angles, window, turn_angle)
+    return {
+        "projection": scores,
+        "smoothed": path,
+        "explained_variance_ratio": ratio,
+        "explained_variance": variance,
+        "turning_angle": angles,
+        "turning_point": turning,
+        "stage": stages(turning),
+        "extremum": extrema(path),
+        "total_variance": np.asarray(float(np.trace(gram)) / max(1, len(gram) - 1)),
+    }
+
+
+# -- the outputs (on a worker) -------------------------------------------------------------------------
+def _batch(worker: Worker, split: str, rows: np.ndarray) -> tuple[Any, Any, Any]:
+    import torch
+
+    data = worker.data(split)
+    index = torch.as_tensor(rows, device=data["inputs"].device)
+    targets = data["targets"][index] if "targets" in data else data["inputs"][index]
+    mask = data["mask"][index] if "mask" in data else None
+    return data["inputs"][index], targets, mask
+
+
+def outputs_of(worker: Worker, params: Any, split: str, rows: np.ndarray, objective: str | None, kind: str) -> Any:
+    """The outputs of examples ``rows`` as one flat float tensor: each datapoint's logits, or losses.
+
+    Logits: with an objective that names its datapoints' rows (``token_rows``: token objectives)
+    the logits at each datapoint, flattened in datapoint order; otherwise every example's whole
+    output, flattened in example order.
+    """
+    inputs, targets, mask = _batch(worker, split, rows)
+    fn = worker.objective(objective)
+    outputs = worker.outputs(params, inputs)
+    if kind == "loss":
+        return fn.losses(outputs, targets, mask).double().flatten()
+    logits = logits_of(outputs)
+    if fn.token_rows is not None:
+        index, _ = fn.token_rows(targets, mask)
+        return logits.flatten(0, -2)[index].float().flatten()
+    return logits.float().flatten()
+
+
+def block_outputs(
+    worker: Worker,
+    step: int,
+    *,
+    split: str,
+    examples: np.ndarray,
+    objective: str | None,
+    kind: str,
+    batch_size: int,
+    width: int,
+    after: Any = None,
+) -> np.ndarray:
+    """The outputs of one block of examples at ``step`` (a task; ``after``: only orders it)."""
+    import torch
+
+    params = worker.params(step)
+    pieces = []
+    with worker.computing(), torch.no_grad():
+        for begin in range(0, len(examples), batch_size):
+            rows = examples[begin : begin + batch_size]
+            pieces.append(outputs_of(worker, params, split, rows, objective, kind).cpu().numpy())
+    values = np.concatenate(pieces)
+    if values.shape != (width,):
+        msg = (
+            f"essential-dynamics: the {kind} of {len(examples)} examples at step {step} are {values.size} numbers, "
+            f"where the first checkpoint gave {width}: the model's outputs change shape between checkpoints"
+        )
+        raise AnalysisError(msg)
+    if not np.isfinite(values).all():
+        bad = int((~np.isfinite(values)).sum())
+        msg = (
+            f"essential-dynamics: {bad} of the {kind} at step {step} are NaN or inf (the checkpoint diverged?); "
+            "analyze the steps before it (ckpt analyze ... on a copy without it), or --outputs loss"
+        )
+        raise AnalysisError(msg)
+    return values
+
+
+def block_gram(worker: Worker, previous: np.ndarray | None, *outputs: np.ndarray) -> np.ndarray:
+    """``previous`` plus the Gram matrix of one block's outputs, centred over checkpoints (a task)."""
+    rows = np.stack(outputs)  # [T, width], in the outputs' dtype
+    mean = rows.mean(axis=0, dtype=np.float64)
+    gram = np.zeros((len(rows), len(rows))) if previous is None else np.array(previous, dtype=np.float64)
+    columns = max(1, GRAM_COLUMNS_BYTES // (8 * len(rows)))
+    for start in range(0, rows.shape[1], columns):
+        centred = rows[:, start : start + columns].astype(np.float64) - mean[start : start + columns]
+        gram += centred @ centred.T
+    return gram
+
+
+def probe_width(worker: Worker, step: int, split: str, example: int, objective: str | None) -> tuple[int, bool]:
+    """Logits of one example at ``step``: (numbers per datapoint or per example, whether per datapoint)."""
+    import torch
+
+    params = worker.params(step)
+    with worker.computing(), torch.no_grad():
+        inputs, _, _ = _batch(worker, split, np.array([example]))
+        logits = logits_of(worker.outputs(params, inputs))
+    if worker.objective(objective).token_rows is not None:
+        return int(logits.shape[-1]), True
+    return int(logits[0].numel()), False
+
+
+class EssentialDynamics(Analyzer):
+    """PCA of the model's outputs on a probe set over checkpoints: the path, its turning points, stages."""
+
+    name = "essential-dynamics"
+    version = "1"
+    description = "PCA of the outputs on a probe set across checkpoints: developmental path, turning points, stages."
+    per = PER_RUN
+
+    split = Option(str, "eval", "Data split whose examples are the probe set.")
+    outputs = Option(
+        str,
+        "auto",
+        "What each checkpoint's vector holds: logits, or per-datapoint losses (auto: logits up to 1024 per datapoint).",
+        choices=OUTPUTS,
+    )
+    samples = Option(int, 512, "Examples of the split in the probe set (a seeded subsample).", minimum=1)
+    components = Option(int, 3, "Principal components kept.", minimum=1)
+    smoothing = Option(float, 1.0, "Gaussian smoothing of the path, σ in checkpoints (0: none).", minimum=0)
+    turn_angle = Option(float, 45.0, "Least turning angle (degrees) of a turning point.", minimum=0, maximum=180)
+    seed = Option(int, 0, "Seed of the probe subsample.", minimum=0)
+    batch_size = Option(int, 256, "Examples per forward pass (bounds memory).", minimum=1)
+    objective = Option(str, None, "Per-datapoint loss, and which logits are a datapoint's (default: the store's).")
+
+    def data_splits(self, store: Any) -> tuple[str, ...]:
+        """Only the probe split."""
+        return (self.split,)
+
+    def preflight(self, store: Any) -> None:
+        """Refuse a missing split, too few checkpoints, or more components than they carry."""
+        if self.split not in store.splits:
+            have = ", ".join(store.splits) or "none"
+            msg = f"{store.path} has no data split {self.split!r} (it has: {have}); choose one with --split"
+            raise AnalysisError(msg)
+        count = len(store.steps)
+        if count < 3:
+            msg = (
+                f"essential-dynamics follows the path of the checkpoints and needs at least 3 for it to turn; "
+                f"{store.path} has {count}: run it once the store holds three or more"
+            )
+            raise AnalysisError(msg)
+        if self.components > count - 1:
+            msg = (
+                f"--components {self.components}: {count} checkpoints carry at most {count - 1} principal "
+                f"components; choose --components {count - 1} or fewer"
+            )
+            raise AnalysisError(msg)
+
+    def compute(self, ctx: AnalysisContext) -> xr.Dataset:
+        """Blocks of probe examples; a task per (checkpoint, block), a Gram sum per block, one decomposition."""
+        import dask.array as da
+        import xarray as xr
+
+        store = ctx.store
+        self.preflight(store)
+        steps = [int(s) for s in ctx.steps]
+        examples = sample_examples(store.data(self.split).sizes["example"], self.samples, self.seed)
+        example_of, _ = datapoint_index(store, self.split, self.objective)
+        per_example = np.bincount(example_of, minlength=store.data(self.split).sizes["example"])[examples]
+        if per_example.sum() == 0:
+            msg = f"the probe examples of split {self.split!r} hold no datapoints; raise --samples or choose --split"
+            raise AnalysisError(msg)
+        kind, width = self._widths(ctx, steps[0], examples, per_example)
+        blocks = self._blocks(ctx, examples, width, len(steps), kind)
+        total: Any = None
+        done: list[Any] = []
+        for index, block in enumerate(blocks):
+            after = done[index - 2] if index >= 2 else None
+            outputs = [
+                ctx.delayed(
+                    block_outputs,
+                    step,
+                    split=self.split,
+                    examples=examples[block],
+                    objective=self.objective,
+                    kind=kind,
+                    batch_size=self.batch_size,
+                    width=int(width[block].sum()),
+                    after=after,
+                )
+                for step in steps
+            ]
+            total = ctx.delayed(block_gram, total, *outputs)
+            done.append(total)
+        task = ctx.delayed(
+            decompose, total, components=self.components, smoothing=self.smoothing, turn_angle=self.turn_angle
+        )
+        count, k = len(steps), self.components
+        shapes = {
+            "projection": (("step", "component"), (count, k), np.float64),
+            "smoothed": (("step", "component"), (count, k), np.float64),
+            "explained_variance_ratio": (("component",), (k,), np.float64),
+            "explained_variance": (("component",), (k,), np.float64),
+            "turning_angle": (("step",), (count,), np.float64),
+            "turning_point": (("step",), (count,), bool),
+            "stage": (("step",), (count,), np.int64),
+            "extremum": (("step", "component"), (count, k), bool),
+            "total_variance": ((), (), np.float64),
+        }
+        variables = {
+            name: (dims, da.from_delayed(task[name], shape=shape, dtype=dtype))
+            for name, (dims, shape, dtype) in shapes.items()
+        }
+        result = xr.Dataset(variables, coords={"step": steps, "component": np.arange(1, k + 1)})
+        self._describe(result, kind, len(examples), int(width.sum()), int(per_example.sum()))
+        return result
+
+    def _widths(
+        self, ctx: AnalysisContext, first: int, examples: np.ndarray, per_example: np.ndarray
+    ) -> tuple[str, np.ndarray]:
+        """The outputs decomposed, and the numbers each probe example contributes to a checkpoint's vector."""
+        if self.outputs == "loss":
+            return "loss", per_example.astype(np.int64)
+        # the logits' width is known only from the model: one example through it, here
+        probe = int(examples[np.flatnonzero(per_example)[0]])
+        size, per_datapoint = probe_width(worker_for(ctx.spec), first, self.split, probe, self.objective)
+        datapoint_width = size if per_datapoint else -(-size // max(1, int(per_example.max())))
+        if self.outputs == "auto" and datapoint_width > LOGITS_WIDTH:
+            return "loss", per_example.astype(np.int64)
+        width = per_example * size if per_datapoint else np.full(len(examples), size)
+        return "logits", width.astype(np.int64)
+
+    def _blocks(self, ctx: AnalysisContext, examples: np.ndarray, width: np.ndarray, count: int, kind: str) -> list:
+        """Consecutive probe examples whose outputs at every checkpoint fit, two blocks at once, the budget."""
+        budget = ctx.spec.max_memory if ctx.spec.max_memory is not None else default_budget(ctx.spec.device)
+        itemsize = 4 if kind == "logits" else 8
+        # two blocks held at once; half the budget, the other half for the forward passes and the Gram
+        limit = budget // 2 // (2 * count * itemsize)
+        largest = int(width.max())
+        if largest > limit:
+            need = 4 * count * itemsize * largest
+            msg = (
+                f"essential-dynamics: the {kind} of one probe example at all {count} checkpoints "
+                f"({format_size(count * itemsize * largest)}) must fit four times in the memory budget of "
+                f"{format_size(budget)} (two blocks held, half left for the passes): raise --max-memory to at "
+                f"least {format_size(need)}" + (" or use --outputs loss" if kind == "logits" else "")
+            )
+            raise AnalysisError(msg)
+        blocks, start, held = [], 0, 0
+        for index, size in enumerate(width.tolist()):
+            if held + size > limit and index > start:
+                blocks.append(slice(start, index))
+                start, held = index, 0
+            held += size
+        blocks.append(slice(start, len(width)))
+        return blocks
+
+    def _describe(self, result: xr.Dataset, kind: str, examples: int, features: int, datapoints: int) -> None:
+        """Variable attributes, and what the path was computed from."""
+        probe = f"the {kind} of {examples} examples ({datapoints} datapoints) of split {self.split!r}"
+        result["projection"].attrs.update(
+            long_name="principal-component score", description=f"checkpoint outputs ({probe}), centred, on each PC"
+        )
+        result["smoothed"].attrs.update(
+            long_name="smoothed score",
+            description=f"projection smoothed by a Gaussian of σ={self.smoothing} checkpoints",
+        )
+        result["explained_variance_ratio"].attrs["description"] = "eigenvalue over the total variance"
+        result["explained_variance"].attrs["description"] = "eigenvalue / (checkpoints - 1)"
+        result["total_variance"].attrs["description"] = "trace of the covariance of the outputs over checkpoints"
+        result["turning_angle"].attrs.update(
+            units="degrees", description="angle between the smoothed path's displacements before and after the step"
+        )
+        result["turning_point"].attrs["description"] = (
+            f"local maximum of the turning angle of at least {self.turn_angle} degrees"
+        )
+        result["stage"].attrs["description"] = "turning points at or before the step: 0, 1, ..."
+        result["extremum"].attrs["description"] = "the smoothed component's derivative changes sign"
+        # the engine keeps variables' attributes (the group's are its provenance)
+        result["projection"].attrs.update(
+            outputs=kind, features=features, probe_examples=examples, probe_datapoints=datapoints, split=self.split
+        )
+        result["smoothed"].attrs.update(smoothing_sigma=float(self.smoothing), turning_window=window_of(self.smoothing))
+
+    def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
+        """``path`` (PC pairs coloured by step), ``components`` (PCs over steps), ``variance`` (ratios)."""
+        from ckpt.analyzers.figures.essential_dynamics import figures
+
+        return figures(result, store)
+
+    def summarize(self, result: xr.Dataset) -> str:
+        """Explained variance of each component, and the turning points."""
+        ratios = result["explained_variance_ratio"].values
+        probe = result["projection"].attrs
+        rows = [f"  {probe.get('outputs', '?')} of {probe.get('probe_examples', '?')} examples"]
+        rows += [f"  PC{index + 1}  {ratio:7.2%} of the variance" for index, ratio in enumerate(ratios)]
+        turning = result["step"].values[result["turning_point"].values.astype(bool)]
+        rows.append(f"  turning points at steps: {', '.join(str(int(s)) for s in turning) or 'none'}")
+        return "\n".join(rows)
+
+
+ckpt_register_analyzers = analyzer_hook(EssentialDynamics)
+
+
+__all__ = [
+    "LOGITS_WIDTH",
+    "MIN_SPEED",
+    "OUTPUTS",
+    "EssentialDynamics",
+    "block_gram",
+    "block_outputs",
+    "ckpt_register_analyzers",
+    "decompose",
+    "extrema",
+    "llc_boundaries",
+    "outputs_of",
+    "pca_from_gram",
+    "smoothed",
+    "stages",
+    "turning_angles",
+    "turning_points",
+    "window_of",
+]
