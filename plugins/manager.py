@@ -50,6 +50,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "ckpt.analyzers.boundary_distance",
     "ckpt.analyzers.attention",
     "ckpt.analyzers.llc",
+    "ckpt.analyzers.essential_dynamics",
     "ckpt.sandboxes",
 )
 """Modules of ckpt's own plugins, registered exactly like third-party ones."""
