@@ -79,6 +79,7 @@ ANALYZER_SETUPS = {
     "clusters": Setup(mlp_run, {"on": "loss", "split": "eval", "min_cluster_size": 5, "label": "odd"}),
     "curvature": Setup(sandbox_run, {"samples": 16, "lr": 0.003}),
     "embedding-geometry": Setup(sandbox_run, {"suffixes": 2}),  # token and sequence metrics both
+    "essential-dynamics": Setup(mlp_run, {"samples": 20}),
     "fisher": Setup(small_mlp_run, BASIS),
     "grad-norms": Setup(mlp_run, {"batch_size": 20, "chunk_size": 8}),
     "hessian-basis": Setup(small_mlp_run, BASIS),
@@ -90,6 +91,7 @@ ANALYZER_SETUPS = {
         },
     ),
     # 50 examples in blocks of 16: several tasks per step, so their concatenation is covered too
+    "llc": Setup(mlp_run, {"chains": 2, "draws": 8, "batch_size": 16, "epsilon": 1e-4}),
     "loss": Setup(mlp_run, {"block_examples": 16}),
     "loss-spikes": Setup(mlp_run),
     "normalization": Setup(sandbox_run, {"lr": 0.003}),
