@@ -79,6 +79,7 @@ ANALYZER_SETUPS = {
     "clusters": Setup(mlp_run, {"on": "loss", "split": "eval", "min_cluster_size": 5, "label": "odd"}),
     "curvature": Setup(sandbox_run, {"samples": 16, "lr": 0.003}),
     "embedding-geometry": Setup(sandbox_run, {"suffixes": 2}),  # token and sequence metrics both
+    "essential-dynamics": Setup(mlp_run, {"samples": 20}),
     "fisher": Setup(small_mlp_run, BASIS),
     "grad-norms": Setup(mlp_run, {"batch_size": 20, "chunk_size": 8}),
     "hessian-basis": Setup(small_mlp_run, BASIS),
