@@ -180,6 +180,10 @@ class NonFiniteWarning(CkptWarning):
     """A result was computed from checkpoints holding NaN or inf: its values there mean nothing."""
 
 
+class LLCWarning(CkptWarning):
+    """The SGLD chains of an ``llc`` estimate at a checkpoint diverged, did not mix or flattened: its λ̂ is doubtful."""
+
+
 class PluginWarning(CkptWarning):
     """A plugin failed to load or registered a name that was taken; the rest keeps working.
 
