@@ -98,6 +98,7 @@ ANALYZER_SETUPS = {
     "polca": Setup(small_mlp_run, BASIS),
     "random-basis": Setup(small_mlp_run, BASIS),
     "sparsity": Setup(mlp_run, {"batch_size": 16, "eps_count": 7}),
+    "spectrum": Setup(small_mlp_run, {"samples": 16, "probes": 6, "slq_runs": 1, "slq_steps": 4}),
 }
 
 
