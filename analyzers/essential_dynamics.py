@@ -27,7 +27,8 @@ p_(t+w) - p_t in the leading components (w = max(1, round(2σ)) checkpoints); a 
 a local maximum (within ±w) of the angle of at least ``--turn-angle`` degrees where both
 displacements are at least :data:`MIN_SPEED` of the path's largest (a path at rest has no
 direction). ``stage`` counts the turning points up to each checkpoint: 0, 1, ..., a turning point
-opening the next stage. ``extremum`` marks where a smoothed component's derivative changes sign.
+opening the next stage. ``extremum`` marks where a smoothed component's derivative changes sign (its
+prominent local maxima and minima).
 :func:`llc_boundaries` finds the plateaus of a stored ``llc`` curve, the paper's other mark of
 stage boundaries; the figures draw them when the store holds one.
 """
@@ -59,6 +60,9 @@ vocabularies), else the per-datapoint losses: a 50k vocabulary makes T x datapoi
 
 MIN_SPEED = 0.02
 """A turn is measured only where both displacements are at least this fraction of the path's largest."""
+
+EXTREMUM_PROMINENCE = 0.05
+"""A component's extremum is marked when it stands out by this fraction of the component's range."""
 
 GRAM_COLUMNS_BYTES = 64 * 2**20
 """Bytes of float64 centred outputs a block's Gram is accumulated from at a time."""
@@ -164,14 +168,24 @@ def stages(turning: np.ndarray) -> np.ndarray:
     return np.cumsum(np.asarray(turning, dtype=np.int64))
 
 
-def extrema(path: np.ndarray) -> np.ndarray:
-    """``[T, k]`` bool: interior rows where a column's forward difference changes sign (a local max or min)."""
+def extrema(path: np.ndarray, prominence: float = EXTREMUM_PROMINENCE) -> np.ndarray:
+    """``[T, k]`` bool: each column's local maxima and minima (where its derivative changes sign).
+
+    Only those standing out by at least ``prominence`` times the column's range (scipy's
+    ``find_peaks`` prominence): the wiggles of a path at rest are not marked.
+    """
+    from scipy.signal import find_peaks
+
     path = np.asarray(path, dtype=np.float64)
     found = np.zeros(path.shape, dtype=bool)
-    if len(path) < 3:
-        return found
-    slope = np.sign(np.diff(path, axis=0))
-    found[1:-1] = slope[:-1] * slope[1:] < 0
+    for k in range(path.shape[1]):
+        column = path[:, k]
+        span = float(np.ptp(column)) if len(column) else 0.0
+        if span <= 0:
+            continue
+        for signed in (column, -column):
+            peaks, _ = find_peaks(signed, prominence=prominence * span)
+            found[peaks, k] = True
     return found
 
 

@@ -65,6 +65,31 @@ def test_loss_outputs_are_the_per_datapoint_losses(tmp_path: Path) -> None:
     assert result["projection"].attrs["outputs"] == "loss" and result["projection"].attrs["features"] == 16
 
 
+def test_token_logits_are_those_of_the_datapoints(tmp_path: Path) -> None:
+    """A token objective: each checkpoint's vector is the logits at the masked-in positions only."""
+    from tests.models import tiny_lm
+
+    tokens = torch.randint(0, 7, (5, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(5, 6, dtype=torch.bool)
+    mask[:, 3:] = True
+    path = tmp_path / "lm.zarr"
+    rows = []
+    with ckptstore.create(path, model="tests.models:tiny_lm", objective="token-cross-entropy") as writer:
+        writer.add_data("eval", inputs=tokens, targets=tokens.roll(-1, 1), mask=mask)
+        for step in range(4):
+            torch.manual_seed(step)
+            model = tiny_lm()
+            writer.write(step, model)
+            with torch.no_grad():
+                rows.append(model(tokens)[mask].double().flatten().numpy())
+    outputs = np.stack(rows)
+    centred = outputs - outputs.mean(axis=0)
+    s = np.linalg.svd(centred, compute_uv=False)
+    result = run(NAME, path, components=2, batch_size=2).dataset
+    assert result["projection"].attrs["features"] == 15 * 7 and result["projection"].attrs["outputs"] == "logits"
+    np.testing.assert_allclose(result["explained_variance_ratio"].values, s[:2] ** 2 / np.sum(s**2), rtol=1e-5)
+
+
 def write_turning_run(path: Path, steps: list[int], corner: int) -> Path:
     """A run of the example MLP whose last bias moves along one direction, then (from ``corner``) another.
 

@@ -112,7 +112,8 @@ def path_figure(data: dict[str, np.ndarray], title: str) -> Figure:
         axes.autoscale_view()
         axes.margins(0.08)
         axes.grid(alpha=0.3)
-        axes.legend(loc="best", fontsize=7, frameon=False)
+    handles, labels = figure.axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=8, frameon=False)
     bar = figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=figure.axes, shrink=0.9, pad=0.02)
     bar.set_label("training step")
     figure.suptitle(title, fontsize=10)
@@ -127,15 +128,21 @@ def _mark_turns(axes: Axes, x: np.ndarray, y: np.ndarray, steps: np.ndarray, tur
     axes.scatter(
         x[marked], y[marked], marker="^", s=60, color=TURN_COLOR, edgecolor="white", zorder=5, label="turning point"
     )
+    # turning points drawn within a few percent of the panel of each other share one label
+    points = np.column_stack([x, y])
+    span = np.ptp(points, axis=0)
+    span[span <= 0] = 1.0
+    groups: list[list[int]] = []
     for index in marked[:LABELLED]:
+        near = [g for g in groups if np.all(np.abs(points[index] - points[g[0]]) < 0.05 * span)]
+        if near:
+            near[0].append(index)
+        else:
+            groups.append([index])
+    for group in groups:
+        text = ", ".join(str(int(steps[i])) for i in group)
         axes.annotate(
-            str(int(steps[index])),
-            (x[index], y[index]),
-            xytext=(5, 5),
-            textcoords="offset points",
-            fontsize=8,
-            color=TURN_COLOR,
-            zorder=6,
+            text, points[group[0]], xytext=(5, 5), textcoords="offset points", fontsize=8, color=TURN_COLOR, zorder=6
         )
 
 
@@ -153,7 +160,7 @@ def components_figure(
     steps, raw, path, ratio, turning = data["steps"], data["raw"], data["path"], data["ratio"], data["turning"]
     count = path.shape[1]
     panels = count + 1 + (llc is not None)
-    figure = new_figure(panels, columns=min(3, panels))
+    figure = new_figure(panels, columns=2 if panels == 4 else min(3, panels))
     for index in range(count):
         axes = figure.axes[index]
         axes.plot(steps, raw[:, index], color="0.7", linewidth=1, label="score")
@@ -174,7 +181,7 @@ def components_figure(
     _boundaries(axes, steps, turning)
     axes.set_ylim(0, 180)
     axes.set_ylabel("turning angle (degrees)")
-    axes.set_title("turning angle of the smoothed path", fontsize=10)
+    axes.set_title("turning angle of the smoothed path (gaps: path at rest)", fontsize=10)
     axes.legend(fontsize=7, frameon=False)
     step_axis(axes, steps)
     axes.grid(alpha=0.3)
@@ -202,14 +209,17 @@ def variance_figure(ratio: np.ndarray, what: str) -> Figure:
     axes = figure.axes[0]
     labels = [f"PC{i + 1}" for i in range(len(ratio))]
     bars = axes.bar(labels, ratio, color=COLORS[0])
-    for bar, value in zip(bars, ratio, strict=True):
+    for bar, value in zip(bars, ratio, strict=True):  # inside a tall bar, clear of the cumulative line
+        inside = value > 0.15
         axes.annotate(
             f"{value:.1%}",
-            (bar.get_x() + bar.get_width() / 2, value),
-            xytext=(0, 2),
+            (bar.get_x() + bar.get_width() / 2, value / 2 if inside else value),
+            xytext=(0, 0 if inside else 2),
             textcoords="offset points",
             ha="center",
+            va="center" if inside else "bottom",
             fontsize=8,
+            color="white" if inside else "black",
         )
     axes.plot(labels, np.cumsum(ratio), color=COLORS[1], marker="o", markersize=4, label="cumulative")
     axes.set_ylim(0, 1.08)
