@@ -171,6 +171,18 @@ def test_reuse_and_staleness_as_a_per_run_analyzer(tmp_path: Path) -> None:
     assert again.dataset is not None and again.dataset.sizes["step"] == 5
 
 
+def test_a_diverged_checkpoint_is_named(tmp_path: Path) -> None:
+    """NaN weights at one checkpoint: an error naming its step, no result with NaN components."""
+    path = write_example_run(tmp_path / "run.zarr", steps=4, examples=6)
+    store = ckptstore.open(path)
+    broken = {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in store.tensors(3).items()}
+    with ckptstore.open(path, mode="a") as writer:
+        writer.write(4, broken)
+    with pytest.raises(AnalysisError, match="at step 4 are NaN or inf"):
+        run(NAME, path)
+    assert NAME not in ckptstore.open(path).analyses
+
+
 def test_bad_input_is_one_error_line(tmp_path: Path) -> None:
     """Too few checkpoints, too many components, a missing split, a budget too small: one line each."""
     two = write_example_run(tmp_path / "two.zarr", steps=2, examples=6)
