@@ -18,30 +18,47 @@ SVD of F_c without its right singular vectors (D of them, the outputs' length). 
 block's outputs at every checkpoint are held until its Gram is added, and at most two blocks
 are in flight (the outputs of block b wait for the sum through block b - 2): blocks are sized
 so that two fit the memory budget. Each block reads every checkpoint, so a probe set of B
-blocks reads each checkpoint B times.
+blocks reads each checkpoint B times. Each block's Gram is committed to the journal
+(``analyses/essential-dynamics.partial``, :class:`ckpt.engine.resume.Journal`) as soon as it is
+computed, keyed by the block's examples, the outputs, the steps and their checkpoints' digests; a
+rerun of the same request after a kill takes those blocks and computes only the others' outputs.
 
-The path: each component's scores smoothed over checkpoints by a Gaussian of σ = ``--smoothing``
-checkpoints (scipy's ``gaussian_filter1d``, the filter devinterp uses). At checkpoint t the
-*turning angle* is the angle between the smoothed path's displacements p_t - p_(t-w) and
-p_(t+w) - p_t in the leading components (w = max(1, round(2σ)) checkpoints); a *turning point* is
-a local maximum (within ±w) of the angle of at least ``--turn-angle`` degrees where both
-displacements are at least :data:`MIN_SPEED` of the path's largest (a path at rest has no
-direction). ``stage`` counts the turning points up to each checkpoint: 0, 1, ..., a turning point
-opening the next stage. ``extremum`` marks where a smoothed component's derivative changes sign (its
-prominent local maxima and minima).
-:func:`llc_boundaries` finds the plateaus of a stored ``llc`` curve, the paper's other mark of
-stage boundaries; the figures draw them when the store holds one.
+The path (:mod:`ckpt.analyzers._essential_path`): each component's scores smoothed over checkpoints
+by a Gaussian of σ = ``--smoothing`` checkpoints (scipy's ``gaussian_filter1d``, the filter
+devinterp uses). At checkpoint t the *turning angle* is the angle between the smoothed path's
+displacements p_t - p_(t-w) and p_(t+w) - p_t in the leading components (w = max(1, round(2σ))
+checkpoints); a *turning point* is a local maximum (within ±w) of the angle of at least
+``--turn-angle`` degrees where both displacements are at least :data:`MIN_SPEED` of the path's
+largest (a path at rest has no direction). ``stage`` counts the turning points up to each
+checkpoint: 0, 1, ..., a turning point opening the next stage. ``extremum`` marks where a smoothed
+component's derivative changes sign (its prominent local maxima and minima). :func:`llc_boundaries`
+finds the plateaus of a stored ``llc`` curve, the paper's other mark of stage boundaries; the
+figures draw them when the store holds one.
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
+import json
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt.analyzers._essential_path import (
+    EXTREMUM_PROMINENCE,
+    MIN_SPEED,
+    extrema,
+    llc_boundaries,
+    pca_from_gram,
+    smoothed,
+    stages,
+    turning_angles,
+    turning_points,
+    window_of,
+)
 from ckpt.analyzers.basis import sample_examples
 from ckpt.engine.memory import default_budget, format_size
+from ckpt.engine.resume import Journal
 from ckpt.engine.worker import worker_for
 from ckpt.plugins import PER_RUN, AnalysisContext, AnalysisError, Analyzer, Option, Worker, datapoint_index
 from ckpt.plugins.manager import analyzer_hook
@@ -58,170 +75,11 @@ LOGITS_WIDTH = 1024
 """``--outputs auto`` takes the logits when each datapoint has at most this many (class outputs, small
 vocabularies), else the per-datapoint losses: a 50k vocabulary makes T x datapoints x 50k numbers."""
 
-MIN_SPEED = 0.02
-"""A turn is measured only where both displacements are at least this fraction of the path's largest."""
-
-EXTREMUM_PROMINENCE = 0.05
-"""A component's extremum is marked when it stands out by this fraction of the component's range."""
+ROUNDING_RATIO = 1e-8
+"""A component explaining less than this fraction of the variance holds rounding error: no extrema marked."""
 
 GRAM_COLUMNS_BYTES = 64 * 2**20
 """Bytes of float64 centred outputs a block's Gram is accumulated from at a time."""
-
-
-# -- the decomposition (plain numpy, on the T x T Gram matrix) ----------------------------------------
-def pca_from_gram(gram: np.ndarray, components: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Principal-component scores and variances of centred rows F_c from their Gram matrix F_c F_cᵀ.
-
-    Parameters
-    ----------
-    gram
-        ``[T, T]`` symmetric positive semi-definite: G = F_c F_cᵀ.
-    components
-        How many leading components.
-
-    Returns
-    -------
-    scores : numpy.ndarray
-        ``[T, components]``: F_c V = U Λ^½ (the rows projected on the principal axes). Each
-        column's sign makes its largest entry in absolute value positive (scikit-learn's
-        ``svd_flip`` on U).
-    ratio : numpy.ndarray
-        ``[components]``: λ_k / tr G, the explained variance ratio.
-    variance : numpy.ndarray
-        ``[components]``: λ_k / (T - 1), the explained variance (scikit-learn's ``explained_variance_``).
-
-    Raises
-    ------
-    AnalysisError
-        When G is not finite, or is zero (every row equal: no dynamics to decompose).
-    """
-    gram = np.asarray(gram, dtype=np.float64)
-    if not np.isfinite(gram).all():
-        raise AnalysisError("the Gram matrix of the outputs is not finite: an output overflowed float64")
-    total = float(np.trace(gram))
-    if total <= 0:
-        msg = "the outputs are the same at every checkpoint: there is no path to decompose"
-        raise AnalysisError(msg)
-    values, vectors = np.linalg.eigh((gram + gram.T) / 2)
-    order = np.argsort(values)[::-1][:components]
-    values = np.clip(values[order], 0.0, None)  # rounding leaves tiny negative eigenvalues of a PSD matrix
-    vectors = vectors[:, order]
-    largest = np.argmax(np.abs(vectors), axis=0)
-    vectors = vectors * np.sign(vectors[largest, np.arange(vectors.shape[1])])
-    scores = vectors * np.sqrt(values)
-    return scores, values / total, values / max(1, gram.shape[0] - 1)
-
-
-def smoothed(path: np.ndarray, sigma: float) -> np.ndarray:
-    """Each column of ``path`` ``[T, k]`` smoothed over rows by a Gaussian of ``sigma`` rows (0: unchanged)."""
-    path = np.asarray(path, dtype=np.float64)
-    if sigma <= 0:
-        return path.copy()
-    from scipy.ndimage import gaussian_filter1d
-
-    return gaussian_filter1d(path, sigma, axis=0, mode="nearest")
-
-
-def window_of(sigma: float) -> int:
-    """Checkpoints on each side of a turning angle: max(1, round(2σ))."""
-    return max(1, math.floor(2 * sigma + 0.5))
-
-
-def turning_angles(path: np.ndarray, window: int) -> np.ndarray:
-    """The angle (degrees) between p_t - p_(t-w) and p_(t+w) - p_t at each row t; NaN where undefined.
-
-    Undefined within ``window`` rows of either end, and where either displacement is shorter than
-    :data:`MIN_SPEED` of the longest displacement over ``window`` rows on the path.
-    """
-    path = np.asarray(path, dtype=np.float64)
-    count = len(path)
-    angles = np.full(count, np.nan)
-    if count < 2 * window + 1:
-        return angles
-    steps = path[window:] - path[:-window]  # steps[i] = p_(i+w) - p_i
-    lengths = np.linalg.norm(steps, axis=1)
-    floor = MIN_SPEED * float(lengths.max())
-    if floor <= 0:
-        return angles
-    before, after = steps[:-window], steps[window:]  # at t = w .. T-1-w: p_t - p_(t-w) and p_(t+w) - p_t
-    low = np.minimum(lengths[:-window], lengths[window:])
-    cosine = np.einsum("ij,ij->i", before, after) / np.maximum(lengths[:-window] * lengths[window:], 1e-300)
-    inner = np.degrees(np.arccos(np.clip(cosine, -1.0, 1.0)))
-    angles[window : count - window] = np.where(low >= floor, inner, np.nan)
-    return angles
-
-
-def turning_points(angles: np.ndarray, window: int, min_angle: float) -> np.ndarray:
-    """Rows whose angle is at least ``min_angle`` and the largest within ±``window`` rows (first on ties)."""
-    angles = np.asarray(angles, dtype=np.float64)
-    found = np.zeros(len(angles), dtype=bool)
-    valued = np.where(np.isfinite(angles), angles, -np.inf)
-    for t in np.flatnonzero(valued >= min_angle):
-        near = valued[max(0, t - window) : t + window + 1]
-        first = int(np.argmax(near)) + max(0, t - window)
-        found[t] = first == t
-    return found
-
-
-def stages(turning: np.ndarray) -> np.ndarray:
-    """Stage of each row: the turning points at or before it (a turning point opens the next stage)."""
-    return np.cumsum(np.asarray(turning, dtype=np.int64))
-
-
-def extrema(path: np.ndarray, prominence: float = EXTREMUM_PROMINENCE) -> np.ndarray:
-    """``[T, k]`` bool: each column's local maxima and minima (where its derivative changes sign).
-
-    Only those standing out by at least ``prominence`` times the column's range (scipy's
-    ``find_peaks`` prominence): the wiggles of a path at rest are not marked.
-    """
-    from scipy.signal import find_peaks
-
-    path = np.asarray(path, dtype=np.float64)
-    found = np.zeros(path.shape, dtype=bool)
-    for k in range(path.shape[1]):
-        column = path[:, k]
-        span = float(np.ptp(column)) if len(column) else 0.0
-        if span <= 0:
-            continue
-        for signed in (column, -column):
-            peaks, _ = find_peaks(signed, prominence=prominence * span)
-            found[peaks, k] = True
-    return found
-
-
-def llc_boundaries(
-    steps: np.ndarray, llc: np.ndarray, sigma: float = 1.0, tolerance: float = 0.05
-) -> tuple[np.ndarray, np.ndarray]:
-    """Plateaus of a local learning coefficient curve λ̂(t), and the stage boundaries they mark.
-
-    The paper's stages lie between critical points of λ̂(t): where dλ̂/dt ≈ 0 between growth (or
-    shrinking) phases. λ̂ is smoothed by a Gaussian of ``sigma`` checkpoints; its slope per
-    checkpoint (``numpy.gradient``) is a plateau where its magnitude is below ``tolerance`` times
-    the largest. Each run of plateau checkpoints between two non-plateau ones is one boundary,
-    at its middle checkpoint.
-
-    Returns
-    -------
-    plateau : numpy.ndarray
-        ``[T]`` bool.
-    boundary : numpy.ndarray
-        ``[T]`` bool.
-    """
-    values = np.asarray(llc, dtype=np.float64)
-    count = len(values)
-    plateau = np.zeros(count, dtype=bool)
-    boundary = np.zeros(count, dtype=bool)
-    if count < 3 or not np.isfinite(values).all() or len(steps) != count:
-        return plateau, boundary
-    slope = np.abs(np.gradient(smoothed(values[:, None], sigma)[:, 0]))
-    if slope.max() <= 0:
-        return plateau, boundary
-    plateau = slope < tolerance * slope.max()
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], plateau.astype(np.int8), [0]])))
-    for start, stop in zip(edges[::2], edges[1::2], strict=True):  # plateau rows start .. stop-1
-        if start > 0 and stop < count:  # between growth phases, not the run's first or last rows
-            boundary[(start + stop - 1) // 2] = True
-    return plateau, boundary
 
 
 def decompose(
@@ -241,7 +99,8 @@ def decompose(
         "turning_angle": angles,
         "turning_point": turning,
         "stage": stages(turning),
-        "extremum": extrema(path),
+        # a component of rounding error only (a path of fewer dimensions) has no extrema worth a mark
+        "extremum": extrema(path) & (ratio >= ROUNDING_RATIO),
         "total_variance": np.asarray(float(np.trace(gram)) / max(1, len(gram) - 1)),
     }
 
@@ -314,16 +173,35 @@ def block_outputs(
     return values
 
 
-def block_gram(worker: Worker, previous: np.ndarray | None, *outputs: np.ndarray) -> np.ndarray:
-    """``previous`` plus the Gram matrix of one block's outputs, centred over checkpoints (a task)."""
+def block_gram(worker: Worker, *outputs: np.ndarray, journal: Journal | None, key: Any) -> np.ndarray:
+    """The Gram matrix of one block's outputs, centred over checkpoints, committed to ``journal`` (a task)."""
+    import xarray as xr
+
     rows = np.stack(outputs)  # [T, width], in the outputs' dtype
     mean = rows.mean(axis=0, dtype=np.float64)
-    gram = np.zeros((len(rows), len(rows))) if previous is None else np.array(previous, dtype=np.float64)
+    gram = np.zeros((len(rows), len(rows)))
     columns = max(1, GRAM_COLUMNS_BYTES // (8 * len(rows)))
     for start in range(0, rows.shape[1], columns):
         centred = rows[:, start : start + columns].astype(np.float64) - mean[start : start + columns]
         gram += centred @ centred.T
+    if journal is not None:
+        journal.add(xr.Dataset({"gram": (("block", "row", "column"), gram[None])}), "block", key)
     return gram
+
+
+def journaled_gram(worker: Worker, *, journal: Journal, key: Any) -> np.ndarray:
+    """A block's Gram matrix as an interrupted run of this request committed it (a task)."""
+    loaded = journal.pieces([key])
+    if loaded is None:
+        msg = f"the pieces of {journal.partial} changed while this run read them (another run?); rerun the command"
+        raise AnalysisError(msg)
+    saved, found = loaded
+    return np.asarray(saved["gram"].isel(block=found[0]).values, dtype=np.float64)
+
+
+def summed(worker: Worker, previous: np.ndarray | None, gram: np.ndarray) -> np.ndarray:
+    """The Gram matrices of the blocks so far (a task: the sum is built one block at a time)."""
+    return gram if previous is None else previous + gram
 
 
 def probe_width(worker: Worker, step: int, split: str, example: int, objective: str | None) -> tuple[int, bool]:
@@ -337,6 +215,37 @@ def probe_width(worker: Worker, step: int, split: str, example: int, objective: 
     if worker.objective(objective).token_rows is not None:
         return int(logits.shape[-1]), True
     return int(logits[0].numel()), False
+
+
+def block_keys(store: Any, steps: list[int], examples: np.ndarray, blocks: list[slice], kind: str) -> list | None:
+    """Journal key of each block's Gram: its examples, the outputs, the steps and their checkpoints' digests.
+
+    None when the store records no digests: a piece could not be tied to its checkpoints, so
+    nothing is journaled.
+    """
+    digests = [store.checkpoint_digest(step) for step in steps]
+    if any(digest is None for digest in digests):
+        return None
+    run = hashlib.sha256(json.dumps([kind, steps, digests]).encode()).hexdigest()
+    return [
+        [index, hashlib.sha256(np.ascontiguousarray(examples[block], dtype=np.int64).tobytes()).hexdigest(), run]
+        for index, block in enumerate(blocks)
+    ]
+
+
+def resumable(journal: Journal | None, keys: list, count: int) -> set[int]:
+    """The blocks whose Gram an interrupted run of this request committed; a journal of another layout is discarded."""
+    if journal is None:
+        return set()
+    loaded = journal.pieces(keys)
+    if loaded is None:
+        journal.discard()
+        return set()
+    saved, found = loaded
+    if "gram" not in saved or saved["gram"].shape[1:] != (count, count):
+        journal.discard()
+        return set()
+    return set(found)
 
 
 class EssentialDynamics(Analyzer):
@@ -402,25 +311,33 @@ class EssentialDynamics(Analyzer):
             raise AnalysisError(msg)
         kind, width = self._widths(ctx, steps[0], examples, per_example)
         blocks = self._blocks(ctx, examples, width, len(steps), kind)
+        keys = block_keys(store, steps, examples, blocks, kind)
+        journal = ctx.journal if keys is not None else None
+        resumed = resumable(journal, keys or [], len(steps))
         total: Any = None
         done: list[Any] = []
         for index, block in enumerate(blocks):
-            after = done[index - 2] if index >= 2 else None
-            outputs = [
-                ctx.delayed(
-                    block_outputs,
-                    step,
-                    split=self.split,
-                    examples=examples[block],
-                    objective=self.objective,
-                    kind=kind,
-                    batch_size=self.batch_size,
-                    width=int(width[block].sum()),
-                    after=after,
-                )
-                for step in steps
-            ]
-            total = ctx.delayed(block_gram, total, *outputs)
+            key = None if keys is None else keys[index]
+            if index in resumed:
+                gram = ctx.delayed(journaled_gram, journal=journal, key=key)
+            else:
+                after = done[index - 2] if index >= 2 else None  # at most two blocks' outputs held at once
+                outputs = [
+                    ctx.delayed(
+                        block_outputs,
+                        step,
+                        split=self.split,
+                        examples=examples[block],
+                        objective=self.objective,
+                        kind=kind,
+                        batch_size=self.batch_size,
+                        width=int(width[block].sum()),
+                        after=after,
+                    )
+                    for step in steps
+                ]
+                gram = ctx.delayed(block_gram, *outputs, journal=journal, key=key)
+            total = ctx.delayed(summed, total, gram)
             done.append(total)
         task = ctx.delayed(
             decompose, total, components=self.components, smoothing=self.smoothing, turn_angle=self.turn_angle
@@ -533,20 +450,25 @@ ckpt_register_analyzers = analyzer_hook(EssentialDynamics)
 
 
 __all__ = [
+    "EXTREMUM_PROMINENCE",
     "LOGITS_WIDTH",
     "MIN_SPEED",
     "OUTPUTS",
     "EssentialDynamics",
     "block_gram",
+    "block_keys",
     "block_outputs",
     "ckpt_register_analyzers",
     "decompose",
     "extrema",
+    "journaled_gram",
     "llc_boundaries",
     "outputs_of",
     "pca_from_gram",
+    "resumable",
     "smoothed",
     "stages",
+    "summed",
     "turning_angles",
     "turning_points",
     "window_of",

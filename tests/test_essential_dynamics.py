@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from ckpt.analyzers import essential_dynamics as ed
 from ckpt.engine.runner import run
 from ckpt.errors import AnalysisError
 from ckpt.plugins.examples import EXAMPLE_FACTORY, mlp, write_example_run
-from tests.helpers import assert_refused
+from tests.helpers import assert_refused, tree_digest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -121,6 +122,7 @@ def test_a_turn_of_the_path_is_the_turning_point_and_opens_a_stage(tmp_path: Pat
     # two directions: two components hold the variance, a third none
     ratio = result["explained_variance_ratio"].values
     assert ratio[:2].sum() == pytest.approx(1.0) and ratio[2] < 1e-9
+    assert not result["extremum"].values[:, 2].any()  # rounding error has no extrema
     figures = ed.EssentialDynamics().plot(result, ckptstore.open(path))
     assert sorted(figures) == ["components", "path", "variance"]
 
@@ -171,6 +173,33 @@ def test_reuse_and_staleness_as_a_per_run_analyzer(tmp_path: Path) -> None:
     assert again.dataset is not None and again.dataset.sizes["step"] == 5
 
 
+def test_an_interrupted_run_resumes_from_its_committed_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks whose Gram was committed before a failure are taken by the rerun; the result is the same."""
+    path = write_example_run(tmp_path / "run.zarr", steps=4, examples=20)
+    options = {"outputs": "logits", "max_memory": 1280, "scheduler": "sync"}  # 20 examples: 4 blocks of 5
+    calls: list[int] = []
+    compute = ed.block_outputs
+
+    def counting(worker: Any, step: int, **kwargs: Any) -> np.ndarray:
+        if fail and int(kwargs["examples"][0]) >= 10:
+            raise AnalysisError("interrupted")
+        calls.append(step)
+        return compute(worker, step, **kwargs)
+
+    monkeypatch.setattr(ed, "block_outputs", counting)
+    fail = True
+    with pytest.raises(AnalysisError, match="interrupted"):
+        run(NAME, path, **options)
+    committed = ckptstore.open(path).analysis(f"{NAME}.partial").sizes["block"]
+    assert committed >= 1
+    fail, calls[:] = False, []
+    resumed = run(NAME, path, **options).dataset.load()
+    assert len(calls) == 4 * (4 - committed), "the committed blocks' outputs are not computed again"
+    assert f"{NAME}.partial" not in ckptstore.open(path).analyses, "the journal goes with the whole result"
+    fresh = run(NAME, path, force=True, **options).dataset.load()
+    np.testing.assert_allclose(resumed["projection"].values, fresh["projection"].values, rtol=1e-12)
+
+
 def test_a_diverged_checkpoint_is_named(tmp_path: Path) -> None:
     """NaN weights at one checkpoint: an error naming its step, no result with NaN components."""
     path = write_example_run(tmp_path / "run.zarr", steps=4, examples=6)
@@ -184,10 +213,15 @@ def test_a_diverged_checkpoint_is_named(tmp_path: Path) -> None:
 
 
 def test_bad_input_is_one_error_line(tmp_path: Path) -> None:
-    """Too few checkpoints, too many components, a missing split, a budget too small: one line each."""
+    """Too few checkpoints, too many components, a missing split, a budget too small: one line each, store kept."""
     two = write_example_run(tmp_path / "two.zarr", steps=2, examples=6)
     assert_refused(two, NAME, [], "needs at least 3")
     five = write_example_run(tmp_path / "five.zarr", steps=5, examples=6)
-    assert_refused(five, NAME, ["--components", "5"], "choose --components 4 or fewer")
-    assert_refused(five, NAME, ["--split", "train"], "no data split 'train'")
     assert_refused(five, NAME, ["--max-memory", "100", "--outputs", "logits"], "or use --outputs loss")
+    before = tree_digest(five)
+    refusals = [({"components": 5}, "choose --components 4 or fewer"), ({"split": "train"}, "no data split 'train'")]
+    for options, expected in refusals:
+        with pytest.raises(AnalysisError, match=expected) as refused:
+            run(NAME, five, **options)
+        assert "\n" not in str(refused.value)
+    assert tree_digest(five) == before

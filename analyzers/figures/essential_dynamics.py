@@ -181,7 +181,7 @@ def components_figure(
     _boundaries(axes, steps, turning)
     axes.set_ylim(0, 180)
     axes.set_ylabel("turning angle (degrees)")
-    axes.set_title("turning angle of the smoothed path (gaps: path at rest)", fontsize=10)
+    axes.set_title("turning angle (gaps: path at rest)", fontsize=10)
     axes.legend(fontsize=7, frameon=False)
     step_axis(axes, steps)
     axes.grid(alpha=0.3)
