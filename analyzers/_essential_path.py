@@ -140,15 +140,16 @@ def extrema(path: np.ndarray, prominence: float = EXTREMUM_PROMINENCE) -> np.nda
 
 
 def llc_boundaries(
-    steps: np.ndarray, llc: np.ndarray, sigma: float = 1.0, tolerance: float = 0.05
+    steps: np.ndarray, llc: np.ndarray, sigma: float = 1.0, tolerance: float = 0.05, min_change: float = 0.2
 ) -> tuple[np.ndarray, np.ndarray]:
     """Plateaus of a local learning coefficient curve λ̂(t), and the stage boundaries they mark.
 
-    The paper's stages lie between critical points of λ̂(t): where dλ̂/dt ≈ 0 between growth (or
-    shrinking) phases. λ̂ is smoothed by a Gaussian of ``sigma`` checkpoints; its slope per
-    checkpoint (``numpy.gradient``) is a plateau where its magnitude is below ``tolerance`` times
-    the largest. Each run of plateau checkpoints between two non-plateau ones is one boundary,
-    at its middle checkpoint.
+    The paper's stages lie between critical points of λ̂(t): where dλ̂/dt ≈ 0 after a growth (or
+    shrinking) phase. λ̂ is smoothed by a Gaussian of ``sigma`` checkpoints; a checkpoint is on a
+    plateau where the magnitude of its slope per checkpoint (``numpy.gradient``) is below
+    ``tolerance`` times the largest. A stretch between plateaus whose smoothed λ̂ changes by less
+    than ``min_change`` times λ̂'s whole range is estimator noise, not a phase: it joins the
+    plateau. Each plateau that follows a phase is one boundary, at its first checkpoint.
 
     Returns
     -------
@@ -163,15 +164,24 @@ def llc_boundaries(
     boundary = np.zeros(count, dtype=bool)
     if count < 3 or not np.isfinite(values).all() or len(steps) != count:
         return plateau, boundary
-    slope = np.abs(np.gradient(smoothed(values[:, None], sigma)[:, 0]))
-    if slope.max() <= 0:
+    curve = smoothed(values[:, None], sigma)[:, 0]
+    slope = np.abs(np.gradient(curve))
+    span = float(np.ptp(curve))
+    if slope.max() <= 0 or span <= 0:
         return plateau, boundary
     plateau = slope < tolerance * slope.max()
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], plateau.astype(np.int8), [0]])))
-    for start, stop in zip(edges[::2], edges[1::2], strict=True):  # plateau rows start .. stop-1
-        if start > 0 and stop < count:  # between growth phases, not the run's first or last rows
-            boundary[(start + stop - 1) // 2] = True
+    for start, stop in _runs(~plateau):  # a phase that hardly moves λ̂ is noise on the plateau
+        if np.ptp(curve[max(0, start - 1) : stop + 1]) < min_change * span:
+            plateau[start:stop] = True
+    for start, _ in _runs(plateau):
+        boundary[start] = start > 0
     return plateau, boundary
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(start, stop) of each run of True in ``mask``."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
 __all__ = [

@@ -143,12 +143,13 @@ def test_turning_points_stages_and_extrema_of_plain_paths() -> None:
     assert np.isnan(ed.turning_angles(at_rest, 1)).all()
 
 
-def test_llc_plateaus_between_growth_phases_are_boundaries() -> None:
-    """λ̂ rising, flat, rising again: one boundary, in the middle of the flat part."""
-    llc = np.concatenate([np.linspace(0, 10, 10), np.full(11, 10.0), np.linspace(10, 20, 10)[1:]])
-    plateau, boundary = ed.llc_boundaries(np.arange(len(llc)), llc, sigma=0.0)
-    assert plateau[10:20].all() and not plateau[:8].any()
-    assert np.flatnonzero(boundary).tolist() == [14]
+def test_llc_plateaus_after_growth_phases_are_boundaries() -> None:
+    """λ̂ rising, flat, rising again, flat with noise: a boundary where each plateau begins."""
+    wiggle = 0.2 * np.sin(np.arange(10.0) * 2.5)
+    llc = np.concatenate([np.linspace(0, 10, 10), np.full(10, 10.0), np.linspace(10, 20, 10), 20 + wiggle])
+    plateau, boundary = ed.llc_boundaries(np.arange(len(llc)), llc, sigma=1.0)
+    assert plateau[11:19].all() and plateau[32:].all() and not plateau[:9].any() and not plateau[21:29].any()
+    assert np.flatnonzero(boundary).tolist() == [11, 31]  # the corners at 10 and 30, smoothed by one checkpoint
 
 
 def test_pca_from_gram_refuses_a_path_at_rest() -> None:

@@ -146,9 +146,10 @@ def _mark_turns(axes: Axes, x: np.ndarray, y: np.ndarray, steps: np.ndarray, tur
         )
 
 
-def _boundaries(axes: Axes, steps: np.ndarray, turning: np.ndarray) -> None:
-    for step in steps[turning]:
-        axes.axvline(step, color=TURN_COLOR, linestyle="--", linewidth=1, alpha=0.8)
+def _boundaries(axes: Axes, steps: np.ndarray, turning: np.ndarray, label: str | None = None) -> None:
+    """Dashed vertical lines at the turning points; the first one named ``label`` in a legend."""
+    for index, step in enumerate(steps[turning]):
+        axes.axvline(step, color=TURN_COLOR, linestyle="--", linewidth=1, alpha=0.8, label=None if index else label)
 
 
 def components_figure(
@@ -190,10 +191,11 @@ def components_figure(
         axes = figure.axes[count + 1]
         axes.plot(llc_steps, values, color=LLC_COLOR, linewidth=1.8, marker=".", markersize=4)
         plateau, boundary = llc_boundaries(llc_steps, values)
-        for step in llc_steps[boundary]:
-            axes.axvline(step, color=LLC_COLOR, linestyle="--", linewidth=1)
+        for index, step in enumerate(llc_steps[boundary]):
+            label = "LLC boundary" if index == 0 else None
+            axes.axvline(step, color=LLC_COLOR, linestyle="--", linewidth=1.2, label=label)
         axes.scatter(llc_steps[plateau], values[plateau], s=10, color="0.4", zorder=3, label="plateau")
-        _boundaries(axes, steps, turning)
+        _boundaries(axes, steps, turning, "turning point")
         axes.set_ylabel("LLC λ̂")
         axes.set_title("LLC (stored llc result) and its plateaus", fontsize=10)
         axes.legend(fontsize=7, frameon=False)
