@@ -75,6 +75,10 @@ LOGITS_WIDTH = 1024
 """``--outputs auto`` takes the logits when each datapoint has at most this many (class outputs, small
 vocabularies), else the per-datapoint losses: a 50k vocabulary makes T x datapoints x 50k numbers."""
 
+SMOOTHING_SPAN = 1 / 40
+"""Default σ as a share of the checkpoints: training noise late in a run of many checkpoints made
+a turning point of nearly every wiggle at σ = 1 (docs/essential-dynamics.md, "Choosing smoothing")."""
+
 ROUNDING_RATIO = 1e-8
 """A component explaining less than this fraction of the variance holds rounding error: no extrema marked."""
 
@@ -265,7 +269,12 @@ class EssentialDynamics(Analyzer):
     )
     samples = Option(int, 512, "Examples of the split in the probe set (a seeded subsample).", minimum=1)
     components = Option(int, 3, "Principal components kept.", minimum=1)
-    smoothing = Option(float, 1.0, "Gaussian smoothing of the path, σ in checkpoints (0: none).", minimum=0)
+    smoothing = Option(
+        float,
+        None,
+        "Gaussian smoothing of the path, σ in checkpoints (0: none; default: checkpoints/40, at least 1).",
+        minimum=0,
+    )
     turn_angle = Option(float, 45.0, "Least turning angle (degrees) of a turning point.", minimum=0, maximum=180)
     seed = Option(int, 0, "Seed of the probe subsample.", minimum=0)
     batch_size = Option(int, 256, "Examples per forward pass (bounds memory).", minimum=1)
@@ -340,7 +349,7 @@ class EssentialDynamics(Analyzer):
             total = ctx.delayed(summed, total, gram)
             done.append(total)
         task = ctx.delayed(
-            decompose, total, components=self.components, smoothing=self.smoothing, turn_angle=self.turn_angle
+            decompose, total, components=self.components, smoothing=self.sigma(len(steps)), turn_angle=self.turn_angle
         )
         count, k = len(steps), self.components
         shapes = {
@@ -402,15 +411,22 @@ class EssentialDynamics(Analyzer):
         blocks.append(slice(start, len(width)))
         return blocks
 
+    def sigma(self, checkpoints: int) -> float:
+        """σ of the smoothing: ``--smoothing``, else :data:`SMOOTHING_SPAN` of the checkpoints, at least 1."""
+        if self.smoothing is not None:
+            return float(self.smoothing)
+        return max(1.0, checkpoints * SMOOTHING_SPAN)
+
     def _describe(self, result: xr.Dataset, kind: str, examples: int, features: int, datapoints: int) -> None:
         """Variable attributes, and what the path was computed from."""
+        sigma = self.sigma(result.sizes["step"])
         probe = f"the {kind} of {examples} examples ({datapoints} datapoints) of split {self.split!r}"
         result["projection"].attrs.update(
             long_name="principal-component score", description=f"checkpoint outputs ({probe}), centred, on each PC"
         )
         result["smoothed"].attrs.update(
             long_name="smoothed score",
-            description=f"projection smoothed by a Gaussian of σ={self.smoothing} checkpoints",
+            description=f"projection smoothed by a Gaussian of σ={sigma:g} checkpoints",
         )
         result["explained_variance_ratio"].attrs["description"] = "eigenvalue over the total variance"
         result["explained_variance"].attrs["description"] = "eigenvalue / (checkpoints - 1)"
@@ -427,7 +443,7 @@ class EssentialDynamics(Analyzer):
         result["projection"].attrs.update(
             outputs=kind, features=features, probe_examples=examples, probe_datapoints=datapoints, split=self.split
         )
-        result["smoothed"].attrs.update(smoothing_sigma=float(self.smoothing), turning_window=window_of(self.smoothing))
+        result["smoothed"].attrs.update(smoothing_sigma=sigma, turning_window=window_of(sigma))
 
     def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
         """``path`` (PC pairs coloured by step), ``components`` (PCs over steps), ``variance`` (ratios)."""

@@ -42,10 +42,10 @@ def figures(result: xr.Dataset, store: Any) -> dict[str, Figure]:
     }
     probe = result["projection"].attrs
     what = f"{probe.get('outputs', 'outputs')} of {probe.get('probe_examples', '?')} examples"
-    sigma = float(result["smoothed"].attrs.get("smoothing_sigma", result.ckpt.option("smoothing", 1.0)))
+    sigma = float(result["smoothed"].attrs.get("smoothing_sigma", np.nan))
     threshold = float(result.ckpt.option("turn_angle", 45.0))
     return {
-        "path": path_figure(data, f"essential dynamics: {what}, σ = {sigma:g} checkpoints"),
+        "path": path_figure(data, f"essential dynamics: {what}, σ = {sigma:.3g} checkpoints"),
         "components": components_figure(data, threshold, llc_curve(store)),
         "variance": variance_figure(data["ratio"], what),
     }
