@@ -26,6 +26,7 @@ noise and its own minibatch order. Nothing here knows about stores: the analyzer
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -123,6 +124,11 @@ class ChainLoss:
     counts: Any
     precision: Any
 
+    @functools.cached_property
+    def one_per_example(self) -> bool:
+        """Whether every example is one datapoint (then a chain's mean needs no segment sums)."""
+        return bool((self.counts == 1).all())
+
     def batch(self, rows: Any) -> tuple[Any, Any, Any]:
         """Inputs, targets and mask of ``rows`` (an index tensor of any shape)."""
         inputs = self.data["inputs"][rows]
@@ -149,6 +155,8 @@ class ChainLoss:
         # chains × m examples, whose datapoints come chain after chain (row-major order).
         flat = tree_map(lambda t: t.flatten(0, 1) if isinstance(t, torch.Tensor) else t, outputs)
         per_datapoint = self.losses(flat, targets.flatten(0, 1), None if mask is None else mask.flatten(0, 1))
+        if per_datapoint.numel() == rows.numel() and self.one_per_example:
+            return per_datapoint.view(rows.shape).mean(1)
         counts = self.counts[rows].sum(1)
         chain = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
         sums = torch.zeros(len(counts), dtype=per_datapoint.dtype, device=per_datapoint.device)
