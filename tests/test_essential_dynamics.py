@@ -55,17 +55,6 @@ def test_pca_equals_numpy_svd_of_the_explicit_outputs(tmp_path: Path) -> None:
         assert result["projection"].attrs["features"] == 80
 
 
-def test_loss_outputs_are_the_per_datapoint_losses(tmp_path: Path) -> None:
-    """--outputs loss decomposes the ``loss`` analyzer's per-datapoint losses."""
-    path = write_example_run(tmp_path / "run.zarr", steps=5, examples=16)
-    result = run(NAME, path, outputs="loss", components=2).dataset
-    losses = run("loss", path).dataset["loss"].values
-    centred = losses - losses.mean(axis=0)
-    s = np.linalg.svd(centred, compute_uv=False)
-    np.testing.assert_allclose(result["explained_variance_ratio"].values, s[:2] ** 2 / np.sum(s**2), rtol=1e-6)
-    assert result["projection"].attrs["outputs"] == "loss" and result["projection"].attrs["features"] == 16
-
-
 def test_token_logits_are_those_of_the_datapoints(tmp_path: Path) -> None:
     """A token objective: each checkpoint's vector is the logits at the masked-in positions only."""
     from tests.models import tiny_lm
@@ -89,6 +78,29 @@ def test_token_logits_are_those_of_the_datapoints(tmp_path: Path) -> None:
     result = run(NAME, path, components=2, batch_size=2).dataset
     assert result["projection"].attrs["features"] == 15 * 7 and result["projection"].attrs["outputs"] == "logits"
     np.testing.assert_allclose(result["explained_variance_ratio"].values, s[:2] ** 2 / np.sum(s**2), rtol=1e-5)
+
+
+def test_auto_takes_the_losses_of_a_large_vocabulary(tmp_path: Path) -> None:
+    """Above 1,024 logits per datapoint, ``auto`` decomposes the per-token losses (the loss analyzer's)."""
+    from tests.models import tiny_lm
+
+    config = {"vocab": 2048, "d": 4}
+    path = tmp_path / "lm.zarr"
+    torch.manual_seed(0)
+    model = tiny_lm(**config)
+    ids = np.random.default_rng(0).integers(0, 2048, (4, 8))
+    with ckptstore.create(path, model="tests.models:tiny_lm", config=config, objective="causal-lm") as writer:
+        writer.add_data("eval", inputs=ids)
+        for step in range(4):
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.add_(torch.randn_like(parameter) * 0.1)
+            writer.write(step, model)
+    result = run(NAME, path, components=2).dataset
+    assert result["projection"].attrs["outputs"] == "loss" and result["projection"].attrs["features"] == 28
+    losses = run("loss", path).dataset["loss"].values
+    s = np.linalg.svd(losses - losses.mean(axis=0), compute_uv=False)
+    np.testing.assert_allclose(result["explained_variance_ratio"].values, s[:2] ** 2 / np.sum(s**2), rtol=1e-6)
 
 
 def write_turning_run(path: Path, steps: list[int], corner: int) -> Path:
