@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ckpt.analyzers._hessian_plan import GRAPH_PEAK, REBUILT_PEAK, SearchPlan, _partly_kept
+from ckpt.analyzers._hessian_plan import GRAPH_PEAK, REBUILT_PEAK, SearchPlan
 from ckpt.analyzers._hessian_search import graph_growth, hessian_operator
 from ckpt.analyzers.basis import sample_examples
 from ckpt.analyzers.curvature import Curvature, module_blocks
@@ -76,8 +76,9 @@ def plan_spectrum(
     """Fit one checkpoint's products and ``vectors`` kept vectors of D into ``budget`` bytes.
 
     In order of speed: every example's graph kept with the vectors in memory; kept graphs with the
-    vectors spilled (CPU); as many examples' graphs kept as fit with the vectors spilled and the rest
-    rebuilt per product; graphs rebuilt per product in blocks, the vectors in memory, then spilled.
+    vectors spilled (CPU); graphs rebuilt per product in blocks, the vectors in memory, then spilled.
+    (``hessian-basis`` also keeps some graphs and rebuilds the rest; here the vectors are fewer and
+    the whole search is one checkpoint's, so that middle step is left out.)
     The costs are those ``hessian-basis`` measured (:data:`GRAPH_PEAK`, :data:`REBUILT_PEAK`,
     :func:`lanczos_bytes`); ``extra`` bytes are held beside them (``--block-density``'s buffers).
 
@@ -98,11 +99,6 @@ def plan_spectrum(
         return SearchPlan(True, batch_size, vectors, int(fixed + kept + in_memory))
     if can_spill and fixed + kept + spilled <= budget:
         return SearchPlan(True, batch_size, vectors, int(fixed + kept + spilled), spill=True)
-    if can_spill:
-        partly = _partly_kept(budget - fixed - spilled, examples, batch_size, graph)
-        if partly is not None:
-            kept_examples, block, peak = partly
-            return SearchPlan(False, block, vectors, fixed + spilled + peak, spill=True, kept_examples=kept_examples)
     for spill, search in ((False, in_memory), (True, spilled)) if can_spill else ((False, in_memory),):
         left = budget - fixed - search
         if REBUILT_PEAK * (constant + per_example) <= left:
@@ -263,7 +259,7 @@ class Spectrum(Analyzer):
     objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
     method = Option(str, "hutch++", "Trace estimator.", choices=METHODS)
     probes = Option(int, 30, "Hessian-vector products of the trace estimate.", minimum=2)
-    slq_runs = Option(int, 4, "Lanczos runs (random starts) of the spectral density.", minimum=1)
+    slq_runs = Option(int, 4, "Lanczos runs (random starts) of the spectral density (0: the traces alone).", minimum=0)
     slq_steps = Option(int, 32, "Lanczos steps per run: the quadrature nodes.", minimum=2)
     block_density = Option(bool, False, "Also each module block's density (slq-runs x slq-steps products a block).")
     seed = Option(int, 0, "Seed of the data subsample and the probes (plus the step).", minimum=0)
@@ -383,8 +379,9 @@ class Spectrum(Analyzer):
             cells = "".join(f"  {result['block_trace'].values[j, i]:>22.5g}" for j in ends)
             rows.append(f"  {module:<{width}}{cells}")
         values = result["ritz_values"].values
-        for label, pick in (("λ_max (Ritz)", np.nanmax), ("λ_min (Ritz)", np.nanmin)):
-            rows.append(f"  {label:<{width}}" + "".join(f"  {pick(values[j]):>22.5g}" for j in ends))
+        if np.isfinite(values).any():  # none with --slq-runs 0
+            for label, pick in (("λ_max (Ritz)", np.nanmax), ("λ_min (Ritz)", np.nanmin)):
+                rows.append(f"  {label:<{width}}" + "".join(f"  {pick(values[j]):>22.5g}" for j in ends))
         rows.append(f"  method {result['trace'].attrs.get('method', '?')}")
         return "\n".join(rows)
 

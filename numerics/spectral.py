@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ckpt.errors import AnalysisError
-from ckpt.numerics.lanczos import _divide, _orthogonalize, _subtract
+from ckpt.numerics.lanczos_sizes import accelerator_block_width
 from ckpt.numerics.vector_rows import MemoryRows, SpilledRows
 
 METHODS = ("hutchinson", "hutch++")
@@ -118,6 +118,53 @@ def _finite(vector: Any, what: str) -> None:
     if not bool(torch.isfinite(vector).all()):
         msg = f"a Hessian-vector product is not finite ({what}); try --dtype float64 or check the checkpoint"
         raise AnalysisError(msg)
+
+
+def _columns(dimension: int, count: int) -> list[slice]:
+    """Column blocks of ``count`` rows whose float64 copy stays bounded whatever D is."""
+    width = accelerator_block_width(count, dimension)
+    return [slice(start, min(start + width, dimension)) for start in range(0, dimension, width)]
+
+
+def _dots(rows: Any, count: int, x: Any) -> Any:
+    """``rows[:count] @ x`` in float64, block of columns by block."""
+    import torch
+
+    out = torch.zeros(count, dtype=torch.float64, device=x.device)
+    for columns in _columns(x.shape[0], count) if count else ():
+        out += rows.block(count, columns).double() @ x[columns].double()
+    return out
+
+
+def _norm(x: Any) -> float:
+    import torch
+
+    square = torch.zeros((), dtype=torch.float64, device=x.device)
+    for columns in _columns(x.shape[0], 1):
+        part = x[columns].double()
+        square += part @ part
+    return float(square) ** 0.5
+
+
+def _subtract(x: Any, rows: Any, count: int, coefficients: Any) -> None:
+    """``x -= rows[:count]ᵀ coefficients`` in float64, block of columns by block, in place."""
+    for columns in _columns(x.shape[0], count) if count else ():
+        x[columns] = x[columns].double() - rows.block(count, columns).double().T @ coefficients
+
+
+def _orthogonalize(x: Any, rows: Any, count: int, source: Any) -> tuple[Any, float]:
+    """``x = source`` less its components along ``rows[:count]`` (unit rows), by classical Gram-Schmidt twice.
+
+    Twice is enough (Parlett): orthogonal to working precision. Returns the first pass's coefficients and
+    ||x|| after. Why not :mod:`ckpt.numerics.lanczos`' selective passes: its helpers are private to it, and
+    with the few tens of vectors here the second pass costs little beside a product.
+    """
+    rows.wait()  # a spilled row may still be being written from x
+    x.copy_(source)
+    first = _dots(rows, count, x)
+    _subtract(x, rows, count, first)
+    _subtract(x, rows, count, _dots(rows, count, x))
+    return first, _norm(x)
 
 
 def hutchinson(
@@ -216,10 +263,10 @@ def hutchpp(
         for index in range(k):
             y = hvp(rademacher(dimension, generator, dtype, device))
             _finite(y, f"sketch product {index + 1} of {k}")
-            before = float(torch.linalg.vector_norm(y, dtype=torch.float64))
-            _, norm = _orthogonalize(x, [(q, rank)], always_twice=True, source=y)
+            before = _norm(y)
+            _, norm = _orthogonalize(x, q, rank, y)
             if norm > 100 * eps * before and norm > 0:  # else H s lies in span(Q) already: nothing new
-                q.write(rank, _divide(x, norm))
+                q.write(rank, x.div_(norm))
                 rank += 1
         exact = np.zeros(len(parts))
         qj = torch.empty(dimension, dtype=dtype, device=device)
@@ -228,7 +275,8 @@ def hutchpp(
             y = hvp(qj)
             _finite(y, f"product {j + 1} of the sketch's {rank}")
             # x = 2 H q_j - Q Qᵀ H q_j; its dots with q_j over a segment are tr_m(QQᵀH) + tr_m((I-QQᵀ)HQQᵀ)'s part
-            _subtract(x, [(q, rank)], _dots_with(q, rank, y), source=y)
+            x.copy_(y)
+            _subtract(x, q, rank, _dots(q, rank, y))
             x.add_(y)
             exact += _segment_dots(qj, x, parts)
         products = k + rank
@@ -236,20 +284,14 @@ def hutchpp(
         samples = np.empty((residual, len(parts)))
         for index in range(residual):
             g = rademacher(dimension, generator, dtype, device)
-            _orthogonalize(x, [(q, rank)], always_twice=True, source=g)
+            _orthogonalize(x, q, rank, g)
             y = hvp(x)
             _finite(y, f"probe {index + 1} of {residual}")
-            _orthogonalize(x, [(q, rank)], always_twice=True, source=y)
+            _orthogonalize(x, q, rank, y)
             samples[index] = _segment_dots(g, x, parts)
         return TraceEstimate("hutch++", exact, samples, products + residual, rank)
     finally:
         q.close()
-
-
-def _dots_with(rows: Any, count: int, x: Any) -> Any:
-    from ckpt.numerics.lanczos import _dots
-
-    return _dots([(rows, count)], x)
 
 
 def slq(
@@ -292,6 +334,8 @@ def slq(
     values = np.full((runs, steps), np.nan)
     weights = np.zeros((runs, steps))
     products = 0
+    if runs == 0:
+        return Quadrature(values, weights, products)
     rows = _rows(steps, dimension, dtype, device, spill)
     v = torch.empty(dimension, dtype=dtype, device=device)
     try:
@@ -304,7 +348,7 @@ def slq(
                 w = hvp(v)
                 products += 1
                 _finite(w, f"Lanczos step {j + 1} of run {run + 1}")
-                coefficients, beta[j] = _orthogonalize(v, [(rows, j + 1)], always_twice=True, source=w)
+                coefficients, beta[j] = _orthogonalize(v, rows, j + 1, w)
                 alpha[j] = float(coefficients[j])
                 scale = max(float(np.abs(alpha[: j + 1]).max()), float(beta[:j].max(initial=0.0)))
                 if j == steps - 1:
@@ -312,8 +356,7 @@ def slq(
                 if beta[j] <= 100 * eps * scale:  # an invariant Krylov space: T's nodes are exact
                     nodes = j + 1
                     break
-                _divide(v, beta[j])
-                rows.write(j + 1, v)
+                rows.write(j + 1, v.div_(beta[j]))
             theta, u = eigh_tridiagonal(alpha[:nodes], beta[: nodes - 1])
             values[run, :nodes] = theta
             weights[run, :nodes] = u[0] ** 2 / runs

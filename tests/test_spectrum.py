@@ -114,6 +114,17 @@ def test_slq_with_as_many_steps_as_dimensions_gives_the_eigenvalues_and_stops_at
     np.testing.assert_allclose(nodes.weights[0, :3], [1 / 3, 1 / 3, 1 / 3], rtol=1e-10)  # ±1 start: equal mass
 
 
+def test_vectors_spilled_to_a_file_give_the_same_numbers() -> None:
+    matrix = symmetric(40)
+    for spill in (False, True):
+        sketched = hutchpp(lambda v: matrix @ v, 40, 30, segments=SEGMENTS, dtype=torch.float64, spill=spill)
+        nodes = slq(lambda v: matrix @ v, 40, 2, 8, dtype=torch.float64, spill=spill)
+        if not spill:
+            expected = (sketched.exact, sketched.samples, nodes.values, nodes.weights)
+    for got, want in zip((sketched.exact, sketched.samples, nodes.values, nodes.weights), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_a_non_finite_product_is_a_named_error() -> None:
     def broken(v: torch.Tensor) -> torch.Tensor:
         return torch.full_like(v, float("nan"))
