@@ -203,6 +203,11 @@ def journaled_gram(worker: Worker, *, journal: Journal, key: Any) -> np.ndarray:
     return np.asarray(saved["gram"].isel(block=found[0]).values, dtype=np.float64)
 
 
+def reached(worker: Worker, total: np.ndarray) -> bool:
+    """True once ``total`` is computed: what a later block's output tasks wait for (a task)."""
+    return True
+
+
 def summed(worker: Worker, previous: np.ndarray | None, gram: np.ndarray) -> np.ndarray:
     """The Gram matrices of the blocks so far (a task: the sum is built one block at a time)."""
     return gram if previous is None else previous + gram
@@ -330,7 +335,8 @@ class EssentialDynamics(Analyzer):
             if index in resumed:
                 gram = ctx.delayed(journaled_gram, journal=journal, key=key)
             else:
-                after = done[index - 2] if index >= 2 else None  # at most two blocks' outputs held at once
+                # at most two blocks' outputs held at once; the marker, not the sum, is sent to each task
+                after = ctx.delayed(reached, done[index - 2]) if index >= 2 else None
                 outputs = [
                     ctx.delayed(
                         block_outputs,
@@ -481,6 +487,7 @@ __all__ = [
     "llc_boundaries",
     "outputs_of",
     "pca_from_gram",
+    "reached",
     "resumable",
     "smoothed",
     "stages",
