@@ -16,6 +16,7 @@ that an escape missed one day still cannot run script or fetch anything.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import html
 import json
@@ -35,7 +36,7 @@ h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; }
 table { border-collapse: collapse; margin: 0.5em 0; } td, th { padding: 2px 10px; text-align: left; }
 tr:nth-child(even) { background: #f5f5f5; } pre { background: #f7f7f7; padding: 0.6em; overflow-x: auto; }
 img { max-width: 100%; display: block; margin: 0.5em 0; } .stale { color: #b00; font-weight: bold; }
-.error { color: #b00; } #slider { width: 60%; } figure { margin: 0; }
+.error { color: #b00; } #slider { width: 60%; } figure { margin: 0; } .missing { color: #b60; font-weight: bold; }
 """
 SLIDER_SCRIPT = """
 const frames = JSON.parse(document.getElementById('frames').textContent);
@@ -256,13 +257,33 @@ class AnalysisParts:
     """What could not be drawn, and why (also printed by ``ckpt report``)."""
 
 
+def is_stale(store: Any, result: Any, registry: Any, current_data: tuple[str, str]) -> bool:
+    """Whether ``result`` was computed on other data or another model than the store holds now.
+
+    ``current_data`` is the store's (data hash, model hash) now. The data compared are the splits
+    its analyzer reads (``data_splits``, as ``ckpt analyze`` decides reuse): a result of one split
+    stays current when another split is added; every split when its analyzer is not installed.
+    """
+    from ckpt.engine.pipeline import data_hash, stored_identity
+    from ckpt.errors import CkptError
+
+    record = result.ckpt
+    identity = stored_identity(record.provenance, store, current_data[1])
+    data = current_data[0]
+    cls = registry.analyzers.get(record.analyzer or "")
+    if cls is not None:
+        # options the installed analyzer refuses are named in its section; the data are compared whole here
+        with contextlib.suppress(CkptError):
+            data = data_hash(store, cls(**record.options).data_splits(store))
+    return identity["data_sha256"] not in (None, data) or identity["model_sha256"] != current_data[1]
+
+
 def analysis_parts(store: Any, name: str, result: Any, registry: Any, current_data: tuple[str, str]) -> AnalysisParts:
     """The table, summary and figures of one stored result, and the problems met drawing them.
 
     ``current_data`` is the store's (data hash, model hash) now: a result computed on other data
     or another model is marked stale.
     """
-    from ckpt.engine.pipeline import stored_identity
     from ckpt.errors import CkptError
     from ckpt.plugins import Analyzer
 
@@ -270,8 +291,7 @@ def analysis_parts(store: Any, name: str, result: Any, registry: Any, current_da
     record = result.ckpt
     analyzer_name = record.analyzer or name
     steps = record.steps
-    identity = stored_identity(record.provenance, store, current_data[1])
-    stale = identity["data_sha256"] not in (None, current_data[0]) or identity["model_sha256"] != current_data[1]
+    stale = is_stale(store, result, registry, current_data)
     rows: list[tuple[str, Any]] = [
         ("analyzer", f"{analyzer_name} v{record.version or '?'}"),
         ("options", json.dumps(record.options)),
@@ -353,6 +373,47 @@ def _side_by_side(store: Any, readable: dict[str, Any], registry: Any) -> tuple[
     return ("<h2>Side by side</h2>" + "".join(parts) if parts else ""), problems
 
 
+def _development(
+    store: Any, where: str, readable: dict[str, Any], registry: Any, current: tuple[str, str]
+) -> tuple[str, list[str]]:
+    """The development page (docs/development.md): its figure, what each panel is drawn from or how to make it."""
+    import shlex
+
+    from ckpt.analyzers.figures.development import WHAT, figure, gather
+
+    found = gather(store, readable, lambda result: is_stale(store, result, registry, current))
+    items = []
+    for source in found.sources:
+        command = f"<code>ckpt analyze {_text(source.analyzer)} {_text(shlex.quote(where))}</code>"
+        item = f"{_text(WHAT[source.analyzer])}: "
+        if source.result is not None:
+            item += f"result <code>{_text(source.result)}</code>, {source.steps} checkpoints"
+            if source.stale:
+                item += f' <span class="stale">stale: the store\'s data or model changed since; rerun {command}</span>'
+        elif source.metrics:
+            names = ", ".join(f"<code>{_text(metric)}</code>" for metric in source.metrics)
+            item += f"training metrics {names} (no <code>loss</code> result: {command} computes the exact loss)"
+        else:
+            item += f'<span class="missing">missing</span>: {command} computes it'
+        if source.analyzer == "essential-dynamics" and source.result is not None and not source.notes:
+            count = len(found.boundaries)
+            at = f" at steps {', '.join(str(int(s)) for s in found.boundaries[:12])}" if count else ""
+            more = f" and {count - 12} more" if count > 12 else ""
+            item += f"; {count} turning point(s){at}{more}: {count + 1} stage(s)"
+        item += "".join(f' <span class="error">{_text(note)}</span>' for note in source.notes)
+        items.append(f"<li>{item}</li>")
+    drawn = figure(found)
+    body = [
+        '<h2 id="development">Development</h2>',
+        "<p>The run's loss, local learning coefficient, Hessian trace and essential-dynamics path on one step "
+        "axis; dashed red lines are the stage boundaries of the essential dynamics (docs/development.md).</p>",
+        f"<ul>{''.join(items)}</ul>",
+        _image(png_bytes(drawn), "development") if drawn is not None else "<p>Nothing to draw yet.</p>",
+    ]
+    body += [f'<p class="error">{_text(p)}</p>' for p in found.problems]
+    return "\n".join(body), found.problems
+
+
 def write_report(where: str, out: str, registry: Any, *, trajectory: bool = True) -> list[str]:
     """Write the HTML report of the store at ``where`` to ``out``; return the problems met (also in the page).
 
@@ -386,6 +447,8 @@ def write_report(where: str, out: str, registry: Any, *, trajectory: bool = True
     together, found = _side_by_side(store, readable, registry)
     problems += found
     metrics = metrics_figure(store)
+    development, found = _development(store, where, readable, registry, current)
+    problems += found
     slider, found = _slider(store)
     path, drawn = _trajectory(store, trajectory)
     problems = found + drawn + problems
@@ -398,6 +461,7 @@ def write_report(where: str, out: str, registry: Any, *, trajectory: bool = True
         f"<h1>ckpt report: {_text(Path(where).name)}</h1>",
         _table(metadata(store)),
         _image(metrics, "metrics") if metrics else "<p>No metrics were recorded during training.</p>",
+        development,
         slider,
         path,
         f"<h2>Analyses</h2><ul>{contents}</ul>" if store.analyses else "<h2>Analyses</h2><p>None stored yet.</p>",
@@ -417,6 +481,7 @@ __all__ = [
     "TRAJECTORY_ROWS",
     "AnalysisParts",
     "analysis_parts",
+    "is_stale",
     "metadata",
     "metrics_figure",
     "write_report",
