@@ -24,16 +24,16 @@ computed, keyed by the block's examples, the outputs, the steps and their checkp
 rerun of the same request after a kill takes those blocks and computes only the others' outputs.
 
 The path (:mod:`ckpt.analyzers._essential_path`): each component's scores smoothed over checkpoints
-by a Gaussian of σ = ``--smoothing`` checkpoints (scipy's ``gaussian_filter1d``, the filter
-devinterp uses). At checkpoint t the *turning angle* is the angle between the smoothed path's
-displacements p_t - p_(t-w) and p_(t+w) - p_t in the leading components (w = max(1, round(2σ))
-checkpoints); a *turning point* is a local maximum (within ±w) of the angle of at least
-``--turn-angle`` degrees where both displacements are at least :data:`MIN_SPEED` of the path's
-largest (a path at rest has no direction). ``stage`` counts the turning points up to each
-checkpoint: 0, 1, ..., a turning point opening the next stage. ``extremum`` marks where a smoothed
-component's derivative changes sign (its prominent local maxima and minima). :func:`llc_boundaries`
-finds the plateaus of a stored ``llc`` curve, the paper's other mark of stage boundaries; the
-figures draw them when the store holds one.
+by a Gaussian of σ = ``--smoothing`` checkpoints (default :data:`SMOOTHING_SPAN` of them, at least
+1; scipy's ``gaussian_filter1d``, the filter devinterp uses). At checkpoint t the *turning angle* is
+the angle between the smoothed path's displacements p_t - p_(t-w) and p_(t+w) - p_t in the leading
+components (w = max(1, round(2σ)) checkpoints); a *turning point* is a local maximum (within ±w) of
+the angle of at least ``--turn-angle`` degrees where both displacements are at least
+:data:`MIN_SPEED` of the path's largest (a path at rest has no direction). ``stage`` counts the
+turning points up to each checkpoint: 0, 1, ..., a turning point opening the next stage.
+``extremum`` marks where a smoothed component's derivative changes sign (its prominent local maxima
+and minima). :func:`llc_boundaries` finds the plateaus of a stored ``llc`` curve, the paper's other
+mark of stage boundaries; the figures draw them when the store holds one.
 """
 
 from __future__ import annotations
