@@ -92,11 +92,7 @@ def chain_seeds(seed: int, step: int, chains: int) -> tuple[list[int], list[np.r
 
 def diagnose(trace: np.ndarray, init_loss: float, llc_chain: np.ndarray) -> dict[str, np.ndarray]:
     """R-hat, ESS, diverged chains and flattening of one checkpoint's ``[chain, draw]`` trace."""
-    try:
-        from ckpt.numerics.chain_diagnostics import diverged_chains, effective_sample_size, has_flattened, split_rhat
-    except ImportError:  # until chain_diagnostics lands: non-finite chains only, R-hat and ESS unknown
-        bad = ~np.isfinite(trace).all(axis=1) | ~np.isfinite(llc_chain)
-        return {"rhat": np.float64(np.nan), "ess": np.float64(np.nan), "diverged": bad, "flat": np.bool_(False)}
+    from ckpt.numerics.chain_diagnostics import diverged_chains, effective_sample_size, has_flattened, split_rhat
 
     diverged = np.asarray(diverged_chains(trace, init_loss), bool) | ~np.isfinite(llc_chain)
     kept = trace[~diverged]
@@ -172,7 +168,8 @@ def llc_at(
         "init_loss": np.float64(start),
         **found,
     }
-    warn_about(step, result, options)
+    if options["warn"]:
+        warn_about(step, result, options)
     return result
 
 
@@ -180,13 +177,7 @@ def warn_about(step: int, found: dict[str, np.ndarray], options: dict[str, Any])
     """One :class:`LLCWarning` for ``step`` when its chains have a problem (the lines of ``chain_warnings``)."""
     import xarray as xr
 
-    try:
-        from ckpt.numerics.chain_diagnostics import chain_warnings
-    except ImportError:  # until chain_diagnostics lands
-        if found["diverged"].any():
-            chains = np.flatnonzero(found["diverged"]).tolist()
-            warnings.warn(f"llc: step {step}: chains {chains} diverged", LLCWarning, stacklevel=2)
-        return
+    from ckpt.numerics.chain_diagnostics import chain_warnings
 
     dims = dict(OUTPUTS)
     one = xr.Dataset(
@@ -221,6 +212,7 @@ class LLC(Analyzer):
     )
     seed = Option(int, 0, "Seed of the minibatch orders and the noise (per chain and checkpoint).", minimum=0)
     dtype = Option(str, "float32", "Precision of the computation.", choices=DTYPES)
+    warn = Option(bool, True, "An LLCWarning for each checkpoint whose chains have a problem (ckpt show lists them).")
 
     def loss_split(self, store: Any) -> str:
         """``--split``, else ``train`` when the store has it, else ``eval``."""
@@ -291,12 +283,7 @@ class LLC(Analyzer):
 
     def summarize(self, result: xr.Dataset) -> str:
         """λ̂ ± its spread over chains at a few steps, then every problem the diagnostics found."""
-        try:
-            from ckpt.numerics.chain_diagnostics import chain_warnings
-        except ImportError:  # until chain_diagnostics lands
-
-            def chain_warnings(result: xr.Dataset) -> list[str]:
-                return [f"step {s}: a chain diverged" for s in result["step"].values[result["diverged"].values.any(1)]]
+        from ckpt.numerics.chain_diagnostics import chain_warnings
 
         steps = result["step"].values
         if not len(steps):
@@ -338,7 +325,7 @@ def describe(result: xr.Dataset, split: str) -> None:
         "rhat": ("split R-hat", "of the loss traces over the chains that did not diverge; near 1 when they mix"),
         "ess": ("effective sample size", "of the loss traces, all kept chains together"),
         "diverged": ("diverged", "the chain's loss left every sensible range (non-finite or blew up)"),
-        "flat": ("flattened", "the traces stopped moving after burn-in"),
+        "flat": ("flattened", "every chain is stationary after burn-in (Geweke |z| < 3); False: still drifting"),
     }
     for name, (long_name, text) in texts.items():
         result[name].attrs.update(long_name=long_name, description=text)

@@ -80,7 +80,12 @@ def expected_regular(design: np.ndarray, nbeta: float, gamma: float, epsilon: fl
 
 
 def llc(path: Path, **options: Any) -> Any:
-    """The analyzer's result on ``path``, recomputed, in float64 over the whole split."""
+    """The analyzer's result on ``path``, recomputed, in float64 over the whole split.
+
+    Without warnings unless asked for (``warn=True``): the diagnostics' thresholds are set for real
+    runs (100 effective draws per chain, R-hat 1.01), and these tests check the diagnostics' values.
+    """
+    options = {"warn": False, **options}
     return ckpt.analyze("llc", path, force=True, dtype="float64", batch_size=N, **options).load()
 
 
@@ -105,7 +110,8 @@ def test_a_regular_model_counts_half_its_parameters(regression: tuple[Path, np.n
     assert abs(estimate - expected) < 4 * error + 0.02, (estimate, expected, error)
     assert error < 0.07
     assert not result["diverged"].values.any()
-    assert not result["rhat"].values[0] > 1.1, "the chains mix"
+    assert result["rhat"].values[0] < 1.05, "the chains mix"
+    assert result["ess"].values[0] > 400
 
 
 def test_restrict_moves_only_the_tensors_it_names(regression: tuple[Path, np.ndarray]) -> None:
@@ -191,7 +197,7 @@ def test_the_full_init_loss_is_the_loss_at_the_checkpoint(regression: tuple[Path
 def test_diverging_chains_are_named_and_their_estimate_is_nan(regression: tuple[Path, np.ndarray]) -> None:
     path, _ = regression
     with pytest.warns(LLCWarning, match=r"step 0"):
-        result = llc(path, epsilon=10.0, nbeta=100.0, chains=2, draws=150)
+        result = llc(path, epsilon=10.0, nbeta=100.0, chains=2, draws=150, warn=True)
     assert result["diverged"].values.all()
     assert np.isnan(result["llc"].values[0]) and np.isnan(result["llc_chain"].values).all()
     assert np.isnan(result["llc_std"].values[0])
