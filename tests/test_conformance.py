@@ -91,7 +91,7 @@ ANALYZER_SETUPS = {
         },
     ),
     # 50 examples in blocks of 16: several tasks per step, so their concatenation is covered too
-    "llc": Setup(mlp_run, {"chains": 2, "draws": 8, "batch_size": 16, "epsilon": 1e-4}),
+    "llc": Setup(mlp_run, {"chains": 2, "draws": 8, "batch_size": 16, "epsilon": 1e-4, "warn": False}),
     "loss": Setup(mlp_run, {"block_examples": 16}),
     "loss-spikes": Setup(mlp_run),
     "normalization": Setup(sandbox_run, {"lr": 0.003}),
