@@ -79,6 +79,11 @@ SMOOTHING_SPAN = 1 / 40
 """Default σ as a share of the checkpoints: training noise late in a run of many checkpoints made
 a turning point of nearly every wiggle at σ = 1 (docs/essential-dynamics.md, "Choosing smoothing")."""
 
+FORWARD_SHARE = 8
+"""A forward pass takes at most 1/FORWARD_SHARE of a task's budget in logits (``--batch-size`` is lowered
+to fit): the model's activations come beside them, and a 50k vocabulary makes 25 MB of logits per
+128-token sequence."""
+
 ROUNDING_RATIO = 1e-8
 """A component explaining less than this fraction of the variance holds rounding error: no extrema marked."""
 
@@ -213,17 +218,18 @@ def summed(worker: Worker, previous: np.ndarray | None, gram: np.ndarray) -> np.
     return gram if previous is None else previous + gram
 
 
-def probe_width(worker: Worker, step: int, split: str, example: int, objective: str | None) -> tuple[int, bool]:
-    """Logits of one example at ``step``: (numbers per datapoint or per example, whether per datapoint)."""
+def probe_width(worker: Worker, step: int, split: str, example: int, objective: str | None) -> tuple[int, bool, int]:
+    """Logits of one example at ``step``: numbers per datapoint (or per example), whether per datapoint, all."""
     import torch
 
     params = worker.params(step)
     with worker.computing(), torch.no_grad():
         inputs, _, _ = _batch(worker, split, np.array([example]))
         logits = logits_of(worker.outputs(params, inputs))
+    full = int(logits[0].numel())
     if worker.objective(objective).token_rows is not None:
-        return int(logits.shape[-1]), True
-    return int(logits[0].numel()), False
+        return int(logits.shape[-1]), True, full
+    return full, False, full
 
 
 def block_keys(store: Any, steps: list[int], examples: np.ndarray, blocks: list[slice], kind: str) -> list | None:
@@ -323,8 +329,11 @@ class EssentialDynamics(Analyzer):
         if per_example.sum() == 0:
             msg = f"the probe examples of split {self.split!r} hold no datapoints; raise --samples or choose --split"
             raise AnalysisError(msg)
-        kind, width = self._widths(ctx, steps[0], examples, per_example)
-        blocks = self._blocks(ctx, examples, width, len(steps), kind)
+        kind, width, full = self._widths(ctx, steps[0], examples, per_example)
+        budget = ctx.spec.max_memory if ctx.spec.max_memory is not None else default_budget(ctx.spec.device)
+        blocks = self._blocks(budget, examples, width, len(steps), kind)
+        # a forward pass's float32 logits within 1/FORWARD_SHARE of a task's budget, beside the model's activations
+        rows = min(self.batch_size, max(1, budget // max(1, ctx.spec.tasks) // (FORWARD_SHARE * 4 * full)))
         keys = block_keys(store, steps, examples, blocks, kind)
         journal = ctx.journal if keys is not None else None
         resumed = resumable(journal, keys or [], len(steps))
@@ -345,7 +354,7 @@ class EssentialDynamics(Analyzer):
                         examples=examples[block],
                         objective=self.objective,
                         kind=kind,
-                        batch_size=self.batch_size,
+                        batch_size=rows,
                         width=int(width[block].sum()),
                         after=after,
                     )
@@ -379,22 +388,19 @@ class EssentialDynamics(Analyzer):
 
     def _widths(
         self, ctx: AnalysisContext, first: int, examples: np.ndarray, per_example: np.ndarray
-    ) -> tuple[str, np.ndarray]:
-        """The outputs decomposed, and the numbers each probe example contributes to a checkpoint's vector."""
-        if self.outputs == "loss":
-            return "loss", per_example.astype(np.int64)
-        # the logits' width is known only from the model: one example through it, here
+    ) -> tuple[str, np.ndarray, int]:
+        """The outputs decomposed, the numbers each probe example adds to a checkpoint's vector, its logits' size."""
+        # the logits' size is known only from the model: one example through it, here
         probe = int(examples[np.flatnonzero(per_example)[0]])
-        size, per_datapoint = probe_width(worker_for(ctx.spec), first, self.split, probe, self.objective)
+        size, per_datapoint, full = probe_width(worker_for(ctx.spec), first, self.split, probe, self.objective)
         datapoint_width = size if per_datapoint else -(-size // max(1, int(per_example.max())))
-        if self.outputs == "auto" and datapoint_width > LOGITS_WIDTH:
-            return "loss", per_example.astype(np.int64)
+        if self.outputs == "loss" or (self.outputs == "auto" and datapoint_width > LOGITS_WIDTH):
+            return "loss", per_example.astype(np.int64), full
         width = per_example * size if per_datapoint else np.full(len(examples), size)
-        return "logits", width.astype(np.int64)
+        return "logits", width.astype(np.int64), full
 
-    def _blocks(self, ctx: AnalysisContext, examples: np.ndarray, width: np.ndarray, count: int, kind: str) -> list:
+    def _blocks(self, budget: int, examples: np.ndarray, width: np.ndarray, count: int, kind: str) -> list:
         """Consecutive probe examples whose outputs at every checkpoint fit, two blocks at once, the budget."""
-        budget = ctx.spec.max_memory if ctx.spec.max_memory is not None else default_budget(ctx.spec.device)
         itemsize = 4 if kind == "logits" else 8
         # two blocks held at once; half the budget, the other half for the forward passes and the Gram
         limit = budget // 2 // (2 * count * itemsize)
