@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import ckpt.store as ckptstore
+from ckpt.analyzers.basis import sample_examples
 from ckpt.analyzers.figures.spectrum import smoothed_density
 from ckpt.engine.pipeline import run
 from ckpt.errors import AnalysisError
@@ -148,14 +149,19 @@ def test_the_smoothed_density_integrates_to_the_weights() -> None:
 # -- the analyzer on a real store -----------------------------------------------------------------------
 
 
-def explicit_hessian(path: Path, step: int) -> tuple[torch.Tensor, list[str], list[int]]:
-    """The Hessian of the mean train loss over every parameter, float64, with the tensors' names and sizes."""
+def explicit_hessian(
+    path: Path, step: int, rows: np.ndarray | None = None
+) -> tuple[torch.Tensor, list[str], list[int]]:
+    """The Hessian of the mean train loss (over ``rows``, default all) over every parameter, float64, with the
+    tensors' names and sizes."""
     opened = ckptstore.open(path)
     model = opened.model.build().double()
     params = {k: torch.from_numpy(np.asarray(v, np.float64)) for k, v in opened.tensors(step).items()}
     names = list(opened.tensor_names)
     data = opened.data("train")
     inputs, targets = (torch.from_numpy(data[key].values) for key in ("inputs", "targets"))
+    if rows is not None:
+        inputs, targets = inputs[rows], targets[rows]
     shapes, sizes = [params[n].shape for n in names], [params[n].numel() for n in names]
 
     def loss(flat: torch.Tensor) -> torch.Tensor:
@@ -203,12 +209,13 @@ def test_spectrum_against_the_explicit_hessian(store: Path) -> None:
 
 
 def test_hutchpp_block_density_and_the_figures(store: Path, tmp_path: Path) -> None:
-    # probes 3·D: the sketch spans the Hessian's range and Hutch++ is exact, the blocks too
-    options = {"samples": 1000, "dtype": "float64", "probes": 588, "slq_runs": 1, "slq_steps": 6}
+    # probes 3·D: the sketch spans the Hessian's range and Hutch++ is exact, the blocks too; 16 examples of the
+    # 128, as the analyzer draws them, keep the 3 × 2D products quick
+    options = {"samples": 16, "dtype": "float64", "probes": 588, "slq_runs": 1, "slq_steps": 6}
     result = run("spectrum", store, modules="attn,mlp.fc2", block_density=True, **options).dataset.load()
     assert result["trace"].attrs["method"] == "hutch++"
     assert result["module"].values.tolist() == ["attn", "mlp.fc2"]
-    hessian, names, sizes = explicit_hessian(store, 8)
+    hessian, names, sizes = explicit_hessian(store, 8, sample_examples(128, 16, 0))
     row = result.sel(step=8)
     np.testing.assert_allclose(float(row["trace"]), float(hessian.trace()), rtol=1e-9)
     ends = np.cumsum([0, *sizes])
