@@ -175,8 +175,8 @@ def block_outputs(
     if not np.isfinite(values).all():
         bad = int((~np.isfinite(values)).sum())
         msg = (
-            f"essential-dynamics: {bad} of the {kind} at step {step} are NaN or inf (the checkpoint diverged?); "
-            "analyze the steps before it (ckpt analyze ... on a copy without it), or --outputs loss"
+            f"essential-dynamics: {bad} of the {kind} at step {step} are NaN or inf: the checkpoint diverged "
+            "or the model overflows there, and the path needs finite outputs at every checkpoint"
         )
         raise AnalysisError(msg)
     return values
@@ -186,13 +186,14 @@ def block_gram(worker: Worker, *outputs: np.ndarray, journal: Journal | None, ke
     """The Gram matrix of one block's outputs, centred over checkpoints, committed to ``journal`` (a task)."""
     import xarray as xr
 
-    rows = np.stack(outputs)  # [T, width], in the outputs' dtype
-    mean = rows.mean(axis=0, dtype=np.float64)
-    gram = np.zeros((len(rows), len(rows)))
-    columns = max(1, GRAM_COLUMNS_BYTES // (8 * len(rows)))
-    for start in range(0, rows.shape[1], columns):
-        centred = rows[:, start : start + columns].astype(np.float64) - mean[start : start + columns]
-        gram += centred @ centred.T
+    count = len(outputs)
+    gram = np.zeros((count, count))
+    columns = max(1, GRAM_COLUMNS_BYTES // (8 * count))
+    # column by column: centring is per column, and no copy of the whole block is made
+    for start in range(0, len(outputs[0]), columns):
+        rows = np.stack([values[start : start + columns] for values in outputs]).astype(np.float64)
+        rows -= rows.mean(axis=0)
+        gram += rows @ rows.T
     if journal is not None:
         journal.add(xr.Dataset({"gram": (("block", "row", "column"), gram[None])}), "block", key)
     return gram
