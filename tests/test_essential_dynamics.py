@@ -226,15 +226,19 @@ def test_a_diverged_checkpoint_is_named(tmp_path: Path) -> None:
 
 
 def test_bad_input_is_one_error_line(tmp_path: Path) -> None:
-    """Too few checkpoints, too many components, a missing split, a budget too small: one line each, store kept."""
+    """One or two checkpoints, too many components, a missing split, a small budget: one line each, store kept."""
     two = write_example_run(tmp_path / "two.zarr", steps=2, examples=6)
     assert_refused(two, NAME, [], "needs at least 3")
     five = write_example_run(tmp_path / "five.zarr", steps=5, examples=6)
     assert_refused(five, NAME, ["--max-memory", "100", "--outputs", "logits"], "or use --outputs loss")
-    before = tree_digest(five)
-    refusals = [({"components": 5}, "choose --components 4 or fewer"), ({"split": "train"}, "no data split 'train'")]
-    for options, expected in refusals:
+    one = write_example_run(tmp_path / "one.zarr", steps=1, examples=6)
+    refusals = [
+        (one, {}, "needs at least 3 .* has 1:"),
+        (five, {"components": 5}, "choose --components 4 or fewer"),
+        (five, {"split": "train"}, "no data split 'train'"),
+    ]
+    for path, options, expected in refusals:
+        before = tree_digest(path)
         with pytest.raises(AnalysisError, match=expected) as refused:
-            run(NAME, five, **options)
-        assert "\n" not in str(refused.value)
-    assert tree_digest(five) == before
+            run(NAME, path, **options)
+        assert "\n" not in str(refused.value) and tree_digest(path) == before
