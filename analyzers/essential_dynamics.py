@@ -467,8 +467,12 @@ class EssentialDynamics(Analyzer):
     def summarize(self, result: xr.Dataset) -> str:
         """Explained variance of each component, and the turning points."""
         ratios = result["explained_variance_ratio"].values
-        probe = result["projection"].attrs
-        rows = [f"  {probe.get('outputs', '?')} of {probe.get('probe_examples', '?')} examples"]
+        probe, path = result["projection"].attrs, result["smoothed"].attrs
+        rows = [
+            f"  {probe.get('outputs', '?')} of {probe.get('probe_examples', '?')} examples "
+            f"({probe.get('features', '?')} numbers per checkpoint), smoothed by σ = "
+            f"{float(path.get('smoothing_sigma', float('nan'))):.3g} checkpoints"
+        ]
         rows += [f"  PC{index + 1}  {ratio:7.2%} of the variance" for index, ratio in enumerate(ratios)]
         turning = result["step"].values[result["turning_point"].values.astype(bool)]
         rows.append(f"  turning points at steps: {', '.join(str(int(s)) for s in turning) or 'none'}")
