@@ -88,7 +88,7 @@ def path_figure(data: dict[str, np.ndarray], title: str) -> Figure:
     steps, raw, path, ratio = data["steps"], data["raw"], data["path"], data["ratio"]
     count = min(3, path.shape[1])
     pairs = list(itertools.combinations(range(count), 2)) or [(0, -1)]
-    figure = new_figure(len(pairs), width=4.4, height=4.0)
+    figure = new_figure(len(pairs), width=4.4 if len(pairs) > 1 else 6.0, height=4.0)  # one panel: room for the title
     norm = _colour_norm(steps)
     cmap = "viridis"
     for axes, (i, j) in zip(figure.axes, pairs, strict=True):
@@ -178,7 +178,9 @@ def components_figure(
     axes = figure.axes[count]
     axes.plot(steps, data["angle"], color=COLORS[2], linewidth=1.5)
     axes.axhline(threshold, color="0.4", linestyle=":", linewidth=1, label=f"threshold {threshold:g}°")
-    axes.scatter(steps[turning], data["angle"][turning], marker="^", color=TURN_COLOR, zorder=3, label="turning point")
+    if turning.any():
+        angles = data["angle"][turning]
+        axes.scatter(steps[turning], angles, marker="^", color=TURN_COLOR, zorder=3, label="turning point")
     _boundaries(axes, steps, turning)
     axes.set_ylim(0, 180)
     axes.set_ylabel("turning angle (degrees)")
