@@ -109,6 +109,24 @@ def plan_spectrum(
     raise AnalysisError(msg)
 
 
+def spectrum_blocks(model: Any, space: ParamSpace, patterns: str | None) -> list[tuple[str, ParamSpace]]:
+    """:func:`ckpt.analyzers.curvature.module_blocks`, but a lone default block holding every parameter is split.
+
+    A Hugging Face causal LM has one top-level child owning parameters (GPT-2's ``transformer``: its
+    ``lm_head`` is tied to the embedding), whose block trace would be the trace again; by default its
+    children are the blocks instead (``transformer.wte``, ``.wpe``, ``.h``, ``.ln_f``), level by level.
+    """
+    blocks = module_blocks(model, space, patterns)
+    while patterns is None and len(blocks) == 1 and blocks[0][1].size == space.size:
+        name = blocks[0][0]
+        children = [f"{name}.{child}" for child, _ in model.get_submodule(name).named_children()]
+        owning = [c for c in children if any(tensor.startswith(c + ".") for tensor in space.names)]
+        if not owning:
+            break
+        blocks = module_blocks(model, space, ",".join(owning))
+    return blocks
+
+
 def kept_vectors(method: str, probes: int, slq_runs: int, slq_steps: int, dimension: int) -> int:
     """Vectors of D the estimators keep at once: Hutch++'s sketch, or the Lanczos vectors, whichever is more."""
     sketch = min(probes // 3, dimension) if method == "hutch++" else 0
@@ -195,20 +213,22 @@ def spectrum_at(
         raise AnalysisError(msg) from None
     hessian = hessian_operator(plan, block_loss, examples, 1.0 / datapoints, primal, batch_size)
     hvp = hessian.flat(space)
-    common = {"seed": seed + step, "dtype": precision, "device": worker.device}
+    common = {"dtype": precision, "device": worker.device}
+    # the trace's probes and the Lanczos starts from different seeds: the first start is no probe's copy
+    probe_seed, start_seed = 2 * (seed + step), 2 * (seed + step) + 1
     try:
         if method == "hutch++":
-            estimate = hutchpp(hvp, space.size, probes, segments=segments, spill=plan.spill, **common)
+            estimate = hutchpp(hvp, space.size, probes, segments=segments, spill=plan.spill, seed=probe_seed, **common)
         else:
-            estimate = hutchinson(hvp, space.size, probes, segments=segments, **common)
-        density = slq(hvp, space.size, slq_runs, steps, spill=plan.spill, **common)
+            estimate = hutchinson(hvp, space.size, probes, segments=segments, seed=probe_seed, **common)
+        density = slq(hvp, space.size, slq_runs, steps, spill=plan.spill, seed=start_seed, **common)
         block_nodes = []
         if block_density:
             for tensors in blocks:
                 pieces = [segments[i] for i in tensors]
                 size = sum(s.stop - s.start for s in pieces)
                 product = _block_operator(hvp, space.size, pieces, precision, worker.device)
-                nodes = slq(product, size, slq_runs, min(steps, size), spill=plan.spill, **common)
+                nodes = slq(product, size, slq_runs, min(steps, size), spill=plan.spill, seed=start_seed, **common)
                 block_nodes.append(nodes)
     except AnalysisError as error:
         msg = f"spectrum at step {step}: {error}"
@@ -253,7 +273,7 @@ class Spectrum(Analyzer):
     version = "1"
     description = "Hessian trace (Hutchinson, Hutch++) and spectral density (Lanczos quadrature), per checkpoint."
 
-    modules = Option(str, None, "Modules whose blocks' traces are estimated, names or globs (default: top-level).")
+    modules = Option(str, None, "Modules whose block traces are estimated (default: top-level; a lone one's children).")
     split = Option(str, None, "Split the Hessian is taken over (default: train when stored, else eval).")
     samples = Option(int, 1250, "Examples subsampled for the Hessian.", minimum=1)
     objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
@@ -280,7 +300,7 @@ class Spectrum(Analyzer):
             raise AnalysisError(msg)
         model = store.model.build()
         space = parameter_space(store, model)
-        named = module_blocks(model, space, self.modules)
+        named = spectrum_blocks(model, space, self.modules)
         index = {name: i for i, name in enumerate(space.names)}
         blocks = [[index[n] for n in block.names] for _, block in named]
         examples = sample_examples(store.data(split).sizes["example"], self.samples, self.seed)
@@ -389,4 +409,4 @@ class Spectrum(Analyzer):
 ckpt_register_analyzers = analyzer_hook(Spectrum)
 
 
-__all__ = ["Spectrum", "ckpt_register_analyzers", "kept_vectors", "plan_spectrum", "spectrum_at"]
+__all__ = ["Spectrum", "ckpt_register_analyzers", "kept_vectors", "plan_spectrum", "spectrum_at", "spectrum_blocks"]

@@ -246,3 +246,20 @@ def test_spectrum_bad_input_is_one_error_line_and_leaves_the_store(store: Path) 
         (["--probes", "4"], "hutch++ needs at least 6"),
     ):
         assert_refused(store, "spectrum", ["--samples", "8", *args], expected)
+
+
+def test_a_lone_top_level_module_is_split_into_its_children() -> None:
+    from ckpt.analyzers.spectrum import spectrum_blocks
+    from ckpt.numerics.params import ParamSpace
+
+    class Wrapped(torch.nn.Module):  # as a Hugging Face LM: one child owns every parameter
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+    model = Wrapped()
+    named = dict(model.named_parameters())
+    space = ParamSpace(tuple(named), tuple(tuple(p.shape) for p in named.values()))
+    blocks = spectrum_blocks(model, space, None)
+    assert [(name, block.size) for name, block in blocks] == [("inner.0", 16), ("inner.2", 10)]
+    assert [name for name, _ in spectrum_blocks(model, space, "inner")] == ["inner"]  # --modules as given
