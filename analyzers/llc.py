@@ -300,10 +300,8 @@ class LLC(Analyzer):
 
     def plot(self, result: xr.Dataset, store: Any) -> dict[str, Figure]:
         """The figures of :func:`ckpt.analyzers.figures.llc.llc_figures`."""
-        try:
-            from ckpt.analyzers.figures.llc import llc_figures
-        except ImportError:  # until the figures land
-            return {}
+        from ckpt.analyzers.figures.llc import llc_figures
+
         return llc_figures(result, store)
 
 
