@@ -24,7 +24,7 @@ from tests.helpers import set_provenance
 
 TINY = {
     "loss": {},
-    "llc": {"chains": 2, "draws": 10, "batch_size": 16, "epsilon": 1e-4},
+    "llc": {"chains": 2, "draws": 10, "batch_size": 16, "epsilon": 1e-4, "warn": False},  # tiny chains: flagged
     "spectrum": {"samples": 16, "probes": 6, "slq_runs": 1, "slq_steps": 4},
     # the example run turns by a few degrees a step: a low threshold gives it turning points
     "essential-dynamics": {"samples": 16, "turn_angle": 3.0, "smoothing": 0.0},
@@ -126,6 +126,7 @@ def test_the_page_marks_the_stale_result_and_opens_in_a_browser(analyzed: Path, 
     items = dict(re.findall(r"<li>([^:]+): (.*?)</li>", section))
     assert '<span class="stale">stale:' in items["local learning coefficient λ̂ ± its spread over chains"]
     assert sum('class="stale"' in item for item in items.values()) == 1
+    assert "the chains&#x27; diagnostics flag" in items["local learning coefficient λ̂ ± its spread over chains"]
     assert "missing" not in section
     turning = ckptstore.open(analyzed).analysis("essential-dynamics")["turning_point"].values
     assert f"{int(turning.sum())} turning point(s) at steps" in section
@@ -162,3 +163,21 @@ def test_hostile_store_texts_are_escaped(tmp_path: Path) -> None:
     assert f"result <code>{escaped}</code>" in section  # the --as name
     assert f"training metrics <code>{escaped}loss</code>" in section
     assert f"{escaped}.zarr" in section  # the store's path, in each command
+
+
+def test_the_commands_of_the_development_guide_exist_with_their_options() -> None:
+    """Every ``ckpt`` line of docs/development.md names a command whose ``--help`` lists each option it uses."""
+    import shlex
+
+    from tests.helpers import invoke_ckpt
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "development.md").read_text()
+    lines = [line for block in re.findall(r"```bash\n(.+?)```", guide, flags=re.S) for line in block.splitlines()]
+    assert any(line.startswith("ckpt analyze llc") for line in lines)
+    for line in lines:
+        words = shlex.split(line)
+        command = [w for w in words[1:3] if not w.startswith("-") and "." not in w]
+        shown = invoke_ckpt(*command, "--help")
+        assert shown.returncode == 0, (line, shown.stderr)
+        for option in (w for w in words if w.startswith("--")):
+            assert option in shown.stdout, f"{line}: {option} is not an option of ckpt {' '.join(command)}"

@@ -10,6 +10,7 @@ them (:func:`figure`). docs/development.md tells how to read it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,8 @@ PANEL_HEIGHT = 2.1
 BOUNDARY_COLOR = COLORS[1]
 LABELLED = 12
 """Stage boundaries whose steps are written above the top panel; more would overlap."""
+STEP_OF_LINE = re.compile(r"step (-?\d+):")
+"""The step a line of ``chain_warnings`` names (each begins with it)."""
 
 
 @dataclass
@@ -94,6 +97,26 @@ def _stale_label(label: str, source: Source) -> str:
     return f"{label} (stale)" if source.stale else label
 
 
+def _listed(steps: np.ndarray) -> str:
+    return ", ".join(str(s) for s in steps[:8]) + (f" and {steps.size - 8} more" if steps.size > 8 else "")
+
+
+def _chain_notes(result: xr.Dataset, steps: np.ndarray, source: Source) -> None:
+    """A note when the chains' diagnostics make λ̂ doubtful at some steps (docs/llc.md, "What the diagnostics say")."""
+    try:
+        from ckpt.numerics.chain_diagnostics import chain_warnings
+    except ImportError:  # a ckpt without the diagnostics: diverged chains alone
+        lines = [f"step {s}: a chain diverged" for s in steps[np.asarray(result["diverged"].values, bool).any(1)]]
+    else:
+        lines = chain_warnings(result)
+    if lines:
+        flagged = np.asarray(sorted({int(m.group(1)) for m in map(STEP_OF_LINE.match, lines) if m}), dtype=np.int64)
+        source.notes.append(
+            f"the chains' diagnostics flag {flagged.size} of {steps.size} steps ({_listed(flagged)}); first: "
+            f"{lines[0]} (the {source.result} section lists every warning)"
+        )
+
+
 def _curves(analyzer: str, result: xr.Dataset, source: Source) -> tuple[list[Curve], np.ndarray]:
     """The curves of one stored result, and its stage boundaries (essential dynamics only)."""
     steps = np.asarray(result["step"].values, dtype=np.int64)
@@ -115,11 +138,12 @@ def _curves(analyzer: str, result: xr.Dataset, source: Source) -> tuple[list[Cur
             for k in range(min(2, projection.shape[1]))
         ]
         boundaries = steps[np.asarray(result["turning_point"].values, dtype=bool)]
+    if analyzer == "llc":
+        _chain_notes(result, steps, source)
     for curve in curves:
         bad = curve.steps[~np.isfinite(curve.values)]
         if bad.size:
-            shown = ", ".join(str(s) for s in bad[:8]) + (f" and {bad.size - 8} more" if bad.size > 8 else "")
-            source.notes.append(f"{curve.label}: not finite at {bad.size} step(s) ({shown}), not drawn there")
+            source.notes.append(f"{curve.label}: not finite at {bad.size} step(s) ({_listed(bad)}), not drawn there")
     return curves, boundaries
 
 
