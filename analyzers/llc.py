@@ -202,7 +202,7 @@ class LLC(Analyzer):
     gamma = Option(float, 100.0, "Localization strength γ pulling the chains to the checkpoint.", minimum=0)
     chains = Option(int, 4, "Independent SGLD chains per checkpoint (2 or more for R-hat).", minimum=1)
     draws = Option(int, 200, "Recorded draws per chain (after --burn-in).", minimum=1)
-    burn_in = Option(int, 0, "SGLD steps per chain before the first recorded draw.", minimum=0)
+    burn_in = Option(int, 100, "SGLD steps per chain before the first recorded draw (devinterp: 0).", minimum=0)
     batch_size = Option(int, 256, "Examples per SGLD minibatch, m (at most the split's size).", minimum=1)
     split = Option(str, None, "Split the loss is taken over (default: train when stored, else eval).")
     objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")

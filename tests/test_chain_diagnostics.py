@@ -84,7 +84,7 @@ def llc_result(steps: list[int], chains: int = 4, draws: int = 200) -> xr.Datase
     trace = 1.0 + 0.01 * rng.standard_normal((n, chains, draws))
     return xr.Dataset(
         {
-            "llc": ("step", np.full(n, 3.0)),
+            "llc": ("step", np.full(n, 3.0), {"nbeta": 100.0}),
             "llc_std": ("step", np.full(n, 0.1)),
             "llc_chain": (("step", "chain"), np.full((n, chains), 3.0)),
             "loss_trace": (("step", "chain", "draw"), trace),
@@ -106,11 +106,11 @@ def test_chain_warnings_name_each_problem_and_its_step() -> None:
     result["flat"][2] = False
     result["llc"][3] = -0.5
     result["rhat"][4] = 1.2
-    result["ess"][5] = 50.0
+    result["ess"][5] = 5.0  # MCSE = nβ sd / √ESS = 100 · 0.01 / √5 = 0.45 > 0.3, 10% of λ̂ (at ESS 700: 0.04)
     lines = chain_warnings(result)
     assert len(lines) == 5
     assert lines[0].startswith("step 10: chains [2] of 4 diverged")
     assert lines[1].startswith("step 20: the loss traces still drift")
     assert lines[2].startswith("step 30: λ̂ = -0.5 < 0")
-    assert lines[3].startswith("step 40: R-hat 1.200 > 1.01")
-    assert lines[4].startswith("step 50: ESS 50 < 400")
+    assert lines[3].startswith("step 40: R-hat 1.200 > 1.1")
+    assert lines[4].startswith("step 50: λ̂'s Monte-Carlo error 0.44")
