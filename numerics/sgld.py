@@ -147,7 +147,11 @@ class ChainLoss:
         inputs, targets, mask = self.batch(rows)
 
         def forward(weights: Mapping[str, Any], x: Any) -> Any:
-            return functional_call(self.model, {**self.fixed, **weights}, (x,))
+            outputs = functional_call(self.model, {**self.fixed, **weights}, (x,))
+            # a Hugging Face ModelOutput also carries its key-value cache, an object vmap cannot
+            # return: only the logits leave the vmapped call (the objectives read them alike)
+            logits = getattr(outputs, "logits", None)
+            return outputs if logits is None else logits
 
         outputs = vmap(forward)(dict(moving), inputs)
         # The objective's datapoint selection (masks, ignored targets) has a shape that depends on
