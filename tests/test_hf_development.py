@@ -123,11 +123,6 @@ def test_the_imported_run_holds_the_trainer_checkpoints_and_log(imported: Path) 
     assert np.isfinite(store.metrics["loss"].values).all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="numerics/sgld.py vmaps the model's whole output, and a transformers model's holds a DynamicCache",
-)
 def test_llc_on_the_imported_run(imported: Path, tmp_path: Path) -> None:
     store = tmp_path / "run.zarr"
     shutil.copytree(imported, store)
