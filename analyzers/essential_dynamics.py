@@ -77,7 +77,8 @@ vocabularies), else the per-datapoint losses: a 50k vocabulary makes T x datapoi
 
 SMOOTHING_SPAN = 1 / 40
 """Default σ as a share of the checkpoints: training noise late in a run of many checkpoints made
-a turning point of nearly every wiggle at σ = 1 (docs/essential-dynamics.md, "Choosing smoothing")."""
+a turning point of nearly every wiggle at σ = 1
+(docs/essential-dynamics.md, "Choosing outputs, components and smoothing")."""
 
 FORWARD_SHARE = 8
 """A forward pass takes at most 1/FORWARD_SHARE of a task's budget in logits (``--batch-size`` is lowered
