@@ -181,3 +181,23 @@ def test_the_commands_of_the_development_guide_exist_with_their_options() -> Non
         assert shown.returncode == 0, (line, shown.stderr)
         for option in (w for w in words if w.startswith("--")):
             assert option in shown.stdout, f"{line}: {option} is not an option of ckpt {' '.join(command)}"
+
+
+def test_a_result_of_one_split_stays_current_when_another_split_is_added(only_loss: Path, tmp_path: Path) -> None:
+    """Staleness compares the splits the analyzer reads (as reuse does), not every split of the store."""
+    import shutil
+
+    from tests.helpers import invoke_ckpt
+
+    path = tmp_path / "run.zarr"
+    shutil.copytree(only_loss, path)
+    np.save(tmp_path / "x.npy", np.zeros((5, 3), np.float32))
+    np.save(tmp_path / "y.npy", np.zeros(5, np.int64))
+    arrays = ("--inputs", str(tmp_path / "x.npy"), "--targets", str(tmp_path / "y.npy"))
+    added = invoke_ckpt("data", "add", str(path), "probe", *arrays)
+    assert added.returncode == 0, added.stderr
+    again = invoke_ckpt("analyze", "loss", str(path), "--no-progress")
+    assert "computed 0 step(s), reused 6 stored" in again.stdout, again.stdout
+    out = tmp_path / "report.html"
+    write_report(str(path), str(out), load_registry(), trajectory=False)
+    assert 'class="stale"' not in out.read_text()
