@@ -272,6 +272,7 @@ class EssentialDynamics(Analyzer):
     version = "1"
     description = "PCA of the outputs on a probe set across checkpoints: developmental path, turning points, stages."
     per = PER_RUN
+    min_checkpoints = 3
 
     split = Option(str, "eval", "Data split whose examples are the probe set.")
     outputs = Option(
@@ -304,9 +305,10 @@ class EssentialDynamics(Analyzer):
             msg = f"{store.path} has no data split {self.split!r} (it has: {have}); choose one with --split"
             raise AnalysisError(msg)
         count = len(store.steps)
-        if count < 3:
+        if count < self.min_checkpoints:
             msg = (
-                f"essential-dynamics follows the path of the checkpoints and needs at least 3 for it to turn; "
+                f"essential-dynamics follows the path of the checkpoints and needs at least {self.min_checkpoints} "
+                "for it to turn; "
                 f"{store.path} has {count}: run it once the store holds three or more"
             )
             raise AnalysisError(msg)

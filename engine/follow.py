@@ -124,7 +124,11 @@ def follow(
     finally:
         watch.close()
     if followed.report.last is None:  # stopped before the store held what its first run needs
-        what = "compares pairs of consecutive checkpoints" if followed.needs > 1 else "needs a checkpoint"
+        cls = registry.analyzers.get(name)
+        if cls is not None and cls.per == PER_PAIR and followed.needs == 2:
+            what = "compares pairs of consecutive checkpoints"
+        else:
+            what = f"needs {followed.needs} checkpoints" if followed.needs > 1 else "needs a checkpoint"
         msg = f"{name} {what} and {opened.path} has {len(opened.steps)} when the follower stopped: nothing computed"
         raise AnalysisError(msg)
     return followed.report
@@ -180,9 +184,11 @@ class Followed:
 
 
 def needs(name: str, registry: Registry) -> int:
-    """Checkpoints a store must hold before ``name`` computes anything: two for a pair analyzer, else one."""
+    """Checkpoints a store must hold before ``name`` computes anything: its ``min_checkpoints`` (pairs: 2+)."""
     cls = registry.analyzers.get(name)
-    return 2 if cls is not None and cls.per == PER_PAIR else 1
+    if cls is None:
+        return 1
+    return max(cls.min_checkpoints, 2 if cls.per == PER_PAIR else 1)
 
 
 def schedule(name: str, options: dict[str, Any], registry: Registry) -> tuple[bool, Callable[[int], bool] | None]:

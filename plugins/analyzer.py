@@ -185,6 +185,9 @@ class Analyzer:
     per: ClassVar[str] = PER_CHECKPOINT
     """How results grow with the run: ``"checkpoint"`` (one row per step), ``"pair"``
     (one row per consecutive pair, at its first step) or ``"run"`` (recomputed whole)."""
+    min_checkpoints: ClassVar[int] = 1
+    """Checkpoints a store must hold before the analyzer computes anything (a pair analyzer needs at
+    least 2 whatever this says): ``--follow`` and ``ckpt watch`` wait for them before its first run."""
     keeps_freed_memory: ClassVar[bool] = False
     """On the CPU, whether the memory this run's tasks free stays in the process's heap for their
     next allocations until the run ends (:func:`ckpt.runtime.freed_memory_kept_for_reuse`), instead
@@ -301,6 +304,9 @@ def validate_analyzer(cls: Any) -> None:
         raise PluginError(msg)
     if cls.per not in (PER_CHECKPOINT, PER_PAIR, PER_RUN):
         msg = f"analyzer {cls.name!r}: per must be 'checkpoint', 'pair' or 'run', got {cls.per!r}"
+        raise PluginError(msg)
+    if not isinstance(cls.min_checkpoints, int) or isinstance(cls.min_checkpoints, bool) or cls.min_checkpoints < 1:
+        msg = f"analyzer {cls.name!r}: min_checkpoints must be an int of at least 1, got {cls.min_checkpoints!r}"
         raise PluginError(msg)
     from ckpt.engine.settings import FOLLOW_OPTIONS  # the command's own options, beside the settings
 

@@ -577,3 +577,13 @@ def test_a_checkpoint_committed_after_the_dependencies_ran_is_computed_by_them(t
     counts = ckpt.open(path).analysis("counts-test")
     assert counts.ckpt.steps == [0, 1, 2, 3]
     assert int(counts["n"].values) == 4  # the per-run result covers what it claims
+
+
+def test_a_follower_waits_for_the_checkpoints_an_analyzer_needs(tmp_path: Path) -> None:
+    from ckpt.engine.follow import follow
+    from ckpt.plugins.examples import write_example_run
+
+    store = write_example_run(tmp_path / "run.zarr", 2)  # essential-dynamics needs 3 (min_checkpoints)
+    with pytest.raises(AnalysisError, match=r"essential-dynamics needs 3 checkpoints and .* has 2 when"):
+        follow("essential-dynamics", store, until_idle=0.5, progress=False)
+    assert "essential-dynamics" not in ckpt.open(store).analyses

@@ -192,6 +192,20 @@ def test_registration_validates_analyzers() -> None:
         load_registry(entry_points=False, extra=[RegistersAType()])
 
 
+@pytest.mark.parametrize("count", [0, 2.5, True])
+def test_min_checkpoints_must_be_a_positive_int(count: object) -> None:
+    odd = type("Odd", (ckpt.plugins.Analyzer,), {"name": "odd", "description": "d", "min_checkpoints": count})
+
+    class Plugin:
+        @ckpt.plugins.hookimpl
+        def ckpt_register_analyzers(self, register) -> None:
+            register(odd)
+
+    with pytest.warns(PluginWarning, match="min_checkpoints must be an int of at least 1"):
+        registry = load_registry(entry_points=False, extra=[Plugin()])
+    assert "odd" not in registry.analyzers
+
+
 @pytest.mark.parametrize("setting", [*ckpt.plugins.analyzer.ENGINE_SETTINGS, *FOLLOW_OPTIONS])
 def test_an_option_may_not_shadow_an_engine_setting(setting: str) -> None:
     """An option named like a setting or ``--follow``'s options would make every ``ckpt analyze`` fail to build."""
