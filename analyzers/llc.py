@@ -208,7 +208,7 @@ class LLC(Analyzer):
     objective = Option(str, None, "Per-datapoint loss (default: the store's objective).")
     restrict = Option(str, None, "Parameter names or globs, comma-separated, that move; the rest stay at w*.")
     init_loss = Option(
-        str, "batches", "L_n(w*): mean of --chains minibatches (devinterp's) or the full split.", choices=INIT_LOSSES
+        str, "batches", "L_n(w*): mean of --chains minibatches (devinterp 1.x) or the full split.", choices=INIT_LOSSES
     )
     seed = Option(int, 0, "Seed of the minibatch orders and the noise (per chain and checkpoint).", minimum=0)
     dtype = Option(str, "float32", "Precision of the computation.", choices=DTYPES)
