@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ckpt.analyzers.figures import COLORS, new_figure, step_axis
+from ckpt.analyzers.figures import COLORS, log_spaced, new_figure, step_axis
 from ckpt.numerics.chain_diagnostics import chain_warnings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,8 +88,11 @@ def estimate_figure(result: xr.Dataset, problems: dict[int, list[str]]) -> Figur
     axes.legend(fontsize="x-small", loc="best")
     if len(steps):  # the marks on the axis' floor are outside autoscaling: every step stays in view
         low, high = float(steps.min()), float(steps.max())
-        pad = 0.03 * (high - low) or 1.0
-        axes.set_xlim(low - pad, high + pad)
+        if log_spaced([int(s) for s in steps]):  # a linear pad reaches far below 0 on the symlog axis
+            axes.set_xlim(low, high * 1.1)
+        else:
+            pad = 0.03 * (high - low) or 1.0
+            axes.set_xlim(low - pad, high + pad)
     step_axis(axes, steps)
     if len(steps) == 1:
         axes.set_xticks(steps)

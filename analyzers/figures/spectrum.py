@@ -50,7 +50,8 @@ def density_figure(result: xr.Dataset) -> Figure:
     axes = figure.axes[0]
     finite = values[np.isfinite(values) & (weights > 0)]
     if not finite.size:
-        axes.text(0.5, 0.5, "no Ritz values", transform=axes.transAxes, ha="center")
+        missing = "no Ritz values: the density needs --slq-runs 1 or more"
+        axes.text(0.5, 0.5, missing, transform=axes.transAxes, ha="center")
         return figure
     low, high = float(finite.min()), float(finite.max())
     width = WIDTH_OF_RANGE * max(high - low, abs(high), 1e-12)
