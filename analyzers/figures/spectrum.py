@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ckpt.analyzers.figures import COLORS, limited, new_figure, step_axis
+from ckpt.analyzers.figures import COLORS, limited, log_spaced, new_figure, step_axis
 
 if TYPE_CHECKING:  # pragma: no cover
     import xarray as xr
@@ -102,6 +102,8 @@ def trace_figure(result: xr.Dataset) -> Figure:
     parts.legend(fontsize="x-small", loc="best")
     for axes in (whole, parts):
         step_axis(axes, steps)
+        if len(steps) and log_spaced([int(s) for s in steps]):  # autoscale's margin would reach below step 0
+            axes.set_xlim(left=float(steps.min()))
     return figure
 
 
