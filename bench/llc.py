@@ -129,7 +129,7 @@ def run_ckpt(store: Path, opts: dict[str, Any], logs: Path) -> dict[str, Any]:
     import ckpt
 
     flags = ["--epsilon", opts["epsilon"], "--nbeta", opts["nbeta"], "--gamma", opts["gamma"]]
-    flags += ["--chains", opts["chains"], "--draws", opts["draws"], "--batch-size", opts["batch_size"]]
+    flags += ["--chains", opts["chains"], "--draws", opts["draws"], "--batch-size", opts["batch_size"], "--burn-in", 0]
     flags += ["--split", SPLIT, "--init-loss", "full", "--seed", opts["seed"], "--force", "--no-progress"]
     seconds, done = timed(scale.ckpt_command("analyze", "llc", str(store), *map(str, flags)), logs / "ckpt.stderr")
     if done.returncode != 0:
@@ -229,7 +229,7 @@ def large(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         ):
             subprocess.run(command, check=True, capture_output=True)
     flags = ["--chains", args.large_chains, "--draws", args.large_draws, "--batch-size", args.large_batch]
-    flags += ["--split", "eval", "--force", "--no-progress"]
+    flags += ["--burn-in", 0, "--split", "eval", "--force", "--no-progress"]
     command = scale.ckpt_command("analyze", "llc", str(store), *map(str, flags))
     done = scale.measure(command, folder, args.timeout, None)
     entry: dict[str, Any] = {
