@@ -56,7 +56,7 @@ ROWS: list[tuple[list[str], str, int]] = [
     # the command line itself
     (["frobnicate"], "No such command 'frobnicate'", USAGE),
     (["analyze", "nope", "{store}"], "unknown analyzer 'nope'; registered analyzers:", USAGE),
-    (["analyze", "nope", "{store}"], ", sparsity (see `ckpt plugins`)", USAGE),
+    (["analyze", "nope", "{store}"], ", sparsity, spectrum (see `ckpt plugins`)", USAGE),
     (["analyze", "loss"], "Missing argument 'STORE...'", USAGE),
     (["analyze", "loss", "{store}", "--bogus"], "No such option '--bogus'", USAGE),
     (["analyze", "loss", "{store}", "--batch-size", "many"], "'many' is not a valid integer", USAGE),
